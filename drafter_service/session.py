@@ -1,0 +1,94 @@
+"""A drafter session: the NAR block drafter or the small AR drafter over one source.
+
+This is the in-process `specdec.interfaces.Drafter`; the gRPC servicer hosts the same sessions.
+A session drafts with one model (the first step picks it), so its prefix bookkeeping is single.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seq2seq_models.drafting import beam_draft, nar_block_draft, sample_draft
+from seq2seq_models.prefix_state import PrefixState, check_ids
+from seq2seq_models.sampling import SamplingParams
+from seq2seq_models.transformer import Seq2SeqTransformer
+from specdec.errors import SpecdecError, StatusCode, invalid, out_of_step
+from specdec.interfaces import Draft
+
+
+class DrafterSession:
+    def __init__(self, models: dict[str, Seq2SeqTransformer], source_ids: list[int], seed: int = 0) -> None:
+        self._models = models
+        self._source = list(source_ids)
+        self._rng = np.random.default_rng(seed)
+        self._role: str | None = None
+        self._state: PrefixState | None = None
+        if not models:
+            raise SpecdecError(StatusCode.FAILED_PRECONDITION, "this drafter hosts no model")
+        # Validate the source now rather than on the first step.
+        check_ids(self._source, next(iter(models.values())).config.vocab_size, "source")
+        if not self._source:
+            raise invalid("source is empty")
+
+    def draft_block(self, committed_len: int, append_ids: list[int], k: int) -> Draft:
+        _check_positive(k, "k")
+        state, room = self._sync("nar_drafter", committed_len, append_ids)
+        k = min(k, room)
+        return Draft(ids=nar_block_draft(state.model, state.cache, k) if k else [])
+
+    def draft_beam(self, committed_len: int, append_ids: list[int], gamma: int, num_beams: int) -> Draft:
+        _check_positive(gamma, "gamma")
+        _check_positive(num_beams, "num_beams")
+        state, room = self._sync("ar_drafter", committed_len, append_ids)
+        if min(gamma, room) == 0:
+            return Draft(ids=[])
+        ids, cum = beam_draft(state.model, state.cache, min(gamma, room), num_beams)
+        return Draft(ids=ids, cum_logq=cum)
+
+    def draft_sample(
+        self, committed_len: int, append_ids: list[int], gamma: int, params: SamplingParams
+    ) -> Draft:
+        _check_positive(gamma, "gamma")
+        state, room = self._sync("ar_drafter", committed_len, append_ids)
+        if min(gamma, room) == 0:
+            return Draft(ids=[])
+        ids, rows = sample_draft(state.model, state.cache, min(gamma, room), params, self._rng)
+        q_rows = []
+        for q in rows:
+            support = np.flatnonzero(q)
+            q_rows.append((support.tolist(), q[support].tolist()))
+        return Draft(ids=ids, q_rows=q_rows)
+
+    def close(self) -> None:
+        self._state = None
+
+    def _sync(self, role: str, committed_len: int, append_ids: list[int]) -> tuple[PrefixState, int]:
+        """Bring the role's state to the client's prefix; returns it and how many tokens still fit."""
+        if role not in self._models:
+            raise SpecdecError(StatusCode.FAILED_PRECONDITION, f"this drafter does not host a {role}")
+        if self._state is None:
+            self._role = role
+            self._state = PrefixState(self._models[role], self._source)
+        elif role != self._role:
+            raise out_of_step(f"this session drafts with the {self._role}; open a new one for the {role}")
+        self._state.sync(committed_len, append_ids)
+        # Drafts past the model's length limit are cut rather than refused: a draft is a guess.
+        return self._state, self._state.max_tokens - len(self._state.tokens)
+
+
+class LocalDrafter:
+    """In-process drafter over a bundle's NAR and/or small AR drafter."""
+
+    def __init__(self, models: dict[str, Seq2SeqTransformer]) -> None:
+        if not models:
+            raise ValueError("a drafter needs at least one model")
+        self.models = models
+        self.vocab_size = next(iter(models.values())).config.vocab_size
+
+    def open(self, source_ids: list[int], seed: int = 0) -> DrafterSession:
+        return DrafterSession(self.models, source_ids, seed)
+
+
+def _check_positive(value: int, name: str) -> None:
+    if value < 1:
+        raise invalid(f"{name} must be >= 1, got {value}")

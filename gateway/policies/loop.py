@@ -1,0 +1,117 @@
+"""The draft-verify loop every non-beam policy runs, and its bookkeeping.
+
+One iteration: propose a draft, let the verifier score `append + draft` in one step, apply the
+policy's accept rule, commit the accepted tokens plus the verifier's token, cut at EOS or
+max_new_tokens. AR greedy is the same loop with an empty draft.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from specdec.interfaces import Draft, VerifierSession, VerifyResult
+
+# propose(output so far, most tokens worth drafting) -> Draft
+Propose = Callable[[list[int], int], Draft]
+# accept(draft ids actually sent, the Draft, the verifier's answer) -> (accepted count, next token)
+Accept = Callable[[list[int], Draft, VerifyResult], tuple[int, int]]
+# Called with every block of newly committed tokens (streaming).
+OnTokens = Callable[[list[int]], None]
+
+
+@dataclass
+class DecodeStats:
+    iterations: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    output_tokens: int = 0
+    drafter_time_s: float = 0.0
+    verifier_time_s: float = 0.0
+    degraded: bool = False
+    finish_reason: str = ""
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Output tokens per iteration (accepted drafts plus the verifier's own token)."""
+        return self.output_tokens / self.iterations if self.iterations else 0.0
+
+    def record_accepts(self, drafted: int, accepted: int) -> None:
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+        if len(self.accepted_per_position) < accepted:
+            self.accepted_per_position.extend([0] * (accepted - len(self.accepted_per_position)))
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["mean_accepted_length"] = round(self.mean_accepted_length, 4)
+        out["drafter_time_s"] = round(self.drafter_time_s, 6)
+        out["verifier_time_s"] = round(self.verifier_time_s, 6)
+        return out
+
+
+@dataclass
+class DecodeResult:
+    output_ids: list[int]
+    stats: DecodeStats
+
+
+class PrefixSync:
+    """What a remote session has seen, so each step sends only the delta of the client's output."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def delta(self, output: list[int]) -> tuple[int, list[int]]:
+        n = 0
+        limit = min(len(self.seen), len(output))
+        while n < limit and self.seen[n] == output[n]:
+            n += 1
+        return n, output[n:]
+
+
+def draft_verify_loop(
+    session: VerifierSession,
+    propose: Propose,
+    accept: Accept,
+    top_k: int,
+    max_new_tokens: int,
+    eos_id: int,
+    stats: DecodeStats,
+    on_tokens: OnTokens | None = None,
+) -> list[int]:
+    out: list[int] = []
+    sync = PrefixSync()
+    while True:
+        # A block commits at most len(draft) + 1 tokens: never draft past max_new_tokens.
+        room = max_new_tokens - len(out) - 1
+        t0 = time.perf_counter()
+        draft = propose(out, room) if room > 0 else Draft(ids=[])
+        t1 = time.perf_counter()
+        ids = draft.ids[:room] if room > 0 else []
+        committed, append = sync.delta(out)
+        result = session.step(committed, append, ids, top_k)
+        stats.drafter_time_s += t1 - t0
+        stats.verifier_time_s += time.perf_counter() - t1
+        sync.seen = out + ids
+        accepted, token = accept(ids, draft, result)
+        stats.iterations += 1
+        stats.record_accepts(len(ids), accepted)
+        block = [*ids[:accepted], token]
+        finish = ""
+        if eos_id in block:
+            block = block[: block.index(eos_id)]
+            finish = "eos"
+        out.extend(block)
+        if on_tokens is not None and block:
+            on_tokens(block)
+        if not finish and len(out) >= max_new_tokens:
+            finish = "length"
+        if finish:
+            stats.finish_reason = finish
+            stats.output_tokens = len(out)
+            return out

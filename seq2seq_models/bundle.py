@@ -1,0 +1,181 @@
+"""Model bundles: a directory with config.json, tokenizer.model and one safetensors file per role.
+
+    config.json     format version, vocab size, special ids, per-role architecture, fingerprints
+    tokenizer.model SentencePiece model shared by every role
+    <role>.safetensors  weights of the verifier, nar_drafter and ar_drafter (any subset)
+
+The bundle fingerprint hashes the tokenizer and every weights file, so services can check at
+start-up that they were given the same bundle (or at least the same tokenizer).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from seq2seq_models.config import ModelConfig
+from seq2seq_models.tokenizer import BOS_ID, EOS_ID, MASK_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
+from seq2seq_models.transformer import Seq2SeqTransformer
+
+FORMAT_VERSION = 1
+ROLES = ("verifier", "nar_drafter", "ar_drafter")
+TOKENIZER_FILE = "tokenizer.model"
+CONFIG_FILE = "config.json"
+
+
+@dataclass
+class ModelBundle:
+    path: Path
+    name: str
+    tokenizer: Tokenizer
+    fingerprint: str
+    models: dict[str, Seq2SeqTransformer] = field(default_factory=dict)
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def verifier(self) -> Seq2SeqTransformer:
+        return self._role("verifier")
+
+    @property
+    def nar_drafter(self) -> Seq2SeqTransformer:
+        return self._role("nar_drafter")
+
+    @property
+    def ar_drafter(self) -> Seq2SeqTransformer:
+        return self._role("ar_drafter")
+
+    def has(self, role: str) -> bool:
+        return role in self.models
+
+    def _role(self, role: str) -> Seq2SeqTransformer:
+        if role not in self.models:
+            raise KeyError(f"bundle {self.path} has no {role} loaded")
+        return self.models[role]
+
+
+def save_bundle(
+    out: str | Path,
+    tokenizer_bytes: bytes,
+    models: dict[str, Seq2SeqTransformer],
+    name: str,
+    metadata: dict | None = None,
+) -> Path:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / TOKENIZER_FILE).write_bytes(tokenizer_bytes)
+    tokenizer = Tokenizer(tokenizer_bytes)
+    entries = {}
+    for role, model in models.items():
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; expected one of {ROLES}")
+        if model.config.vocab_size != tokenizer.vocab_size:
+            raise ValueError(f"{role} vocab {model.config.vocab_size} != tokenizer vocab {tokenizer.vocab_size}")
+        weights = out / f"{role}.safetensors"
+        state = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(weights), metadata={"role": role})
+        entries[role] = {
+            "file": weights.name,
+            "sha256": _sha256(weights.read_bytes()),
+            "architecture": model.config.to_dict(),
+        }
+    config = {
+        "format_version": FORMAT_VERSION,
+        "name": name,
+        "vocab_size": tokenizer.vocab_size,
+        "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID, "mask": MASK_ID},
+        "tokenizer": {"file": TOKENIZER_FILE, "fingerprint": tokenizer.fingerprint},
+        "models": entries,
+        "fingerprint": _bundle_fingerprint(tokenizer.fingerprint, entries),
+        "metadata": metadata or {},
+    }
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def load_bundle(
+    path: str | Path,
+    roles: Iterable[str] | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> ModelBundle:
+    """Load a bundle; `roles` limits which models are loaded (default: all it has)."""
+    path = Path(path)
+    config_path = path / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{path} is not a model bundle (no {CONFIG_FILE})")
+    config = json.loads(config_path.read_text())
+    if config.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{path}: unsupported bundle format {config.get('format_version')}")
+    tokenizer = Tokenizer.load(path / config["tokenizer"]["file"])
+    if tokenizer.fingerprint != config["tokenizer"]["fingerprint"]:
+        raise ValueError(f"{path}: tokenizer.model does not match the fingerprint in {CONFIG_FILE}")
+    wanted = list(config["models"]) if roles is None else list(roles)
+    models = {}
+    for role in wanted:
+        entry = config["models"].get(role)
+        if entry is None:
+            raise KeyError(f"bundle {path} has no {role}")
+        weights_path = path / entry["file"]
+        if _sha256(weights_path.read_bytes()) != entry["sha256"]:
+            raise ValueError(f"{weights_path} does not match its sha256 in {CONFIG_FILE}")
+        model = Seq2SeqTransformer(ModelConfig.from_dict(entry["architecture"]))
+        model.load_state_dict(load_file(str(weights_path)))
+        models[role] = model.to(device=device, dtype=dtype).eval()
+    return ModelBundle(
+        path=path,
+        name=config["name"],
+        tokenizer=tokenizer,
+        fingerprint=config["fingerprint"],
+        models=models,
+        metadata=config.get("metadata", {}),
+    )
+
+
+def make_tiny_bundle(out: str | Path, seed: int) -> Path:
+    """A deterministic random bundle (tiny verifier + both drafters) for tests and demos."""
+    corpus = (Path(__file__).parent / "data" / "tiny_corpus.txt").read_text().splitlines()
+    tokenizer_bytes = train_tokenizer(corpus, vocab_size=160)
+    vocab = Tokenizer(tokenizer_bytes).vocab_size
+    shapes = {
+        "verifier": {"d_model": 64, "n_heads": 4, "encoder_layers": 2, "decoder_layers": 2, "ffn_dim": 128},
+        "nar_drafter": {"d_model": 32, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "ffn_dim": 64},
+        "ar_drafter": {"d_model": 32, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "ffn_dim": 64},
+    }
+    generator = torch.Generator().manual_seed(seed)
+    models = {}
+    for role, shape in shapes.items():
+        model = Seq2SeqTransformer(ModelConfig(vocab_size=vocab, max_len=256, **shape))
+        models[role] = _scramble(model, generator)
+    metadata = {"kind": "random", "seed": seed}
+    return save_bundle(out, tokenizer_bytes, models, name=f"tiny-random-seed{seed}", metadata=metadata)
+
+
+@torch.no_grad()
+def _scramble(model: Seq2SeqTransformer, generator: torch.Generator) -> Seq2SeqTransformer:
+    """Random weights that do not just echo the input token: with tied embeddings and a residual
+    stream, a standard init makes every position predict its own input token. Random-sign layer
+    norm gains break that alignment, so a random bundle produces varied text."""
+    for name, param in model.named_parameters():
+        noise = torch.randn(param.shape, generator=generator)
+        if param.dim() == 2:
+            param.copy_(noise / param.shape[1] ** 0.5)
+        elif name.endswith("norm.weight"):
+            param.copy_(noise)
+        else:
+            param.copy_(noise * 0.1)
+    return model
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _bundle_fingerprint(tokenizer_fp: str, entries: dict) -> str:
+    parts = [tokenizer_fp] + [f"{role}:{entries[role]['sha256']}" for role in sorted(entries)]
+    return _sha256("\n".join(parts).encode())

@@ -1,0 +1,47 @@
+"""Logit warping (temperature, top-k, top-p) and sampling, shared by drafter and accept loop.
+
+Speculative sampling is only distribution-preserving when p and q are warped by the *same*
+function, so both sides import this one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 means argmax
+    top_k: int = 0  # 0 means off
+    top_p: float = 1.0  # 1 means off
+
+
+def warp(logprobs: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Probabilities (float64, summing to 1) after temperature, then top-k, then top-p."""
+    lp = np.asarray(logprobs, dtype=np.float64)
+    if params.temperature == 0:
+        probs = np.zeros_like(lp)
+        probs[int(np.argmax(lp))] = 1.0
+        return probs
+    x = lp / params.temperature
+    probs = np.exp(x - np.max(x))
+    if 0 < params.top_k < probs.size:
+        order = np.argsort(-probs, kind="stable")
+        probs[order[params.top_k :]] = 0.0
+    if params.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        cum = np.cumsum(probs[order])
+        keep = int(np.searchsorted(cum, params.top_p * cum[-1])) + 1
+        probs[order[keep:]] = 0.0
+    return probs / probs.sum()
+
+
+def sample_index(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """Inverse-CDF draw; a zero-probability index can never be returned."""
+    cum = np.cumsum(probs)
+    idx = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))
+    if idx >= probs.size:  # u * total rounded up to total: take the last token that can occur
+        idx = int(np.flatnonzero(probs)[-1])
+    return idx

@@ -1,0 +1,329 @@
+"""Pre-LN encoder-decoder Transformer with tied embeddings and an incremental decoder.
+
+One class serves all three roles of a bundle:
+
+* the AR verifier: `start` encodes the source once (cross-attention K/V are cached per layer),
+  `extend`/`score` append a block of any length to the self-attention KV cache in one forward,
+  `truncate` rolls the cache back in O(1) (it only moves the per-row length);
+* the small AR drafter: the same, with a small config (its beam search lives in `ar_search`);
+* the NAR block drafter: `extend(..., bidirectional=True)` over `k x [MASK]` after a causal
+  prefix; every mask position sees the whole prefix and the whole block, then the block is
+  truncated away again.
+
+Batches are right-padded: every row has its own cache length, and a block of tokens carries its
+own per-row length; masks keep padding out of every valid position.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seq2seq_models.config import ModelConfig
+
+
+@dataclass
+class DecoderCache:
+    """Decoder state for a batch of sequences; row b holds `lengths[b]` valid target positions."""
+
+    self_k: list[Tensor]  # per layer [B, H, capacity, head_dim]
+    self_v: list[Tensor]
+    cross_k: list[Tensor]  # per layer [B, H, S, head_dim], computed once per source
+    cross_v: list[Tensor]
+    src_mask: Tensor  # [B, S] True where the source token is real
+    lengths: Tensor  # [B] long
+    hidden: Tensor  # [B, capacity, D] final-layer states, so a rollback needs no recompute
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def capacity(self) -> int:
+        return int(self.hidden.shape[1])
+
+    def select(self, rows: Tensor) -> DecoderCache:
+        """A new cache made of the given rows (beam reordering, fan-out); the original is untouched."""
+
+        def pick(ts: list[Tensor]) -> list[Tensor]:
+            return [t.index_select(0, rows) for t in ts]
+
+        return DecoderCache(
+            self_k=pick(self.self_k),
+            self_v=pick(self.self_v),
+            cross_k=pick(self.cross_k),
+            cross_v=pick(self.cross_v),
+            src_mask=self.src_mask.index_select(0, rows),
+            lengths=self.lengths.index_select(0, rows).clone(),
+            hidden=self.hidden.index_select(0, rows),
+        )
+
+    def nbytes(self) -> int:
+        tensors = [*self.self_k, *self.self_v, *self.cross_k, *self.cross_v, self.hidden]
+        return sum(t.element_size() * t.nelement() for t in tensors)
+
+
+class Seq2SeqTransformer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        d = config.d_model
+        self.embed = nn.Embedding(config.vocab_size, d)
+        self.src_pos = nn.Embedding(config.max_len, d)
+        self.tgt_pos = nn.Embedding(config.max_len, d)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.decoder_layers))
+        self.encoder_norm = nn.LayerNorm(d)
+        self.decoder_norm = nn.LayerNorm(d)
+        self.out_bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.dropout = nn.Dropout(config.dropout)
+        self.embed_scale = math.sqrt(d)
+        nn.init.normal_(self.embed.weight, std=d**-0.5)
+        nn.init.normal_(self.src_pos.weight, std=0.02)
+        nn.init.normal_(self.tgt_pos.weight, std=0.02)
+
+    # ----------------------------------------------------------------------------------------
+    # Incremental decoding
+    # ----------------------------------------------------------------------------------------
+
+    def start(self, src: Tensor, src_mask: Tensor | None = None, capacity: int = 32) -> DecoderCache:
+        """Encode a right-padded source batch once; the returned cache has no target positions yet."""
+        if src_mask is None:
+            src_mask = torch.ones_like(src, dtype=torch.bool)
+        memory = self.encode(src, src_mask)
+        b = src.shape[0]
+        cfg = self.config
+        head_dim = cfg.d_model // cfg.n_heads
+        capacity = min(capacity, cfg.max_len)
+        cross_k, cross_v = [], []
+        for layer in self.decoder_layers:
+            k, v = layer.cross_attn.project_kv(memory)
+            cross_k.append(k)
+            cross_v.append(v)
+
+        def empty() -> Tensor:
+            return memory.new_zeros(b, cfg.n_heads, capacity, head_dim)
+
+        return DecoderCache(
+            self_k=[empty() for _ in self.decoder_layers],
+            self_v=[empty() for _ in self.decoder_layers],
+            cross_k=cross_k,
+            cross_v=cross_v,
+            src_mask=src_mask,
+            lengths=torch.zeros(b, dtype=torch.long, device=src.device),
+            hidden=memory.new_zeros(b, capacity, cfg.d_model),
+        )
+
+    def extend(
+        self,
+        cache: DecoderCache,
+        tokens: Tensor,
+        block_lengths: Tensor | None = None,
+        bidirectional: bool = False,
+    ) -> Tensor:
+        """Append a right-padded block `tokens` [B, T] to every row in one forward.
+
+        Returns the final-layer states [B, T, D] (also stored in `cache.hidden`). With
+        `bidirectional`, positions of the block attend to the whole block (NAR drafting);
+        otherwise attention is causal. Row b advances by `block_lengths[b]` (default T).
+        """
+        b, t = tokens.shape
+        if block_lengths is None:
+            block_lengths = torch.full((b,), t, dtype=torch.long, device=tokens.device)
+        start = cache.lengths
+        needed = int((start + t).max())
+        if needed > self.config.max_len:
+            raise ValueError(f"target length {needed} exceeds the model's max_len {self.config.max_len}")
+        self._ensure_capacity(cache, needed)
+
+        offsets = torch.arange(t, device=tokens.device)
+        positions = start[:, None] + offsets[None, :]  # [B, T]
+        keys = torch.arange(needed, device=tokens.device)
+        if bidirectional:
+            visible = keys[None, None, :] < (start + block_lengths)[:, None, None]
+            self_mask = visible.expand(b, t, needed)
+        else:
+            self_mask = keys[None, None, :] <= positions[:, :, None]
+        self_mask = self_mask[:, None]  # [B, 1, T, L]
+        cross_mask = cache.src_mask[:, None, None, :]  # [B, 1, 1, S]
+
+        x = self.embed(tokens) * self.embed_scale + self.tgt_pos(positions.clamp(max=self.config.max_len - 1))
+        x = self.dropout(x)
+        for i, layer in enumerate(self.decoder_layers):
+            x = layer.forward_cached(x, cache, i, positions, needed, self_mask, cross_mask)
+        hidden = self.decoder_norm(x)
+        cache.hidden.scatter_(1, positions[:, :, None].expand_as(hidden), hidden)
+        cache.lengths = start + block_lengths
+        return hidden
+
+    def score(self, cache: DecoderCache, tokens: Tensor, block_lengths: Tensor | None = None) -> Tensor:
+        """Append a block causally and return logits [B, T, V] for every one of its positions."""
+        return self.logits(self.extend(cache, tokens, block_lengths))
+
+    @staticmethod
+    def truncate(cache: DecoderCache, n: int | Tensor) -> None:
+        """Roll every row back to `n` target positions (an int, or one per row)."""
+        n_t = torch.as_tensor(n, dtype=torch.long, device=cache.lengths.device).expand_as(cache.lengths)
+        if bool((n_t > cache.lengths).any()) or bool((n_t < 0).any()):
+            raise ValueError(f"cannot truncate lengths {cache.lengths.tolist()} to {n_t.tolist()}")
+        cache.lengths = n_t.clone()
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return F.linear(hidden, self.embed.weight, self.out_bias)
+
+    def last_hidden(self, cache: DecoderCache) -> Tensor:
+        """[B, D] state of every row's last valid position (the one that predicts the next token)."""
+        idx = (cache.lengths - 1).clamp(min=0)
+        return cache.hidden[torch.arange(cache.batch_size, device=idx.device), idx]
+
+    # ----------------------------------------------------------------------------------------
+    # Full (non-incremental) passes: training, and the reference the cache is tested against
+    # ----------------------------------------------------------------------------------------
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
+        positions = torch.arange(src.shape[1], device=src.device)[None, :]
+        x = self.embed(src) * self.embed_scale + self.src_pos(positions)
+        x = self.dropout(x)
+        attn_mask = src_mask[:, None, None, :]
+        for layer in self.encoder_layers:
+            x = layer(x, attn_mask)
+        return self.encoder_norm(x)
+
+    def forward(
+        self,
+        src: Tensor,
+        src_mask: Tensor,
+        tgt: Tensor,
+        self_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Logits [B, T, V] for a whole target; `self_mask` [B, T, T] (True = may attend)
+        defaults to causal."""
+        memory = self.encode(src, src_mask)
+        t = tgt.shape[1]
+        if self_mask is None:
+            self_mask = torch.ones(t, t, dtype=torch.bool, device=tgt.device).tril()[None]
+        positions = torch.arange(t, device=tgt.device)[None, :]
+        x = self.embed(tgt) * self.embed_scale + self.tgt_pos(positions)
+        x = self.dropout(x)
+        cross_mask = src_mask[:, None, None, :]
+        for layer in self.decoder_layers:
+            x = layer(x, memory, self_mask[:, None], cross_mask)
+        return self.logits(self.decoder_norm(x))
+
+    # ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _ensure_capacity(cache: DecoderCache, needed: int) -> None:
+        if needed <= cache.capacity:
+            return
+        new_cap = max(needed, 2 * cache.capacity)
+
+        def grow(t: Tensor, dim: int) -> Tensor:
+            shape = list(t.shape)
+            shape[dim] = new_cap - shape[dim]
+            return torch.cat([t, t.new_zeros(shape)], dim=dim)
+
+        cache.self_k = [grow(t, 2) for t in cache.self_k]
+        cache.self_v = [grow(t, 2) for t in cache.self_v]
+        cache.hidden = grow(cache.hidden, 1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        d = config.d_model
+        self.n_heads = config.n_heads
+        self.head_dim = d // config.n_heads
+        self.q_proj = nn.Linear(d, d)
+        self.k_proj = nn.Linear(d, d)
+        self.v_proj = nn.Linear(d, d)
+        self.out_proj = nn.Linear(d, d)
+        self.dropout_p = config.dropout
+
+    def split(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+
+    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return self.split(self.k_proj(x)), self.split(self.v_proj(x))
+
+    def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        q = self.split(self.q_proj(x))
+        p = self.dropout_p if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        b, _, t, _ = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.up = nn.Linear(config.d_model, config.ffn_dim)
+        self.down = nn.Linear(config.ffn_dim, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(self.dropout(F.gelu(self.up(x))))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(config.d_model)
+        self.attn = Attention(config)
+        self.ffn_norm = nn.LayerNorm(config.d_model)
+        self.ffn = FeedForward(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        h = self.attn_norm(x)
+        k, v = self.attn.project_kv(h)
+        x = x + self.dropout(self.attn.attend(h, k, v, mask))
+        return x + self.dropout(self.ffn(self.ffn_norm(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_norm = nn.LayerNorm(config.d_model)
+        self.self_attn = Attention(config)
+        self.cross_norm = nn.LayerNorm(config.d_model)
+        self.cross_attn = Attention(config)
+        self.ffn_norm = nn.LayerNorm(config.d_model)
+        self.ffn = FeedForward(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, memory: Tensor, self_mask: Tensor, cross_mask: Tensor) -> Tensor:
+        h = self.self_norm(x)
+        k, v = self.self_attn.project_kv(h)
+        x = x + self.dropout(self.self_attn.attend(h, k, v, self_mask))
+        ck, cv = self.cross_attn.project_kv(memory)
+        x = x + self.dropout(self.cross_attn.attend(self.cross_norm(x), ck, cv, cross_mask))
+        return x + self.dropout(self.ffn(self.ffn_norm(x)))
+
+    def forward_cached(
+        self,
+        x: Tensor,
+        cache: DecoderCache,
+        index: int,
+        positions: Tensor,
+        key_len: int,
+        self_mask: Tensor,
+        cross_mask: Tensor,
+    ) -> Tensor:
+        h = self.self_norm(x)
+        k, v = self.self_attn.project_kv(h)  # [B, H, T, hd]
+        write = positions[:, None, :, None].expand_as(k)
+        cache.self_k[index].scatter_(2, write, k)
+        cache.self_v[index].scatter_(2, write, v)
+        keys = cache.self_k[index][:, :, :key_len]
+        values = cache.self_v[index][:, :, :key_len]
+        x = x + self.self_attn.attend(h, keys, values, self_mask)
+        x = x + self.cross_attn.attend(
+            self.cross_norm(x), cache.cross_k[index], cache.cross_v[index], cross_mask
+        )
+        return x + self.ffn(self.ffn_norm(x))

@@ -1,0 +1,159 @@
+"""The `specdec` command: one entry point, one subcommand per job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from specdec.errors import SpecdecError
+
+# Where `decode` looks for a bundle when --bundle is not given.
+DEFAULT_BUNDLE_ENV = "SPECDEC_BUNDLE"
+DEFAULT_BUNDLE_DIR = Path(__file__).resolve().parent.parent / "bundles" / "ua-gec"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except SpecdecError as exc:
+        print(f"specdec {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        print(f"specdec {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
+    """The per-request decoding flags shared by `decode` and `generate` (unset = default)."""
+    from gateway.decoding_config import Mode
+
+    g = parser.add_argument_group("decoding")
+    g.add_argument("--mode", choices=[m.value for m in Mode], help="decoding mode (default: gad)")
+    g.add_argument("--k", type=int, help="GAD block size / IAD copy cap")
+    g.add_argument("--beta", type=int, help="GAD++ top-beta")
+    g.add_argument("--tau", type=float, help="GAD++ log-prob gap")
+    g.add_argument("--beams", type=int, dest="num_beams", help="beam width (beam) / drafter beams (mjsd)")
+    g.add_argument("--gamma", type=int, help="draft length (mjsd, spec)")
+    g.add_argument("--threshold", type=float, help="MJSD joint likelihood-ratio threshold in (0, 1]")
+    g.add_argument("--beam-delta", type=float, help="variable-width beam: absolute score threshold")
+    g.add_argument("--beam-max-candidates", type=int, help="variable-width beam: candidates per parent")
+    g.add_argument("--temperature", type=float, help="sampling temperature (spec); 0 = argmax")
+    g.add_argument("--top-k", type=int, help="sampling top-k (spec); 0 = off")
+    g.add_argument("--top-p", type=float, help="sampling top-p (spec); 1 = off")
+    g.add_argument("--seed", type=int, help="sampling seed")
+    g.add_argument("--max-new-tokens", type=int, help="output length limit")
+
+
+DECODING_FLAGS = (
+    "mode", "k", "beta", "tau", "num_beams", "gamma", "threshold", "beam_delta", "beam_max_candidates",
+    "temperature", "top_k", "top_p", "seed", "max_new_tokens",
+)
+
+
+def decoding_overrides(args: argparse.Namespace) -> dict:
+    return {name: getattr(args, name) for name in DECODING_FLAGS}
+
+
+def resolve_bundle(path: str | None) -> Path:
+    if path:
+        return Path(path)
+    env = os.environ.get(DEFAULT_BUNDLE_ENV)
+    if env:
+        return Path(env)
+    if DEFAULT_BUNDLE_DIR.is_dir():
+        return DEFAULT_BUNDLE_DIR
+    raise FileNotFoundError("no bundle given: pass --bundle DIR (make one with `specdec tiny-bundle --out DIR`)")
+
+
+# ----------------------------------------------------------------------------------------------
+# Subcommands
+# ----------------------------------------------------------------------------------------------
+
+
+def _cmd_tiny_bundle(args: argparse.Namespace) -> int:
+    from seq2seq_models.bundle import make_tiny_bundle
+
+    out = make_tiny_bundle(args.out, args.seed)
+    print(out)
+    return 0
+
+
+def _cmd_decode(args: argparse.Namespace) -> int:
+    import torch
+
+    from drafter_service.session import LocalDrafter
+    from gateway.decoding_config import DRAFTER_MODES, DecodingConfig, DecodingLimits, validate
+    from gateway.policies import decode
+    from seq2seq_models.bundle import load_bundle
+    from verifier_service.session import LocalVerifier
+
+    config = DecodingConfig().with_overrides(decoding_overrides(args))
+    bundle = load_bundle(resolve_bundle(args.bundle), dtype=getattr(torch, args.dtype))
+    verifier = LocalVerifier(bundle.verifier)
+    validate(config, DecodingLimits(), verifier.max_target_len)
+    drafter_models = {r: bundle.models[r] for r in ("nar_drafter", "ar_drafter") if bundle.has(r)}
+    drafter = LocalDrafter(drafter_models) if drafter_models else None
+    if config.mode in DRAFTER_MODES and drafter is None:
+        raise ValueError(f"mode {config.mode.value} needs a drafter and {bundle.path} has none")
+    tokenizer = bundle.tokenizer
+    for number, line in enumerate(sys.stdin, start=1):
+        line = line.rstrip("\n")
+        try:
+            source = [] if not line.strip() else _parse_ids(line) if args.ids else tokenizer.encode(line)
+            result = decode(source, config, verifier, drafter)
+        except SpecdecError as exc:
+            raise SpecdecError(exc.code, f"line {number}: {exc.message}") from None
+        record = {
+            "output_ids": result.output_ids,
+            "text": tokenizer.decode(result.output_ids),
+            "stats": result.stats.to_dict(),
+        }
+        print(json.dumps(record, ensure_ascii=False), flush=True)
+    return 0
+
+
+def _parse_ids(line: str) -> list[int]:
+    from specdec.errors import invalid
+
+    try:
+        return [int(tok) for tok in line.split()]
+    except ValueError:
+        raise invalid(f"--ids expects space-separated integers, got {line[:40]!r}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="specdec", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("tiny-bundle", help="write a deterministic random bundle for tests and demos")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=_cmd_tiny_bundle)
+
+    p = sub.add_parser("decode", help="decode stdin lines in-process, one JSON object per line")
+    p.add_argument("--bundle", help=f"model bundle directory (default: ${DEFAULT_BUNDLE_ENV} or bundles/ua-gec)")
+    p.add_argument("--ids", action="store_true", help="lines are space-separated token ids, not text")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    add_decoding_flags(p)
+    p.set_defaults(run=_cmd_decode)
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

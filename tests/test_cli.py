@@ -1,0 +1,121 @@
+"""`specdec tiny-bundle` and `specdec decode`, run as a user runs them (a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from drafter_service.session import LocalDrafter
+from gateway.decoding_config import DecodingConfig, Mode
+from gateway.policies import decode
+from seq2seq_models.bundle import load_bundle
+from verifier_service.session import LocalVerifier
+
+TEXTS = ["Я хочу подякувати вам за вашу допомогу.", "We have been living in this city."]
+
+
+def _specdec(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", "specdec", *args], input=stdin, capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bundle")
+    proc = _specdec("tiny-bundle", "--out", str(out), "--seed", "3")
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_tiny_bundle_is_deterministic(bundle_dir, tmp_path):
+    again = tmp_path / "again"
+    assert _specdec("tiny-bundle", "--out", str(again), "--seed", "3").returncode == 0
+    for name in ("config.json", "tokenizer.model", "verifier.safetensors", "nar_drafter.safetensors"):
+        assert (again / name).read_bytes() == (bundle_dir / name).read_bytes()
+    other = tmp_path / "other"
+    assert _specdec("tiny-bundle", "--out", str(other), "--seed", "4").returncode == 0
+    assert (other / "verifier.safetensors").read_bytes() != (bundle_dir / "verifier.safetensors").read_bytes()
+
+
+MODE_FLAGS = {
+    Mode.AR: [],
+    Mode.BEAM: ["--beams", "3"],
+    Mode.IAD: ["--k", "6"],
+    Mode.GAD: ["--k", "4"],
+    Mode.GAD_PLUS_PLUS: ["--k", "4", "--beta", "3", "--tau", "2.0"],
+    Mode.MJSD: ["--gamma", "3", "--beams", "2", "--threshold", "0.2"],
+    Mode.SPECULATIVE: ["--gamma", "3", "--temperature", "0.9", "--top-k", "20", "--top-p", "0.95", "--seed", "5"],
+}
+
+
+@pytest.mark.parametrize("mode", list(MODE_FLAGS), ids=lambda m: m.value)
+def test_decode_round_trips_and_matches_the_library(bundle_dir, mode):
+    flags = ["--mode", mode.value, *MODE_FLAGS[mode], "--max-new-tokens", "24"]
+    proc = _specdec("decode", "--bundle", str(bundle_dir), *flags, stdin="\n".join(TEXTS) + "\n")
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(records) == len(TEXTS)
+
+    bundle = load_bundle(bundle_dir)
+    verifier = LocalVerifier(bundle.verifier)
+    drafter = LocalDrafter({"nar_drafter": bundle.nar_drafter, "ar_drafter": bundle.ar_drafter})
+    overrides = {
+        "mode": mode, "max_new_tokens": 24, "k": 6 if mode == Mode.IAD else 4, "beta": 3, "tau": 2.0,
+        "num_beams": 3 if mode == Mode.BEAM else 2, "gamma": 3, "threshold": 0.2,
+        "temperature": 0.9 if mode == Mode.SPECULATIVE else 1.0, "top_k": 20 if mode == Mode.SPECULATIVE else 0,
+        "top_p": 0.95 if mode == Mode.SPECULATIVE else 1.0, "seed": 5 if mode == Mode.SPECULATIVE else 0,
+    }
+    for text, record in zip(TEXTS, records, strict=True):
+        expected = decode(bundle.tokenizer.encode(text), DecodingConfig(**overrides), verifier, drafter)
+        assert record["output_ids"] == expected.output_ids
+        assert record["text"] == bundle.tokenizer.decode(expected.output_ids)
+        assert record["stats"]["iterations"] == expected.stats.iterations
+        assert record["stats"]["finish_reason"] in {"eos", "length"}
+
+
+def test_decode_with_ids(bundle_dir):
+    proc = _specdec("decode", "--bundle", str(bundle_dir), "--ids", "--mode", "iad", stdin="5 6 7 8\n")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["stats"]["iterations"] >= 1
+
+
+BAD = [
+    (["--k", "0"], "x\n", "k must be >= 1"),
+    (["--k", "1000"], "x\n", "OUT_OF_RANGE: k must be <="),
+    (["--beta", "0"], "x\n", "beta must be >= 1"),
+    (["--tau", "-1"], "x\n", "tau must be"),
+    (["--threshold", "0"], "x\n", "threshold must be in (0, 1]"),
+    (["--threshold", "1.5"], "x\n", "threshold must be in (0, 1]"),
+    (["--max-new-tokens", "0"], "x\n", "max_new_tokens must be >= 1"),
+    (["--max-new-tokens", "100000"], "x\n", "OUT_OF_RANGE: max_new_tokens"),
+    (["--top-p", "0"], "x\n", "top_p must be in (0, 1]"),
+    (["--temperature", "-0.5"], "x\n", "temperature must be"),
+    (["--mode", "fast"], "x\n", "invalid choice: 'fast'"),
+    (["--k", "two"], "x\n", "invalid int value: 'two'"),
+    ([], "\n", "INVALID_ARGUMENT: line 1: input is empty"),
+    (["--ids"], "5 6 nine\n", "expects space-separated integers"),
+    (["--ids"], "5 6 100000\n", "outside the vocabulary"),
+    (["--ids"], " ".join(["5"] * 400) + "\n", "OUT_OF_RANGE: line 1: input has 400 tokens"),
+]
+
+
+@pytest.mark.parametrize(("flags", "stdin", "message"), BAD, ids=[" ".join(b[0]) or b[1][:8] for b in BAD])
+def test_bad_input_gives_one_clear_line_and_exit_2(bundle_dir, flags, stdin, message):
+    proc = _specdec("decode", "--bundle", str(bundle_dir), *flags, stdin=stdin)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_missing_bundle_is_a_clear_error(tmp_path):
+    proc = _specdec("decode", "--bundle", str(tmp_path / "nowhere"), stdin="x\n")
+    assert proc.returncode == 2
+    assert "is not a model bundle" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,73 @@
+"""A verifier session: the AR model's KV cache over one source, rolled back on every step.
+
+This is the in-process `specdec.interfaces.Verifier`; the gRPC servicer hosts the same sessions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels import output_head_reference
+from seq2seq_models.prefix_state import PrefixState, check_ids
+from seq2seq_models.transformer import Seq2SeqTransformer
+from specdec.errors import invalid
+from specdec.interfaces import VerifyResult
+
+
+class VerifierSession:
+    def __init__(self, model: Seq2SeqTransformer, source_ids: list[int], head=output_head_reference) -> None:
+        self._state = PrefixState(model, source_ids)
+        self._head = head
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._state.tokens
+
+    @property
+    def cache_bytes(self) -> int:
+        return self._state.cache.nbytes()
+
+    def step(
+        self, committed_len: int, append_ids: list[int], draft_ids: list[int], top_k: int
+    ) -> VerifyResult:
+        model = self._state.model
+        vocab = model.config.vocab_size
+        if not 1 <= top_k <= vocab:
+            raise invalid(f"top_k must be in [1, {vocab}], got {top_k}")
+        check_ids(draft_ids, vocab, "draft_ids")
+        self._state.sync(committed_len, append_ids, lookahead=len(draft_ids))
+        if draft_ids:
+            self._state.extend(draft_ids)
+        # Rows that predict d_1 .. d_n and the token past the draft; row 0 is BOS's state.
+        first = committed_len + len(append_ids)
+        with torch.no_grad():
+            rows = self._state.cache.hidden[0, first : first + len(draft_ids) + 1]
+            targets = torch.tensor([*draft_ids, -1], device=rows.device)
+            out = self._head(rows, model.embed.weight, model.out_bias, top_k, targets)
+        topk_ids = out.topk_ids.tolist()
+        return VerifyResult(
+            top1=[row[0] for row in topk_ids],
+            topk_ids=topk_ids,
+            topk_logprobs=out.topk_logprobs.tolist(),
+            draft_logprobs=out.target_logprobs[:-1].tolist(),
+        )
+
+    def close(self) -> None:
+        self._state = None  # type: ignore[assignment]
+
+
+class LocalVerifier:
+    """In-process verifier over one AR model."""
+
+    def __init__(self, model: Seq2SeqTransformer, head=output_head_reference) -> None:
+        cfg = model.config
+        self.model = model
+        self.head = head
+        self.vocab_size = cfg.vocab_size
+        self.bos_id = cfg.bos_id
+        self.eos_id = cfg.eos_id
+        self.max_source_len = cfg.max_len - 1
+        self.max_target_len = cfg.max_len - 1
+
+    def open(self, source_ids: list[int]) -> VerifierSession:
+        return VerifierSession(self.model, source_ids, self.head)
