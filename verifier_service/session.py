@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import output_head_reference
+from kernels.reference import output_head_reference
 from seq2seq_models.prefix_state import PrefixState, check_ids
 from seq2seq_models.transformer import Seq2SeqTransformer
 from specdec.errors import invalid
