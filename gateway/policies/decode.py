@@ -10,10 +10,19 @@ from gateway.decoding_config import DRAFTER_MODES, DecodingConfig, Mode
 from gateway.policies.accept import accept_exact, accept_gad_plus_plus, accept_mjsd, accept_speculative
 from gateway.policies.beam import beam_search
 from gateway.policies.iad import CopyDrafter
-from gateway.policies.loop import DecodeResult, DecodeStats, OnTokens, PrefixSync, draft_verify_loop
+from gateway.policies.loop import (
+    Accept,
+    DecodeResult,
+    DecodeStats,
+    OnTokens,
+    PrefixSync,
+    Propose,
+    draft_verify_loop,
+)
 from seq2seq_models.prefix_state import check_ids
+from seq2seq_models.sampling import SamplingParams
 from specdec.errors import SpecdecError, StatusCode, invalid, out_of_range
-from specdec.interfaces import Draft, Drafter, DrafterSession, Verifier
+from specdec.interfaces import Draft, Drafter, DrafterSession, Verifier, VerifyResult
 
 
 def decode(
@@ -64,7 +73,13 @@ def decode(
             drafter_session.close()
 
 
-def _policy(config, source_ids, verifier, drafter_session, rng):
+def _policy(
+    config: DecodingConfig,
+    source_ids: list[int],
+    verifier: Verifier,
+    drafter_session: DrafterSession | None,
+    rng: np.random.Generator,
+) -> tuple[Propose, Accept, int]:
     """(propose, accept, top_k) for a draft-verify mode."""
     mode = config.mode
     if mode == Mode.AR:
@@ -72,23 +87,30 @@ def _policy(config, source_ids, verifier, drafter_session, rng):
     if mode == Mode.IAD:
         copier = CopyDrafter(source_ids, verifier.bos_id, verifier.eos_id, cap=config.k)
         return copier.propose, _exact, 1
+    assert drafter_session is not None
     sync = _DrafterSync(drafter_session)
     if mode == Mode.GAD:
         return partial(sync.block, k=config.k), _exact, 1
     if mode == Mode.GAD_PLUS_PLUS:
-        accept = lambda ids, draft, res: accept_gad_plus_plus(ids, res, config.beta, config.tau)  # noqa: E731
-        return partial(sync.block, k=config.k), accept, config.beta
+
+        def gad_plus_plus(ids: list[int], draft: Draft, res: VerifyResult) -> tuple[int, int]:
+            return accept_gad_plus_plus(ids, res, config.beta, config.tau)
+
+        return partial(sync.block, k=config.k), gad_plus_plus, config.beta
     if mode == Mode.MJSD:
-        accept = lambda ids, draft, res: accept_mjsd(ids, draft.cum_logq, res, config.threshold)  # noqa: E731
-        return partial(sync.beam, gamma=config.gamma, num_beams=config.num_beams), accept, 1
+
+        def mjsd(ids: list[int], draft: Draft, res: VerifyResult) -> tuple[int, int]:
+            return accept_mjsd(ids, draft.cum_logq, res, config.threshold)
+
+        return partial(sync.beam, gamma=config.gamma, num_beams=config.num_beams), mjsd, 1
     if mode == Mode.SPECULATIVE:
         params = config.sampling
 
-        def accept(ids, draft, res):
+        def speculative(ids: list[int], draft: Draft, res: VerifyResult) -> tuple[int, int]:
             return accept_speculative(ids, draft.q_rows, res, params, verifier.vocab_size, rng)
 
         # The residual max(0, p - q) needs p over the whole vocabulary.
-        return partial(sync.sample, gamma=config.gamma, params=params), accept, verifier.vocab_size
+        return partial(sync.sample, gamma=config.gamma, params=params), speculative, verifier.vocab_size
     raise invalid(f"mode {mode.value} is not a draft-verify mode")
 
 
@@ -96,7 +118,7 @@ def _no_draft(output: list[int], room: int) -> Draft:
     return Draft(ids=[])
 
 
-def _exact(ids, draft, res):
+def _exact(ids: list[int], draft: Draft, res: VerifyResult) -> tuple[int, int]:
     return accept_exact(ids, res)
 
 
@@ -118,7 +140,7 @@ class _DrafterSync:
     def beam(self, output: list[int], room: int, gamma: int, num_beams: int) -> Draft:
         return self.session.draft_beam(*self._delta(output), min(gamma, room), num_beams)
 
-    def sample(self, output: list[int], room: int, gamma: int, params) -> Draft:
+    def sample(self, output: list[int], room: int, gamma: int, params: SamplingParams) -> Draft:
         return self.session.draft_sample(*self._delta(output), min(gamma, room), params)
 
 
