@@ -30,6 +30,10 @@ class DrafterSession:
         if not self._source:
             raise invalid("source is empty")
 
+    @property
+    def cache_bytes(self) -> int:
+        return self._state.cache.nbytes() if self._state is not None else 0
+
     def draft_block(self, committed_len: int, append_ids: list[int], k: int) -> Draft:
         _check_positive(k, "k")
         state, room = self._sync("nar_drafter", committed_len, append_ids)

@@ -93,11 +93,11 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     from gateway.decoding_config import DRAFTER_MODES, DecodingConfig, DecodingLimits, validate
     from gateway.policies import decode
     from seq2seq_models.bundle import load_bundle
-    from verifier_service.session import LocalVerifier
+    from verifier_service.session import make_verifier
 
     config = DecodingConfig().with_overrides(decoding_overrides(args))
     bundle = load_bundle(resolve_bundle(args.bundle), dtype=getattr(torch, args.dtype))
-    verifier = LocalVerifier(bundle.verifier)
+    verifier = make_verifier(bundle, args.backend)
     validate(config, DecodingLimits(), verifier.max_target_len)
     drafter_models = {r: bundle.models[r] for r in ("nar_drafter", "ar_drafter") if bundle.has(r)}
     drafter = LocalDrafter(drafter_models) if drafter_models else None
@@ -119,6 +119,53 @@ def _cmd_decode(args: argparse.Namespace) -> int:
         print(json.dumps(record, ensure_ascii=False), flush=True)
     return 0
 
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.config import load_sections
+    from specdec.serve import serve_forever
+
+    overrides = {
+        "gateway": {"address": args.gateway_addr, "verifier_address": args.verifier_addr,
+                    "drafter_address": args.drafter_addr},
+        "verifier": {"address": args.verifier_addr},
+        "drafter": {"address": args.drafter_addr},
+    }
+    sections = load_sections(args.config, overrides=overrides)
+    sections["gateway"].setdefault("address", "127.0.0.1:50051")
+    bundle = None if args.role == "gateway" and not args.bundle else resolve_bundle(args.bundle)
+
+    def ready(running) -> None:
+        shown = running.addresses.get("gateway") or running.addresses[args.role]
+        print(shown, flush=True)
+
+    serve_forever(args.role, bundle, sections, ready)
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from specdec.client import format_record, generate
+
+    record = generate(args.addr, args.text, decoding_overrides(args), timeout=args.timeout)
+    print(format_record(record, args.json), flush=True)
+    return 0
+
+
+def _cmd_export_onnx(args: argparse.Namespace) -> int:
+    from seq2seq_models.bundle import load_bundle
+    from verifier_service.onnx_export import default_cache_root, ensure_export
+
+    bundle = load_bundle(resolve_bundle(args.bundle), roles=["verifier"])
+    out = Path(args.out) if args.out else default_cache_root(bundle.path)
+    export = ensure_export(bundle.verifier, bundle.fingerprint, out, force=args.force)
+    print(json.dumps({"directory": str(export.directory), "fingerprint": export.fingerprint, "reused": export.reused}))
+    return 0
+
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from training.pipeline import run_from_args
+
+    return run_from_args(args, " ".join(["specdec train", *sys.argv[2:]]))
 
 def _parse_ids(line: str) -> list[int]:
     from specdec.errors import invalid
@@ -150,8 +197,41 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bundle", help=f"model bundle directory (default: ${DEFAULT_BUNDLE_ENV} or bundles/ua-gec)")
     p.add_argument("--ids", action="store_true", help="lines are space-separated token ids, not text")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--backend", choices=["torch", "onnxruntime"], default="torch", help="verifier backend")
     add_decoding_flags(p)
     p.set_defaults(run=_cmd_decode)
+
+    p = sub.add_parser("export-onnx", help="export the bundle's verifier to ONNX (cached by bundle fingerprint)")
+    p.add_argument("--bundle", help=f"model bundle directory (default: ${DEFAULT_BUNDLE_ENV} or bundles/ua-gec)")
+    p.add_argument("--out", help="cache root (default: $SPECDEC_ONNX_CACHE or BUNDLE/onnx)")
+    p.add_argument("--force", action="store_true", help="re-export even when the cache has this fingerprint")
+    p.set_defaults(run=_cmd_export_onnx)
+
+    p = sub.add_parser("serve", help="run the verifier, drafter or gateway service (or all three)")
+    p.add_argument("role", choices=["verifier", "drafter", "gateway", "all"])
+    p.add_argument("--bundle", help=f"model bundle directory (default: ${DEFAULT_BUNDLE_ENV} or bundles/ua-gec)")
+    p.add_argument("--config", help="TOML config file (see config/specdec.example.toml)")
+    p.add_argument("--gateway-addr", help="gateway listen address (default 127.0.0.1:50051)")
+    p.add_argument("--verifier-addr", help="verifier address (default 127.0.0.1:50052)")
+    p.add_argument("--drafter-addr", help="drafter address (default 127.0.0.1:50053)")
+    p.set_defaults(run=_cmd_serve)
+
+    p = sub.add_parser("generate", help="decode one text through a running gateway")
+    p.add_argument("text")
+    p.add_argument("--addr", default="127.0.0.1:50051", help="gateway address")
+    p.add_argument("--json", action="store_true", help="print the same JSON object as `specdec decode`")
+    p.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
+    add_decoding_flags(p)
+    p.set_defaults(run=_cmd_generate)
+
+    try:  # training/ ships with the source tree, not necessarily with an installed wheel
+        from training.arguments import add_arguments as add_train_arguments
+    except ModuleNotFoundError:
+        add_train_arguments = None
+    if add_train_arguments is not None:
+        p = sub.add_parser("train", help="train the bundled UA-GEC models (all stages; resumable)")
+        add_train_arguments(p)
+        p.set_defaults(run=_cmd_train)
     return parser
 
 

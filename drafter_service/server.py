@@ -1,0 +1,218 @@
+"""The DrafterService: `Draft` bidi streams, one stream = one `DrafterSession` (DESIGN section 2).
+
+Hosts the bundle's NAR block drafter and/or small AR drafter. Model work runs on a worker thread.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from drafter_service.session import DrafterSession, LocalDrafter
+from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
+from seq2seq_models.bundle import ModelBundle, load_bundle
+from seq2seq_models.sampling import SamplingParams
+from specdec.errors import SpecdecError, invalid, out_of_range
+from specdec.interfaces import Draft
+from specdec.metrics import Registry
+from specdec.serving import ServiceHost, StepExecutor, abort_with, request_id_of
+
+SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"].full_name
+DRAFTER_ROLES = ("nar_drafter", "ar_drafter")
+_ROLE_ENUM = {"nar_drafter": common_pb2.MODEL_ROLE_NAR_DRAFTER, "ar_drafter": common_pb2.MODEL_ROLE_AR_DRAFTER}
+
+
+@dataclass(frozen=True)
+class DrafterLimits:
+    max_sessions: int = 64  # concurrent Draft streams; more is RESOURCE_EXHAUSTED
+    max_draft_len: int = 64  # k / gamma per step; more is OUT_OF_RANGE
+
+
+async def start_drafter(
+    bundle: str | Path | ModelBundle,
+    address: str = "127.0.0.1:0",
+    limits: DrafterLimits | None = None,
+    metrics_address: str | None = None,
+    roles: Iterable[str] | None = None,
+) -> DrafterServer:
+    """Load the bundle's drafter(s), start serving on `address`, warm up, then report SERVING."""
+    if not isinstance(bundle, ModelBundle):
+        bundle = _load_drafters(Path(bundle), roles)
+    server = DrafterServer(bundle, limits or DrafterLimits())
+    await server.host.start(address, metrics_address)
+    await server.warm_up()
+    await server.host.set_serving()
+    return server
+
+
+class DrafterServer(drafter_pb2_grpc.DrafterServiceServicer):
+    def __init__(self, bundle: ModelBundle, limits: DrafterLimits) -> None:
+        self.bundle = bundle
+        self.limits = limits
+        self.models = {r: bundle.models[r] for r in DRAFTER_ROLES if r in bundle.models}
+        self.drafter = LocalDrafter(self.models)
+        cfg = next(iter(self.models.values())).config
+        self.max_len = min(m.config.max_len for m in self.models.values())
+        self.executor = StepExecutor("drafter")
+        self.registry = Registry()
+        self._sessions: set[DrafterSession] = set()
+        self._define_metrics()
+        self.host = ServiceHost("drafter", [SERVICE_NAME], self.registry)
+        drafter_pb2_grpc.add_DrafterServiceServicer_to_server(self, self.host.server)
+        device = next(iter(self.models.values())).embed.weight.device
+        self.model_info = common_pb2.ModelInfo(
+            vocab_size=cfg.vocab_size,
+            pad_id=cfg.pad_id,
+            unk_id=cfg.unk_id,
+            bos_id=cfg.bos_id,
+            eos_id=cfg.eos_id,
+            mask_id=cfg.mask_id,
+            tokenizer_fingerprint=bundle.tokenizer.fingerprint,
+            bundle_fingerprint=bundle.fingerprint,
+            max_source_len=self.max_len,
+            max_target_len=self.max_len,
+            backend=f"torch-{device.type}",
+            roles=[_ROLE_ENUM[r] for r in self.models],
+            max_draft_len=limits.max_draft_len,
+            max_top_k=0,
+        )
+
+    @property
+    def active_sessions(self) -> int:
+        return len(self._sessions)
+
+    async def warm_up(self) -> None:
+        eos = self.model_info.eos_id
+
+        def run() -> None:
+            for role in self.models:
+                session = self.drafter.open([eos], seed=0)
+                if role == "nar_drafter":
+                    session.draft_block(0, [], 1)
+                else:
+                    session.draft_beam(0, [], 1, 1)
+                session.close()
+
+        await self.executor.run(run)
+
+    async def stop(self, grace: float = 10.0) -> None:
+        await self.host.drain(grace)
+        self.executor.shutdown()
+
+    # ---- RPCs ----------------------------------------------------------------------------------
+
+    async def GetModelInfo(self, request, context):
+        return drafter_pb2.DrafterServiceGetModelInfoResponse(model_info=self.model_info)
+
+    async def Draft(self, request_iterator, context):
+        log = self.host.log.bind(request_id=request_id_of(context))
+        if self.host.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the drafter is draining")
+        if len(self._sessions) >= self.limits.max_sessions:
+            self.m_rejected.inc(reason="sessions")
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.limits.max_sessions} sessions are open; try again later"
+            )
+        session: DrafterSession | None = None
+        self.m_sessions.inc()
+        try:
+            async for request in request_iterator:
+                kind = request.WhichOneof("kind")
+                if session is None:
+                    if kind != "open":
+                        raise invalid("the first message of a Draft stream must be `open`")
+                    source = list(request.open.source_ids)
+                    if len(source) >= self.max_len:
+                        raise out_of_range(f"source has {len(source)} tokens; the limit is {self.max_len - 1}")
+                    seed = request.open.seed if request.open.HasField("seed") else secrets.randbits(63)
+                    session = await self.executor.run(self.drafter.open, source, seed)
+                    self._sessions.add(session)
+                    self.m_active.set(len(self._sessions))
+                    yield drafter_pb2.DraftResponse(
+                        opened=drafter_pb2.DraftOpened(source_len=len(source), max_output_len=self.max_len - 1)
+                    )
+                    continue
+                if kind != "step":
+                    raise invalid("only the first message of a Draft stream may be `open`")
+                yield await self._step(session, request.step)
+        except SpecdecError as exc:
+            self.m_errors.inc(code=exc.code.value)
+            log.info("draft_refused", code=exc.code.value, message=exc.message)
+            await abort_with(context, exc)
+        finally:
+            log.info("session_closed", opened=session is not None)
+            # The stream ended for whatever reason: free the session at once.
+            if session is not None:
+                self._sessions.discard(session)
+                self.m_active.set(len(self._sessions))
+                self.executor.submit(session.close)
+
+    async def _step(self, session: DrafterSession, step: drafter_pb2.DraftStep) -> drafter_pb2.DraftResponse:
+        method = step.WhichOneof("method")
+        committed, append = step.committed_len, list(step.append_ids)
+        if method == "block":
+            n, call = step.block.k, lambda: session.draft_block(committed, append, step.block.k)
+        elif method == "beam":
+            beam = step.beam
+            n, call = beam.gamma, lambda: session.draft_beam(committed, append, beam.gamma, beam.num_beams)
+        elif method == "sample":
+            s = step.sample
+            params = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p or 1.0)
+            _check_sampling(params)
+            n, call = s.gamma, lambda: session.draft_sample(committed, append, s.gamma, params)
+        else:
+            raise invalid("a DraftStep needs one of block, beam or sample")
+        if n > self.limits.max_draft_len:
+            raise out_of_range(f"draft length {n} is over the limit {self.limits.max_draft_len}")
+        started = time.perf_counter()
+        draft: Draft = await self.executor.run(call)
+        self.m_step_s.inc(time.perf_counter() - started, kind=method)
+        self.m_drafts.inc(kind=method)
+        self.m_draft_tokens.inc(len(draft.ids), kind=method)
+        result = drafter_pb2.DraftResult(committed_len=committed + len(append), ids=draft.ids, cum_logq=draft.cum_logq)
+        for ids, probs in draft.q_rows:
+            result.q_rows.add(ids=ids, probs=probs)
+        return drafter_pb2.DraftResponse(result=result)
+
+    def _define_metrics(self) -> None:
+        r = self.registry
+        self.m_sessions = r.counter("drafter_sessions", "Draft streams opened (requests)")
+        self.m_drafts = r.counter("drafter_drafts", "drafts made, by kind")
+        self.m_draft_tokens = r.counter("drafter_draft_tokens", "draft tokens made, by kind")
+        self.m_errors = r.counter("drafter_errors", "streams ended with an error, by status code")
+        self.m_rejected = r.counter("drafter_rejected", "streams refused for capacity")
+        self.m_step_s = r.counter("drafter_step_seconds", "time spent drafting, by kind")
+        self.m_active = r.gauge("drafter_active_sessions", "open Draft sessions")
+        self.m_kv = r.gauge("drafter_kv_cache_bytes", "KV cache bytes held by open sessions")
+        r.on_collect(lambda: self.m_kv.set(sum(_cache_bytes(s) for s in list(self._sessions))))
+
+
+def _load_drafters(path: Path, roles: Iterable[str] | None) -> ModelBundle:
+    import json
+
+    available = json.loads((path / "config.json").read_text())["models"]
+    wanted = [r for r in (roles or DRAFTER_ROLES) if r in available]
+    if not wanted:
+        raise ValueError(f"bundle {path} has no drafter model")
+    return load_bundle(path, roles=wanted)
+
+
+def _check_sampling(params: SamplingParams) -> None:
+    if not params.temperature >= 0:
+        raise invalid(f"temperature must be >= 0, got {params.temperature}")
+    if params.top_k < 0:
+        raise invalid(f"top_k must be >= 0, got {params.top_k}")
+    if not 0 < params.top_p <= 1:
+        raise invalid(f"top_p must be in (0, 1], got {params.top_p}")
+
+
+def _cache_bytes(session: DrafterSession) -> int:
+    try:
+        return session.cache_bytes
+    except AttributeError:
+        return 0

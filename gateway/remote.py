@@ -1,0 +1,221 @@
+"""gRPC implementations of the `Verifier` / `Drafter` interfaces (`specdec.interfaces`).
+
+Each session is one synchronous bidi stream driven step by step: a request queue feeds the
+stream and every step waits for exactly one response. So the unchanged, synchronous `decode()`
+runs over the network from a worker thread. Opening a session only sends the `open` message;
+its answer is read at the first step, so the verifier's and the drafter's encoders run
+concurrently (DESIGN section 4).
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+
+from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from seq2seq_models.sampling import SamplingParams
+from specdec.errors import SpecdecError, StatusCode
+from specdec.interfaces import Draft, VerifyResult
+from specdec.serving import REQUEST_ID_KEY, specdec_code
+
+
+class RemoteCallError(Exception):
+    """A peer failed with a status that is not the client's fault (INTERNAL, UNKNOWN, ...)."""
+
+    def __init__(self, peer: str, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{peer}: {code.name}: {details}")
+        self.peer = peer
+        self.code = code
+        self.details = details
+
+
+class DrafterFailure(Exception):
+    """The drafter is unreachable, failed or timed out; the gateway may fall back to AR."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(f"drafter failed: {cause}")
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """Per-request call settings: an absolute deadline (time.monotonic) and the request id."""
+
+    deadline: float | None = None
+    request_id: str = ""
+
+    def timeout(self, cap: float | None = None) -> float | None:
+        left = None if self.deadline is None else max(self.deadline - time.monotonic(), 0.001)
+        if cap is None:
+            return left
+        return cap if left is None else min(left, cap)
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((REQUEST_ID_KEY, self.request_id),) if self.request_id else ()
+
+
+def fetch_verifier_info(channel: grpc.Channel, timeout: float = 5.0) -> common_pb2.ModelInfo:
+    stub = verifier_pb2_grpc.VerifierServiceStub(channel)
+    return stub.GetModelInfo(verifier_pb2.VerifierServiceGetModelInfoRequest(), timeout=timeout).model_info
+
+
+def fetch_drafter_info(channel: grpc.Channel, timeout: float = 5.0) -> common_pb2.ModelInfo:
+    stub = drafter_pb2_grpc.DrafterServiceStub(channel)
+    return stub.GetModelInfo(drafter_pb2.DrafterServiceGetModelInfoRequest(), timeout=timeout).model_info
+
+
+class RemoteVerifier:
+    """`specdec.interfaces.Verifier` over a VerifierService; one instance per request (options)."""
+
+    def __init__(self, channel: grpc.Channel, info: common_pb2.ModelInfo, options: CallOptions | None = None) -> None:
+        self._stub = verifier_pb2_grpc.VerifierServiceStub(channel)
+        self.info = info
+        self.options = options or CallOptions()
+        self.vocab_size = info.vocab_size
+        self.bos_id = info.bos_id
+        self.eos_id = info.eos_id
+        # The interface counts neither the source's EOS nor the decoder start token; the wire does.
+        self.max_source_len = info.max_source_len - 1
+        self.max_target_len = info.max_target_len - 1
+
+    def open(self, source_ids: list[int]) -> RemoteVerifierSession:
+        stream = _Stream("verifier", self._stub.Verify, self.options.timeout(), self.options.metadata())
+        stream.send(verifier_pb2.VerifyRequest(open=verifier_pb2.VerifyOpen(source_ids=source_ids)))
+        return RemoteVerifierSession(stream)
+
+
+class RemoteVerifierSession:
+    def __init__(self, stream: _Stream) -> None:
+        self._stream = stream
+        self._opened = False
+
+    def step(self, committed_len: int, append_ids: list[int], draft_ids: list[int], top_k: int) -> VerifyResult:
+        if not self._opened:
+            self._stream.receive()  # `opened`
+            self._opened = True
+        step = verifier_pb2.VerifyStep(
+            committed_len=committed_len, append_ids=append_ids, draft_ids=draft_ids, top_k=top_k
+        )
+        res = self._stream.exchange(verifier_pb2.VerifyRequest(step=step)).step
+        positions = res.positions
+        return VerifyResult(
+            top1=[p.top1 for p in positions],
+            topk_ids=[list(p.topk_ids) for p in positions],
+            topk_logprobs=[list(p.topk_logprobs) for p in positions],
+            draft_logprobs=[p.draft_logprob for p in positions[: len(draft_ids)]],
+        )
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+class RemoteDrafter:
+    """`specdec.interfaces.Drafter` over a DrafterService; errors surface as `DrafterFailure`."""
+
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        info: common_pb2.ModelInfo,
+        options: CallOptions | None = None,
+        timeout_cap: float | None = None,
+    ) -> None:
+        self._stub = drafter_pb2_grpc.DrafterServiceStub(channel)
+        self.info = info
+        self.options = options or CallOptions()
+        self.timeout_cap = timeout_cap
+        self.vocab_size = info.vocab_size
+
+    def open(self, source_ids: list[int], seed: int = 0) -> RemoteDrafterSession:
+        try:
+            timeout = self.options.timeout(self.timeout_cap)
+            stream = _Stream("drafter", self._stub.Draft, timeout, self.options.metadata())
+        except Exception as exc:  # a broken channel must not fail the request: the gateway falls back
+            raise DrafterFailure(exc) from exc
+        stream.send(drafter_pb2.DraftRequest(open=drafter_pb2.DraftOpen(source_ids=source_ids, seed=seed)))
+        return RemoteDrafterSession(stream)
+
+
+class RemoteDrafterSession:
+    def __init__(self, stream: _Stream) -> None:
+        self._stream = stream
+        self._opened = False
+
+    def draft_block(self, committed_len: int, append_ids: list[int], k: int) -> Draft:
+        return self._draft(drafter_pb2.DraftStep(committed_len=committed_len, append_ids=append_ids, block={"k": k}))
+
+    def draft_beam(self, committed_len: int, append_ids: list[int], gamma: int, num_beams: int) -> Draft:
+        beam = drafter_pb2.BeamDraft(gamma=gamma, num_beams=num_beams)
+        return self._draft(drafter_pb2.DraftStep(committed_len=committed_len, append_ids=append_ids, beam=beam))
+
+    def draft_sample(self, committed_len: int, append_ids: list[int], gamma: int, params: SamplingParams) -> Draft:
+        sample = drafter_pb2.SampleDraft(
+            gamma=gamma, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p
+        )
+        return self._draft(drafter_pb2.DraftStep(committed_len=committed_len, append_ids=append_ids, sample=sample))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def _draft(self, step: drafter_pb2.DraftStep) -> Draft:
+        try:
+            if not self._opened:
+                self._stream.receive()
+                self._opened = True
+            res = self._stream.exchange(drafter_pb2.DraftRequest(step=step)).result
+        except (SpecdecError, RemoteCallError) as exc:
+            raise DrafterFailure(exc) from exc
+        return Draft(
+            ids=list(res.ids),
+            cum_logq=list(res.cum_logq),
+            q_rows=[(list(row.ids), list(row.probs)) for row in res.q_rows],
+        )
+
+
+class _Stream:
+    """One synchronous bidi call driven message by message."""
+
+    def __init__(self, peer: str, method, timeout: float | None, metadata) -> None:
+        self.peer = peer
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._call = method(_drain(self._requests), timeout=timeout, metadata=metadata)
+        self._closed = False
+
+    def send(self, request) -> None:
+        self._requests.put(request)
+
+    def receive(self):
+        try:
+            return next(self._call)
+        except StopIteration:
+            raise SpecdecError(StatusCode.UNAVAILABLE, f"the {self.peer} ended the stream early") from None
+        except grpc.RpcError as exc:
+            raise _error(self.peer, exc) from None
+
+    def exchange(self, request):
+        self.send(request)
+        return self.receive()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._requests.put(None)  # half-close
+            self._call.cancel()
+
+
+def _drain(requests: queue.SimpleQueue) -> Iterator:
+    while (item := requests.get()) is not None:
+        yield item
+
+
+def _error(peer: str, exc: grpc.RpcError) -> Exception:
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = (exc.details() if hasattr(exc, "details") else "") or str(exc)
+    mapped = specdec_code(code)
+    if mapped is not None:
+        prefix = f"{peer} unavailable: " if mapped == StatusCode.UNAVAILABLE else ""
+        return SpecdecError(mapped, prefix + details)
+    return RemoteCallError(peer, code, details)

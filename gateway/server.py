@@ -1,0 +1,350 @@
+"""The GatewayService: tokenises, validates, and runs `decode()` against remote sessions.
+
+`decode()` is synchronous; each request runs it on a worker thread over `gateway.remote`'s
+gRPC sessions, so the event loop only moves messages. When the drafter is unreachable, fails or
+times out, the request is decoded again as plain AR through the verifier (`stats.degraded`),
+which for the lossless modes gives the same output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import secrets
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import structlog
+
+from gateway.config import GatewayConfig
+from gateway.decoding_config import DRAFTER_MODES, DecodingConfig, Mode, validate
+from gateway.policies import DecodeResult, decode
+from gateway.policies.loop import OnTokens
+from gateway.remote import (
+    CallOptions,
+    DrafterFailure,
+    RemoteCallError,
+    RemoteDrafter,
+    RemoteVerifier,
+    fetch_drafter_info,
+    fetch_verifier_info,
+)
+from gateway.wire import overrides_from_wire, stats_to_wire
+from protos.specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from seq2seq_models.tokenizer import Tokenizer
+from specdec.errors import SpecdecError, StatusCode, invalid
+from specdec.metrics import Registry
+from specdec.serving import REQUEST_ID_KEY, ServiceHost, channel_options, grpc_code
+
+SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name
+
+
+async def start_gateway(config: GatewayConfig, tokenizer: Tokenizer) -> GatewayServer:
+    """Check the peers (vocabulary, tokenizer fingerprint), start serving, report SERVING."""
+    server = GatewayServer(config, tokenizer)
+    await asyncio.get_running_loop().run_in_executor(None, server.check_peers)
+    await server.host.start(config.address, config.metrics_address)
+    await server.host.set_serving()
+    return server
+
+
+class _Cancelled(Exception):
+    """The client went away: stop decoding at the next committed block."""
+
+
+class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
+    def __init__(self, config: GatewayConfig, tokenizer: Tokenizer) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.log = structlog.get_logger(service="gateway")
+        self.verifier_channel = grpc.insecure_channel(config.verifier_address, options=channel_options())
+        self.drafter_channel = (
+            grpc.insecure_channel(config.drafter_address, options=channel_options()) if config.drafter_address else None
+        )
+        self.verifier_info: common_pb2.ModelInfo | None = None
+        self.drafter_info: common_pb2.ModelInfo | None = None
+        self._drafter_lock = threading.Lock()
+        self._drafter_retry_at = 0.0
+        self.pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="gateway-decode")
+        self.registry = Registry()
+        self._define_metrics()
+        self.host = ServiceHost("gateway", [SERVICE_NAME], self.registry)
+        gateway_pb2_grpc.add_GatewayServiceServicer_to_server(self, self.host.server)
+
+    # ---- start-up and peers ----------------------------------------------------------------------
+
+    def check_peers(self) -> None:
+        """Wait for the verifier; check a reachable drafter against it and the tokenizer."""
+        try:
+            self.verifier_info = _wait_info(fetch_verifier_info, self.verifier_channel, self.config.startup_timeout_s)
+        except (grpc.RpcError, grpc.FutureTimeoutError) as exc:
+            raise SpecdecError(StatusCode.UNAVAILABLE, f"verifier at {self.config.verifier_address}: {exc}") from None
+        if self.verifier_info.tokenizer_fingerprint != self.tokenizer.fingerprint:
+            raise ValueError("the verifier's tokenizer fingerprint differs from the gateway's bundle tokenizer")
+        if self.drafter_channel is not None:
+            try:
+                info = _wait_info(fetch_drafter_info, self.drafter_channel, self.config.startup_timeout_s)
+            except (grpc.RpcError, grpc.FutureTimeoutError) as exc:
+                if self.config.fallback != "ar":
+                    raise SpecdecError(
+                        StatusCode.UNAVAILABLE, f"drafter at {self.config.drafter_address}: {exc}"
+                    ) from None
+                self.log.warning("drafter_unreachable_at_start", address=self.config.drafter_address)
+                return
+            self._accept_drafter(info)
+
+    def _accept_drafter(self, info: common_pb2.ModelInfo) -> None:
+        v = self.verifier_info
+        assert v is not None
+        mismatch = [
+            name
+            for name in ("vocab_size", "tokenizer_fingerprint", "pad_id", "unk_id", "bos_id", "eos_id", "mask_id")
+            if getattr(info, name) != getattr(v, name)
+        ]
+        if mismatch:
+            raise ValueError(f"drafter and verifier disagree on {', '.join(mismatch)}; refusing to combine them")
+        self.drafter_info = info
+
+    def _drafter(self, options: CallOptions) -> RemoteDrafter | None:
+        """The drafter for one request, or None while it is down (then the request falls back)."""
+        if self.drafter_channel is None:
+            return None
+        with self._drafter_lock:
+            if time.monotonic() < self._drafter_retry_at:
+                return None
+            if self.drafter_info is None:  # down at start-up: reconnect now that it may be back
+                try:
+                    self._accept_drafter(fetch_drafter_info(self.drafter_channel, timeout=1.0))
+                    self.log.info("drafter_reconnected")
+                except grpc.RpcError:
+                    self._drafter_retry_at = time.monotonic() + self.config.drafter_retry_s
+                    return None
+        return RemoteDrafter(self.drafter_channel, self.drafter_info, options, self.config.drafter_timeout_s)
+
+    def _drafter_failed(self, exc: Exception, log) -> None:
+        with self._drafter_lock:
+            self._drafter_retry_at = time.monotonic() + self.config.drafter_retry_s
+        log.warning("drafter_failed_fallback_to_ar", error=str(exc))
+        self.m_degraded.inc()
+
+    async def stop(self, grace: float = 10.0) -> None:
+        await self.host.drain(grace)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.verifier_channel.close()
+        if self.drafter_channel is not None:
+            self.drafter_channel.close()
+
+    # ---- RPCs ----------------------------------------------------------------------------------
+
+    async def Generate(self, request, context):
+        cancelled = threading.Event()
+
+        def on_tokens(block: list[int]) -> None:
+            if cancelled.is_set():
+                raise _Cancelled()
+
+        try:
+            result, mode, total_s = await self._run(request, context, on_tokens)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return gateway_pb2.GenerateResponse(
+            text=self.tokenizer.decode(result.output_ids),
+            output_ids=result.output_ids,
+            stats=stats_to_wire(result.stats, mode, total_s),
+            final=True,
+        )
+
+    async def GenerateStream(self, request, context):
+        loop = asyncio.get_running_loop()
+        chunks: asyncio.Queue[list[int]] = asyncio.Queue()
+        cancelled = threading.Event()
+
+        def on_tokens(block: list[int]) -> None:
+            if cancelled.is_set():
+                raise _Cancelled()
+            loop.call_soon_threadsafe(chunks.put_nowait, list(block))
+
+        task = asyncio.ensure_future(self._run(request, context, on_tokens))
+        ids: list[int] = []
+        sent_text = ""
+        try:
+            while True:
+                getter = asyncio.ensure_future(chunks.get())
+                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    if chunks.empty():
+                        break
+                    block = chunks.get_nowait()
+                else:
+                    block = getter.result()
+                ids.extend(block)
+                text = self.tokenizer.decode(ids)
+                # Send only text that later tokens cannot change (a prefix of the text so far).
+                piece = text[len(sent_text) :] if text.startswith(sent_text) else ""
+                sent_text += piece
+                yield gateway_pb2.GenerateResponse(text=piece, output_ids=block)
+            result, mode, total_s = task.result()
+            while not chunks.empty():  # blocks queued after the task finished
+                ids.extend(chunks.get_nowait())
+            full = self.tokenizer.decode(result.output_ids)
+            rest = result.output_ids[len(ids) :]
+            tail = full[len(sent_text) :] if full.startswith(sent_text) else ""
+            yield gateway_pb2.GenerateResponse(
+                text=tail, output_ids=rest, stats=stats_to_wire(result.stats, mode, total_s), final=True
+            )
+        finally:
+            cancelled.set()  # client gone or done: the worker stops at its next block
+
+    # ---- one request -----------------------------------------------------------------------------
+
+    async def _run(self, request, context, on_tokens: OnTokens) -> tuple[DecodeResult, Mode, float]:
+        request_id = _request_id(context)
+        structlog.contextvars.bind_contextvars(request_id=request_id)
+        log = self.log.bind(request_id=request_id)
+        started = time.perf_counter()
+        try:
+            if self.host.draining:
+                raise SpecdecError(StatusCode.UNAVAILABLE, "the gateway is draining")
+            source, config = self._prepare(request)
+            remaining = context.time_remaining()
+            deadline = time.monotonic() + (remaining if remaining is not None else self.config.request_timeout_s)
+            options = CallOptions(deadline=deadline, request_id=request_id)
+            self.m_active.inc()
+            try:
+                result = await asyncio.get_running_loop().run_in_executor(
+                    self.pool, self._decode, source, config, options, on_tokens, log
+                )
+            finally:
+                self.m_active.inc(-1)
+        except SpecdecError as exc:
+            self.m_errors.inc(code=exc.code.value)
+            log.info("request_refused", code=exc.code.value, message=exc.message)
+            await context.abort(grpc_code(exc.code), exc.message)
+        except RemoteCallError as exc:
+            self.m_errors.inc(code=exc.code.name)
+            log.error("peer_failed", peer=exc.peer, code=exc.code.name, details=exc.details)
+            await context.abort(exc.code, str(exc))
+        except _Cancelled:
+            log.info("request_cancelled")
+            await context.abort(grpc.StatusCode.CANCELLED, "cancelled by the client")
+        finally:
+            structlog.contextvars.unbind_contextvars("request_id")
+        total_s = time.perf_counter() - started
+        self._record(result, config.mode, total_s)
+        log.info(
+            "request_done",
+            mode=config.mode.value,
+            input_tokens=len(source),
+            output_tokens=len(result.output_ids),
+            iterations=result.stats.iterations,
+            degraded=result.stats.degraded,
+            ms=round(total_s * 1e3, 2),
+        )
+        return result, config.mode, total_s
+
+    def _prepare(self, request: gateway_pb2.GenerateRequest) -> tuple[list[int], DecodingConfig]:
+        if request.text and request.input_ids:
+            raise invalid("set either text or input_ids, not both")
+        source = list(request.input_ids) if request.input_ids else self.tokenizer.encode(request.text)
+        if not source:
+            raise invalid("input is empty")
+        overrides = overrides_from_wire(request.config)
+        if "seed" not in overrides and not self.config.seed_from_defaults:
+            overrides["seed"] = secrets.randbits(63)  # unset seed: a fresh one per request
+        config = self.config.defaults.with_overrides(overrides)
+        assert self.verifier_info is not None
+        validate(config, self.config.limits, self.verifier_info.max_target_len - 1)
+        return source, config
+
+    def _decode(self, source, config: DecodingConfig, options: CallOptions, on_tokens: OnTokens, log) -> DecodeResult:
+        """Worker thread: decode through the services; on drafter trouble, again as plain AR."""
+        assert self.verifier_info is not None
+        verifier = RemoteVerifier(self.verifier_channel, self.verifier_info, options)
+        emitted = [0]
+
+        def counting(block: list[int]) -> None:
+            on_tokens(block)
+            emitted[0] += len(block)
+
+        if config.mode in DRAFTER_MODES:
+            drafter = self._drafter(options)
+            if drafter is not None:
+                try:
+                    return decode(source, config, verifier, drafter, counting)
+                except DrafterFailure as exc:
+                    self._drafter_failed(exc.cause, log)
+                    failure: Exception = exc
+            else:
+                failure = SpecdecError(StatusCode.UNAVAILABLE, "the drafter is down")
+                self._drafter_failed(failure, log)
+            if self.config.fallback != "ar":
+                raise SpecdecError(StatusCode.UNAVAILABLE, f"no fallback configured: {failure}")
+            ar = dataclasses.replace(config, mode=Mode.AR)
+            result = decode(source, ar, verifier, None, _skip(emitted[0], on_tokens))
+            result.stats.degraded = True
+            return result
+        return decode(source, config, verifier, None, counting)
+
+    def _record(self, result: DecodeResult, mode: Mode, total_s: float) -> None:
+        s = result.stats
+        self.m_requests.inc(mode=mode.value)
+        self.m_tokens.inc(len(result.output_ids), mode=mode.value)
+        self.m_iterations.inc(s.iterations, mode=mode.value)
+        self.m_drafts.inc(s.iterations if s.drafted_tokens else 0, mode=mode.value)
+        self.m_draft_tokens.inc(s.drafted_tokens, mode=mode.value)
+        self.m_accepted.inc(s.accepted_tokens, mode=mode.value)
+        for position, count in enumerate(s.accepted_per_position):
+            self.m_accepted_pos.inc(count, position=str(position))
+        self.m_drafter_s.inc(s.drafter_time_s)
+        self.m_verifier_s.inc(s.verifier_time_s)
+        self.m_gateway_s.inc(max(total_s - s.drafter_time_s - s.verifier_time_s, 0.0))
+        its = self.m_iterations.value(mode=mode.value)
+        if its:
+            self.m_mean_len.set(self.m_tokens.value(mode=mode.value) / its, mode=mode.value)
+
+    def _define_metrics(self) -> None:
+        r = self.registry
+        self.m_requests = r.counter("gateway_requests", "requests decoded, by mode")
+        self.m_tokens = r.counter("gateway_tokens_out", "output tokens, by mode")
+        self.m_iterations = r.counter("gateway_iterations", "accept-loop iterations (verifier steps)")
+        self.m_drafts = r.counter("gateway_drafts", "iterations that verified a draft")
+        self.m_draft_tokens = r.counter("gateway_draft_tokens", "draft tokens proposed")
+        self.m_accepted = r.counter("gateway_accepted_tokens", "draft tokens accepted")
+        self.m_accepted_pos = r.counter("gateway_accepted_tokens_per_position", "accepted drafts by position")
+        self.m_mean_len = r.gauge("gateway_mean_acceptance_length", "output tokens per iteration, by mode")
+        self.m_drafter_s = r.counter("gateway_draft_seconds", "time waiting for drafts")
+        self.m_verifier_s = r.counter("gateway_verify_seconds", "time waiting for the verifier")
+        self.m_gateway_s = r.counter("gateway_own_seconds", "time in the gateway itself")
+        self.m_degraded = r.counter("gateway_degraded", "requests that fell back to AR")
+        self.m_errors = r.counter("gateway_errors", "requests that failed, by status code")
+        self.m_active = r.gauge("gateway_active_requests", "requests being decoded")
+
+
+def _skip(count: int, on_tokens: OnTokens) -> OnTokens:
+    """A fallback run repeats the tokens already streamed; pass on only the ones after them."""
+    left = [count]
+
+    def forward(block: list[int]) -> None:
+        drop = min(left[0], len(block))
+        left[0] -= drop
+        if block[drop:]:
+            on_tokens(block[drop:])
+
+    return forward
+
+
+def _wait_info(fetch, channel: grpc.Channel, timeout: float) -> common_pb2.ModelInfo:
+    grpc.channel_ready_future(channel).result(timeout=timeout)
+    return fetch(channel, timeout=timeout)
+
+
+def _request_id(context) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == REQUEST_ID_KEY:
+            return str(value)
+    return uuid.uuid4().hex

@@ -1,0 +1,93 @@
+"""Conversions between the gateway's wire messages and the library's config and stats."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.decoding_config import Mode
+from gateway.policies.loop import DecodeStats
+from protos.specdec.v1 import gateway_pb2
+from specdec.errors import invalid
+
+MODE_TO_WIRE = {
+    Mode.AR: gateway_pb2.MODE_AR_GREEDY,
+    Mode.BEAM: gateway_pb2.MODE_AR_BEAM,
+    Mode.IAD: gateway_pb2.MODE_IAD,
+    Mode.GAD: gateway_pb2.MODE_GAD,
+    Mode.GAD_PLUS_PLUS: gateway_pb2.MODE_GAD_PLUS_PLUS,
+    Mode.MJSD: gateway_pb2.MODE_MJSD,
+    Mode.SPECULATIVE: gateway_pb2.MODE_SPECULATIVE_SAMPLING,
+}
+WIRE_TO_MODE = {v: k for k, v in MODE_TO_WIRE.items()}
+
+# DecodingConfig (proto) field -> gateway.decoding_config.DecodingConfig field.
+_FIELDS = {
+    "block_size": "k",
+    "top_beta": "beta",
+    "tau": "tau",
+    "num_beams": "num_beams",
+    "gamma": "gamma",
+    "mjsd_threshold": "threshold",
+    "beam_delta": "beam_delta",
+    "beam_max_candidates": "beam_max_candidates",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "seed": "seed",
+    "max_new_tokens": "max_new_tokens",
+}
+
+
+def overrides_from_wire(config: gateway_pb2.DecodingConfig) -> dict[str, Any]:
+    """The fields the request set (proto3 `optional` presence), as DecodingConfig overrides."""
+    out: dict[str, Any] = {}
+    if config.HasField("mode") and config.mode != gateway_pb2.MODE_UNSPECIFIED:
+        if config.mode not in WIRE_TO_MODE:
+            raise invalid(f"unknown mode {config.mode}")
+        out["mode"] = WIRE_TO_MODE[config.mode]
+    for wire, name in _FIELDS.items():
+        if config.HasField(wire):
+            out[name] = getattr(config, wire)
+    return out
+
+
+def overrides_to_wire(overrides: dict[str, Any]) -> gateway_pb2.DecodingConfig:
+    """The inverse, for clients (`specdec generate`); None values stay unset."""
+    config = gateway_pb2.DecodingConfig()
+    if overrides.get("mode") is not None:
+        config.mode = MODE_TO_WIRE[Mode(overrides["mode"])]
+    for wire, name in _FIELDS.items():
+        if overrides.get(name) is not None:
+            setattr(config, wire, overrides[name])
+    return config
+
+
+def stats_to_wire(stats: DecodeStats, mode: Mode, total_s: float) -> gateway_pb2.DecodingStats:
+    gateway_s = max(total_s - stats.drafter_time_s - stats.verifier_time_s, 0.0)
+    return gateway_pb2.DecodingStats(
+        iterations=stats.iterations,
+        drafted_tokens=stats.drafted_tokens,
+        accepted_tokens=stats.accepted_tokens,
+        accepted_per_position=stats.accepted_per_position,
+        mean_accepted_length=stats.mean_accepted_length,
+        drafter_time_ms=stats.drafter_time_s * 1e3,
+        verifier_time_ms=stats.verifier_time_s * 1e3,
+        gateway_time_ms=gateway_s * 1e3,
+        degraded=stats.degraded,
+        finish_reason=stats.finish_reason,
+        mode=MODE_TO_WIRE[mode],
+    )
+
+
+def stats_from_wire(stats: gateway_pb2.DecodingStats, output_tokens: int) -> DecodeStats:
+    return DecodeStats(
+        iterations=stats.iterations,
+        drafted_tokens=stats.drafted_tokens,
+        accepted_tokens=stats.accepted_tokens,
+        accepted_per_position=list(stats.accepted_per_position),
+        output_tokens=output_tokens,
+        drafter_time_s=stats.drafter_time_ms / 1e3,
+        verifier_time_s=stats.verifier_time_ms / 1e3,
+        degraded=stats.degraded,
+        finish_reason=stats.finish_reason,
+    )

@@ -1,0 +1,150 @@
+"""`specdec serve verifier|drafter|gateway|all`: run the services until SIGTERM / Ctrl-C.
+
+`ServiceStack` runs the same servers on a background event loop, for tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specdec.serving import configure_logging
+
+ROLES = ("verifier", "drafter", "gateway", "all")
+DEFAULT_VERIFIER_ADDR = "127.0.0.1:50052"
+DEFAULT_DRAFTER_ADDR = "127.0.0.1:50053"
+
+
+@dataclass
+class Running:
+    """The servers one `serve()` call started (None for roles it did not start)."""
+
+    verifier: Any = None
+    drafter: Any = None
+    gateway: Any = None
+    addresses: dict[str, str] = field(default_factory=dict)
+
+    def servers(self) -> list[Any]:
+        # Stop order: the gateway first, so its in-flight requests still reach the models.
+        return [s for s in (self.gateway, self.drafter, self.verifier) if s is not None]
+
+
+async def start_services(
+    role: str,
+    bundle: Path | None,
+    sections: Mapping[str, Mapping[str, Any]],
+) -> Running:
+    """Start `role`'s server(s) from merged config sections (see gateway.config)."""
+    from drafter_service.server import DrafterLimits, start_drafter
+    from gateway.config import gateway_config
+    from gateway.server import start_gateway
+    from seq2seq_models.bundle import load_bundle
+    from verifier_service.server import VerifierLimits, start_verifier
+
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; choose one of {ROLES}")
+    running = Running()
+    v_section = dict(sections.get("verifier", {}))
+    d_section = dict(sections.get("drafter", {}))
+    g_section = dict(sections.get("gateway", {}))
+    v_addr = v_section.pop("address", DEFAULT_VERIFIER_ADDR)
+    d_addr = d_section.pop("address", DEFAULT_DRAFTER_ADDR)
+    loaded = load_bundle(bundle) if bundle is not None and role == "all" else None
+    if role in ("verifier", "all"):
+        metrics = v_section.pop("metrics_address", None)
+        running.verifier = await start_verifier(loaded or _need(bundle), v_addr, VerifierLimits(**v_section), metrics)
+        running.addresses["verifier"] = _with_port(v_addr, running.verifier.host.port)
+    if role in ("drafter", "all"):
+        metrics = d_section.pop("metrics_address", None)
+        running.drafter = await start_drafter(loaded or _need(bundle), d_addr, DrafterLimits(**d_section), metrics)
+        running.addresses["drafter"] = _with_port(d_addr, running.drafter.host.port)
+    if role in ("gateway", "all"):
+        from seq2seq_models.tokenizer import Tokenizer
+
+        if role == "all":  # talk to the servers just started, on the ports they actually bound
+            g_section["verifier_address"] = running.addresses["verifier"]
+            g_section["drafter_address"] = running.addresses["drafter"]
+        config = gateway_config({**sections, "gateway": g_section})
+        tokenizer = loaded.tokenizer if loaded is not None else Tokenizer.load(_need(bundle) / "tokenizer.model")
+        running.gateway = await start_gateway(config, tokenizer)
+        running.addresses["gateway"] = _with_port(config.address, running.gateway.host.port)
+    return running
+
+
+async def stop_services(running: Running, grace: float = 10.0) -> None:
+    for server in running.servers():
+        await server.stop(grace)
+
+
+def serve_forever(
+    role: str,
+    bundle: Path | None,
+    sections: Mapping[str, Mapping[str, Any]],
+    on_ready: Callable[[Running], None],
+    grace: float = 10.0,
+) -> None:
+    """Start, call `on_ready` once everything is SERVING, then drain on SIGTERM / SIGINT."""
+    import signal
+
+    configure_logging()
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        running = await start_services(role, bundle, sections)
+        on_ready(running)
+        await stop.wait()
+        await stop_services(running, grace)
+
+    asyncio.run(main())
+
+
+class ServiceStack:
+    """Servers on a background event loop thread (tests, benchmarks): `with ServiceStack(...) as s:`."""
+
+    def __init__(self, role: str, bundle: Path | None, sections: Mapping[str, Mapping[str, Any]] | None = None):
+        self.role = role
+        self.bundle = bundle
+        self.sections = sections or {}
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=f"stack-{role}", daemon=True)
+        self.running = Running()
+
+    def start(self) -> ServiceStack:
+        configure_logging()
+        self._thread.start()
+        self.running = self.call(start_services(self.role, self.bundle, self.sections))
+        return self
+
+    def call(self, coro, timeout: float = 120.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self, grace: float = 2.0) -> None:
+        try:
+            self.call(stop_services(self.running, grace))
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> ServiceStack:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _need(bundle: Path | None) -> Path:
+    if bundle is None:
+        raise FileNotFoundError("this service needs a model bundle: pass --bundle DIR")
+    return Path(bundle)
+
+
+def _with_port(address: str, port: int) -> str:
+    host = address.rpartition(":")[0] or "127.0.0.1"
+    return f"{host}:{port}"

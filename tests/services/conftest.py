@@ -1,0 +1,75 @@
+"""Real servers on ephemeral loopback ports, real channels, the tiny random bundle."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from protos.specdec.v1 import gateway_pb2_grpc
+from seq2seq_models.bundle import load_bundle, make_tiny_bundle
+from specdec.serve import ServiceStack
+
+LOOPBACK = {
+    "verifier": {"address": "127.0.0.1:0", "metrics_address": "127.0.0.1:0"},
+    "drafter": {"address": "127.0.0.1:0", "metrics_address": "127.0.0.1:0"},
+    "gateway": {"address": "127.0.0.1:0", "metrics_address": "127.0.0.1:0", "drafter_retry_s": 0.2},
+}
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def bundle_dir(tmp_path_factory) -> Path:
+    return make_tiny_bundle(tmp_path_factory.mktemp("services-bundle"), seed=3)
+
+
+@pytest.fixture(scope="session")
+def bundle(bundle_dir):
+    return load_bundle(bundle_dir)
+
+
+@pytest.fixture(scope="session")
+def stack(bundle_dir):
+    with ServiceStack("all", bundle_dir, LOOPBACK) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def gateway_channel(stack):
+    with grpc.insecure_channel(stack.running.addresses["gateway"]) as channel:
+        yield channel
+
+
+@pytest.fixture(scope="session")
+def gateway(gateway_channel):
+    return gateway_pb2_grpc.GatewayServiceStub(gateway_channel)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_specdec(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "specdec", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True,
+    )
+
+
+def wait_ready_line(proc: subprocess.Popen, timeout: float = 60.0) -> str:
+    """The address a `specdec serve` prints once everything is SERVING."""
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, f"server exited with {proc.poll()}"
+    assert time.monotonic() < deadline
+    return line.strip()
