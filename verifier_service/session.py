@@ -59,6 +59,8 @@ class VerifierSession:
 class LocalVerifier:
     """In-process verifier over one AR model."""
 
+    backend = "torch"
+
     def __init__(self, model: Seq2SeqTransformer, head=output_head_reference) -> None:
         cfg = model.config
         self.model = model
@@ -71,3 +73,19 @@ class LocalVerifier:
 
     def open(self, source_ids: list[int]) -> VerifierSession:
         return VerifierSession(self.model, source_ids, self.head)
+
+
+BACKENDS = ("torch", "onnxruntime")
+
+
+def make_verifier(bundle, backend: str = "torch", head=output_head_reference, **onnx_options):
+    """The bundle's verifier on `backend`: "torch" (eager, `LocalVerifier`) or "onnxruntime"
+    (`OnnxVerifier`, exported on first use and cached by bundle fingerprint; `onnx_options` go to
+    `OnnxVerifier.from_bundle`: cache_root, device, intra_op_threads)."""
+    if backend == "torch":
+        return LocalVerifier(bundle.verifier, head=head)
+    if backend == "onnxruntime":
+        from verifier_service.onnx_backend import OnnxVerifier  # onnxruntime is only needed here
+
+        return OnnxVerifier.from_bundle(bundle, **onnx_options)
+    raise invalid(f"unknown verifier backend {backend!r}; expected one of {', '.join(BACKENDS)}")

@@ -1,0 +1,183 @@
+"""The ONNX Runtime verifier backend: parity with torch, losslessness through it, export caching,
+status codes. Runs on the tiny random bundle (fp32, the dtype the graphs are exported in)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from drafter_service.session import LocalDrafter
+from gateway.decoding_config import DecodingConfig, Mode
+from gateway.policies import decode
+from seq2seq_models.bundle import load_bundle, make_tiny_bundle
+from seq2seq_models.transformer import Seq2SeqTransformer
+from specdec.cli import main as cli_main
+from specdec.errors import SpecdecError, StatusCode
+from specdec.interfaces import Draft
+from tests import zoo
+from verifier_service.onnx_backend import OnnxVerifier
+from verifier_service.onnx_export import ensure_export
+from verifier_service.session import LocalVerifier, make_verifier
+
+FIRST_WORD = 5
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return load_bundle(make_tiny_bundle(tmp_path_factory.mktemp("bundle"), seed=7))
+
+
+@pytest.fixture(scope="module")
+def onnx_verifier(bundle, tmp_path_factory):
+    return make_verifier(bundle, "onnxruntime", cache_root=tmp_path_factory.mktemp("onnx"))
+
+
+def _code(fn) -> StatusCode:
+    with pytest.raises(SpecdecError) as info:
+        fn()
+    return info.value.code
+
+
+def _assert_same(ref, got, where) -> None:
+    assert got.top1 == ref.top1, where
+    assert got.topk_ids == ref.topk_ids, where
+    for a, b in zip(ref.topk_logprobs, got.topk_logprobs, strict=True):
+        assert b == pytest.approx(a, abs=1e-4), where
+    assert got.draft_logprobs == pytest.approx(ref.draft_logprobs, abs=1e-4), where
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_steps_with_rollbacks_match_torch(bundle, onnx_verifier, seed):
+    rng = random.Random(seed)
+    vocab = bundle.verifier.config.vocab_size
+    source = [rng.randrange(FIRST_WORD, vocab) for _ in range(rng.randint(1, 30))]
+    torch_session = LocalVerifier(bundle.verifier).open(source)
+    onnx_session = onnx_verifier.open(source)
+    held = 0
+    for step in range(12):
+        # Keep any prefix of what the session holds (rollbacks, also below earlier commits), append
+        # 0..2 final tokens and draft so that blocks of 1..10 tokens get scored.
+        committed = rng.randint(0, held)
+        append = [rng.randrange(FIRST_WORD, vocab) for _ in range(rng.randint(0, 2))]
+        block = rng.randint(max(1, len(append)), 10)
+        draft = [rng.randrange(FIRST_WORD, vocab) for _ in range(block - len(append))]
+        top_k = rng.randint(1, 8)
+        args = (committed, append, draft, top_k)
+        _assert_same(torch_session.step(*args), onnx_session.step(*args), (seed, step, args))
+        assert onnx_session.tokens == torch_session.tokens
+        held = len(onnx_session.tokens)
+
+
+def test_full_vocabulary_top_k_matches_torch(bundle, onnx_verifier):
+    # Speculative sampling asks for the whole distribution.
+    vocab = onnx_verifier.vocab_size
+    ref = LocalVerifier(bundle.verifier).open([9, 10, 11]).step(0, [12], [13, 14], top_k=vocab)
+    _assert_same(ref, onnx_verifier.open([9, 10, 11]).step(0, [12], [13, 14], top_k=vocab), "full vocab")
+
+
+def test_a_model_without_a_bundle_matches_torch(tmp_path):
+    # A zoo-shaped model (not from a bundle): exported under its weights' fingerprint.
+    torch.manual_seed(11)
+    model = Seq2SeqTransformer(zoo.config(d_model=24, layers=2, ffn=48)).eval()
+    onnx_session = OnnxVerifier(model, cache_root=tmp_path).open([5, 6, 7, 8])
+    torch_session = LocalVerifier(model).open([5, 6, 7, 8])
+    for args in ((0, [], [9, 10, 11], 3), (1, [12], [13], 2), (0, [], [], 4), (0, [5, 6, 7], [8] * 7, 5)):
+        _assert_same(torch_session.step(*args), onnx_session.step(*args), args)
+
+
+def test_gad_through_onnx_equals_greedy_through_onnx(bundle, onnx_verifier):
+    drafter = LocalDrafter({"nar_drafter": bundle.nar_drafter})
+    rng = random.Random(3)
+    vocab = onnx_verifier.vocab_size
+    for _ in range(4):
+        source = [rng.randrange(FIRST_WORD, vocab) for _ in range(rng.randint(3, 20))]
+        greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=30), onnx_verifier).output_ids
+        for k in (1, 4, 10):
+            gad = decode(source, DecodingConfig(mode=Mode.GAD, k=k, max_new_tokens=30), onnx_verifier, drafter)
+            assert gad.output_ids == greedy, (source, k)
+
+
+def test_gad_with_partly_right_drafts_equals_greedy(bundle, onnx_verifier):
+    # The random NAR drafter is almost never right; this one drafts the torch greedy output with
+    # some tokens corrupted, so blocks are accepted partly and the ONNX cache rolls back a lot.
+    rng = random.Random(5)
+    vocab = onnx_verifier.vocab_size
+    for _ in range(3):
+        source = [rng.randrange(FIRST_WORD, vocab) for _ in range(rng.randint(3, 20))]
+        greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=40), onnx_verifier).output_ids
+        assert greedy == decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=40),
+                                LocalVerifier(bundle.verifier)).output_ids
+        drafter = _OracleDrafter(greedy, vocab, rng.randint(0, 1 << 30))
+        gad = decode(source, DecodingConfig(mode=Mode.GAD, k=6, max_new_tokens=40), onnx_verifier, drafter)
+        assert gad.output_ids == greedy
+        assert gad.stats.accepted_tokens > 0
+
+
+def test_export_is_cached_by_fingerprint(bundle, tmp_path):
+    first = ensure_export(bundle.verifier, bundle.fingerprint, tmp_path)
+    assert not first.reused and first.encoder.is_file() and first.decoder.is_file()
+    stamp = first.decoder.stat().st_mtime_ns
+    again = ensure_export(bundle.verifier, bundle.fingerprint, tmp_path)
+    assert again.reused and again.directory == first.directory and again.decoder.stat().st_mtime_ns == stamp
+    assert OnnxVerifier.from_bundle(bundle, cache_root=tmp_path).export.reused
+    other = ensure_export(bundle.verifier, "f" * 64, tmp_path)
+    assert not other.reused and other.directory != first.directory
+
+
+def test_export_onnx_command(bundle, tmp_path, capsys):
+    args = ["export-onnx", "--bundle", str(bundle.path), "--out", str(tmp_path)]
+    assert cli_main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert cli_main(args) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert (first["reused"], second["reused"]) == (False, True)
+    assert first["directory"] == second["directory"] and first["fingerprint"] == bundle.fingerprint
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_status_codes_match_torch(bundle, onnx_verifier, backend):
+    verifier = LocalVerifier(bundle.verifier) if backend == "torch" else onnx_verifier
+    vocab = verifier.vocab_size
+    assert _code(lambda: verifier.open([])) == StatusCode.INVALID_ARGUMENT
+    assert _code(lambda: verifier.open([5, vocab])) == StatusCode.INVALID_ARGUMENT
+    assert _code(lambda: verifier.open([5] * (verifier.max_source_len + 1))) == StatusCode.OUT_OF_RANGE
+    session = verifier.open([5, 6])
+    session.step(0, [7], [8, 9], top_k=1)
+    assert _code(lambda: session.step(4, [], [], top_k=1)) == StatusCode.FAILED_PRECONDITION
+    assert _code(lambda: session.step(-1, [], [], top_k=1)) == StatusCode.FAILED_PRECONDITION
+    assert _code(lambda: session.step(0, [-3], [], top_k=1)) == StatusCode.INVALID_ARGUMENT
+    assert _code(lambda: session.step(0, [], [vocab], top_k=1)) == StatusCode.INVALID_ARGUMENT
+    assert _code(lambda: session.step(0, [], [], top_k=0)) == StatusCode.INVALID_ARGUMENT
+    assert _code(lambda: session.step(0, [], [], top_k=vocab + 1)) == StatusCode.INVALID_ARGUMENT
+    too_long = [5] * verifier.max_target_len
+    assert _code(lambda: session.step(0, too_long, [5], top_k=1)) == StatusCode.OUT_OF_RANGE
+    # After those refusals the session still works, from where it was.
+    assert len(session.step(3, [], [], top_k=2).top1) == 1
+    assert _code(lambda: make_verifier(bundle, "tensorrt")) == StatusCode.INVALID_ARGUMENT
+
+
+class _OracleDrafter:
+    """Drafts the known greedy output, with each token corrupted with probability 1/4."""
+
+    def __init__(self, target: list[int], vocab_size: int, seed: int) -> None:
+        self.vocab_size = vocab_size
+        self._target = target
+        self._rng = random.Random(seed)
+
+    def open(self, source_ids: list[int], seed: int = 0) -> _OracleDrafter:
+        self._prefix: list[int] = []
+        return self
+
+    def draft_block(self, committed_len: int, append_ids: list[int], k: int) -> Draft:
+        self._prefix = [*self._prefix[:committed_len], *append_ids]
+        n = len(self._prefix)
+        ids = list(self._target[n : n + k])
+        ids = [FIRST_WORD + (t + 1 - FIRST_WORD) % (self.vocab_size - FIRST_WORD) if self._rng.random() < 0.25 else t
+               for t in ids]
+        return Draft(ids=ids + [self.vocab_size - 1] * (k - len(ids)))
+
+    def close(self) -> None:
+        pass

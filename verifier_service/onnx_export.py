@@ -1,0 +1,235 @@
+"""Export a verifier to two ONNX graphs, cached on disk by bundle fingerprint.
+
+* `encoder.onnx`: source ids [1, S] -> cross-attention K and V of every decoder layer,
+  stacked as [L, 1, H, S, hd] (the encoder runs once per session; the decoder never sees memory).
+* `decoder.onnx` (decoder-with-past, with the fused output head):
+  tokens [1, T], past_len [] (the block's start position), past_k/past_v [L, 1, H, P, hd] with
+  P >= past_len, cross_k/cross_v, head_from [] (first block row whose head outputs are wanted),
+  targets [R] (drafted token per head row, -1 = none), top_k [1]
+  -> present_k/present_v [L, 1, H, past_len + T, hd], topk_logprobs [R, k], topk_ids [R, k],
+  target_logprobs [R].
+  The graph slices the past to `past_len` itself, so rolling back is only a smaller `past_len`
+  and the cache never has to leave the device (CUDA + I/O binding) to be cut.
+
+The head runs inside the graph (logits -> log-softmax -> TopK + gather) so a step is one ORT call
+and only top-k rows cross back to Python; ONNX TopK breaks ties by lower index, as the
+`kernels.reference` contract asks.
+
+The legacy TorchScript exporter (`dynamo=False`) is used: the dynamo exporter needs onnxscript,
+which this project does not depend on, and the traced graph here has no data-dependent control flow.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seq2seq_models.transformer import Attention, Seq2SeqTransformer
+
+OPSET = 17
+EXPORT_FORMAT = 1  # bump when the graphs' interface changes, so stale caches are not reused
+CACHE_ENV = "SPECDEC_ONNX_CACHE"
+ENCODER_FILE = "encoder.onnx"
+DECODER_FILE = "decoder.onnx"
+MANIFEST_FILE = "manifest.json"
+
+ENCODER_INPUTS = ["src"]
+ENCODER_OUTPUTS = ["cross_k", "cross_v"]
+DECODER_INPUTS = ["tokens", "past_len", "past_k", "past_v", "cross_k", "cross_v", "head_from", "targets", "top_k"]
+DECODER_OUTPUTS = ["present_k", "present_v", "topk_logprobs", "topk_ids", "target_logprobs"]
+
+
+@dataclass(frozen=True)
+class OnnxExport:
+    directory: Path
+    fingerprint: str
+    reused: bool  # True when the files were already in the cache
+
+    @property
+    def encoder(self) -> Path:
+        return self.directory / ENCODER_FILE
+
+    @property
+    def decoder(self) -> Path:
+        return self.directory / DECODER_FILE
+
+
+def export_dir(cache_root: Path, fingerprint: str) -> Path:
+    return cache_root / f"{fingerprint[:16]}-v{EXPORT_FORMAT}"
+
+
+def default_cache_root(bundle_path: Path) -> Path:
+    """`$SPECDEC_ONNX_CACHE`, else `<bundle>/onnx` (the bundle's optional ONNX exports, DESIGN §6)."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env) if env else Path(bundle_path) / "onnx"
+
+
+def ensure_export(model: Seq2SeqTransformer, fingerprint: str, cache_root: Path, force: bool = False) -> OnnxExport:
+    """Export `model` under `cache_root` unless an export for `fingerprint` is already there."""
+    directory = export_dir(Path(cache_root), fingerprint)
+    manifest = directory / MANIFEST_FILE
+    if not force and manifest.is_file():
+        data = json.loads(manifest.read_text())
+        if data.get("fingerprint") == fingerprint and data.get("format") == EXPORT_FORMAT:
+            return OnnxExport(directory, fingerprint, reused=True)
+    tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    export_verifier(model, tmp)
+    (tmp / MANIFEST_FILE).write_text(
+        json.dumps({"fingerprint": fingerprint, "format": EXPORT_FORMAT, "opset": OPSET,
+                    "config": model.config.to_dict(), "torch": torch.__version__}, indent=2) + "\n"
+    )
+    # Written aside then renamed, so a concurrent reader never sees half an export.
+    if directory.exists():
+        for f in directory.iterdir():
+            f.unlink()
+        directory.rmdir()
+    tmp.rename(directory)
+    return OnnxExport(directory, fingerprint, reused=False)
+
+
+def model_fingerprint(model: Seq2SeqTransformer) -> str:
+    """A fingerprint for a model that did not come from a bundle (tests, benchmarks)."""
+    import hashlib
+
+    h = hashlib.sha256(json.dumps(model.config.to_dict(), sort_keys=True).encode())
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().to(torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def export_verifier(model: Seq2SeqTransformer, out: Path) -> None:
+    """Write encoder.onnx and decoder.onnx for `model` (exported in float32) into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    model32 = _float32_copy(model)
+    cfg = model32.config
+    layers, heads, hd = cfg.decoder_layers, cfg.n_heads, cfg.d_model // cfg.n_heads
+    src = torch.tensor([[5, 6, 7, cfg.eos_id]]) % cfg.vocab_size
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # tracer warnings about shape arithmetic are expected
+        torch.onnx.export(
+            _Encoder(model32), (src,), str(out / ENCODER_FILE), dynamo=False, opset_version=OPSET,
+            input_names=ENCODER_INPUTS, output_names=ENCODER_OUTPUTS,
+            dynamic_axes={"src": {1: "src_len"}, "cross_k": {3: "src_len"}, "cross_v": {3: "src_len"}},
+        )
+        cross_k = torch.zeros(layers, 1, heads, 4, hd)
+        past = torch.zeros(layers, 1, heads, 5, hd)
+        example = (
+            torch.tensor([[7, 8, 9]]) % cfg.vocab_size,  # tokens
+            torch.tensor(3),  # past_len (< P on purpose: the slice must stay in the graph)
+            past, past.clone(), cross_k, cross_k.clone(),
+            torch.tensor(1),  # head_from
+            torch.tensor([8, -1]),  # targets
+            torch.tensor([2]),  # top_k
+        )
+        torch.onnx.export(
+            _DecoderStep(model32), example, str(out / DECODER_FILE), dynamo=False, opset_version=OPSET,
+            input_names=DECODER_INPUTS, output_names=DECODER_OUTPUTS,
+            dynamic_axes={
+                "tokens": {1: "block"},
+                "past_k": {3: "past_cap"},
+                "past_v": {3: "past_cap"},
+                "cross_k": {3: "src_len"},
+                "cross_v": {3: "src_len"},
+                "targets": {0: "rows"},
+                "present_k": {3: "total"},
+                "present_v": {3: "total"},
+                "topk_logprobs": {0: "rows", 1: "k"},
+                "topk_ids": {0: "rows", 1: "k"},
+                "target_logprobs": {0: "rows"},
+            },
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Export-only modules: the same weights as Seq2SeqTransformer, written without in-place cache
+# writes so that the traced graph is a pure function of its inputs.
+# ----------------------------------------------------------------------------------------------
+
+
+class _Encoder(nn.Module):
+    def __init__(self, model: Seq2SeqTransformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        m = self.model
+        positions = torch.arange(src.shape[1])[None, :]
+        x = m.embed(src) * m.embed_scale + m.src_pos(positions)
+        for layer in m.encoder_layers:  # one unpadded source: no mask needed
+            h = layer.attn_norm(x)
+            x = x + _attend(layer.attn, h, *_project_kv(layer.attn, h), None)
+            x = x + layer.ffn(layer.ffn_norm(x))
+        memory = m.encoder_norm(x)
+        ks, vs = zip(*(_project_kv(layer.cross_attn, memory) for layer in m.decoder_layers), strict=True)
+        return torch.stack(ks), torch.stack(vs)
+
+
+class _DecoderStep(nn.Module):
+    def __init__(self, model: Seq2SeqTransformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, tokens: Tensor, past_len: Tensor, past_k: Tensor, past_v: Tensor, cross_k: Tensor,
+        cross_v: Tensor, head_from: Tensor, targets: Tensor, top_k: Tensor,
+    ) -> tuple[Tensor, ...]:
+        m = self.model
+        t = tokens.shape[1]
+        positions = past_len + torch.arange(t)  # [T]
+        keys = torch.arange(past_len + t)
+        causal = keys[None, :] <= positions[:, None]  # [T, past_len + T]
+        x = m.embed(tokens) * m.embed_scale + m.tgt_pos(positions)[None]
+        # Index tensors rather than Python slices: a slice bound would be traced as a constant.
+        kept = torch.arange(past_len)
+        present_k, present_v = [], []
+        for i, layer in enumerate(m.decoder_layers):
+            h = layer.self_norm(x)
+            k, v = _project_kv(layer.self_attn, h)
+            k = torch.cat([past_k[i].index_select(2, kept), k], dim=2)
+            v = torch.cat([past_v[i].index_select(2, kept), v], dim=2)
+            present_k.append(k)
+            present_v.append(v)
+            x = x + _attend(layer.self_attn, h, k, v, causal)
+            x = x + _attend(layer.cross_attn, layer.cross_norm(x), cross_k[i], cross_v[i], None)
+            x = x + layer.ffn(layer.ffn_norm(x))
+        rows = m.decoder_norm(x)[0].index_select(0, torch.arange(head_from, t))
+        logprobs = F.log_softmax(F.linear(rows, m.embed.weight, m.out_bias), dim=-1)
+        topk_lp, topk_ids = torch.topk(logprobs, top_k, dim=-1)
+        gathered = logprobs.gather(1, targets.clamp(min=0)[:, None])[:, 0]
+        target_lp = torch.where(targets >= 0, gathered, torch.full_like(gathered, float("nan")))
+        return torch.stack(present_k), torch.stack(present_v), topk_lp, topk_ids, target_lp
+
+
+def _project_kv(attn: Attention, x: Tensor) -> tuple[Tensor, Tensor]:
+    return _split(attn, attn.k_proj(x)), _split(attn, attn.v_proj(x))
+
+
+def _split(attn: Attention, x: Tensor) -> Tensor:
+    # reshape with -1 rather than the module's view(b, t, ...): keeps the traced length symbolic.
+    return x.reshape(1, -1, attn.n_heads, attn.head_dim).transpose(1, 2)
+
+
+def _attend(attn: Attention, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    # Plain matmul-softmax attention: exports to standard ops that ORT fuses on its own.
+    q = _split(attn, attn.q_proj(x))
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(attn.head_dim))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), v)
+    return attn.out_proj(out.transpose(1, 2).reshape(1, -1, attn.n_heads * attn.head_dim))
+
+
+def _float32_copy(model: Seq2SeqTransformer) -> Seq2SeqTransformer:
+    copy = Seq2SeqTransformer(model.config)
+    copy.load_state_dict({k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()})
+    return copy.eval()
