@@ -1,0 +1,136 @@
+"""The training pipeline: UA-GEC pairs and split, the smoke run end to end, exact resume."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+pytest.importorskip("ua_gec", reason="the training tests need the `ua-gec` package (extra `train`)")
+
+from seq2seq_models.bundle import ROLES, load_bundle
+from seq2seq_models.config import ModelConfig
+from seq2seq_models.tokenizer import Tokenizer
+from training.batching import IGNORE, nar_tensors, token_batches
+from training.data import (
+    IdPair,
+    is_valid_doc,
+    iter_pairs,
+    load_test_set,
+    normalise,
+    split_train_valid,
+)
+from training.pipeline import run_pipeline
+from training.presets import get_preset
+from training.train import TrainConfig, train_role
+
+
+@pytest.fixture(scope="module")
+def train_pairs():
+    return list(iter_pairs("train"))
+
+
+def test_pairs_are_aligned_sentences(train_pairs):
+    from ua_gec import Corpus
+
+    doc = next(iter(Corpus(partition="train")))
+    first = [p for p in train_pairs if p.doc_id == str(doc.doc_id) and p.annotator == doc.meta.annotator_id]
+    expected = [(normalise(s), normalise(t)) for s, t in zip(doc.source_sentences, doc.target_sentences, strict=True)]
+    assert [(p.source, p.target) for p in first] == [(s, t) for s, t in expected if s and t]
+    assert [p.index for p in first] == sorted(p.index for p in first)
+    assert len(train_pairs) > 30_000
+    for p in train_pairs:
+        assert p.source and p.target
+        assert p.source == " ".join(p.source.split())
+        assert p.target == " ".join(p.target.split())
+    changed = sum(p.source != p.target for p in train_pairs)
+    assert 0.2 < changed / len(train_pairs) < 0.9  # GEC: many sentences change, many are copied
+
+
+def test_valid_split_is_disjoint_deterministic_and_about_five_percent(train_pairs):
+    train, valid = split_train_valid(train_pairs)
+    again_train, again_valid = split_train_valid(reversed(train_pairs))
+    assert {(p.doc_id, p.index) for p in valid} == {(p.doc_id, p.index) for p in again_valid}
+    assert len(train) == len(again_train)
+    assert not {p.doc_id for p in train} & {p.doc_id for p in valid}
+    assert 0.02 < len(valid) / len(train_pairs) < 0.09
+    assert all(is_valid_doc(p.doc_id) for p in valid)
+
+
+def test_test_set_groups_both_annotators_references():
+    items = load_test_set()
+    assert len(items) > 2000
+    assert sum(len(item.references) == 2 for item in items) > 0.8 * len(items)
+    assert all(item.source and all(item.references) for item in items)
+
+
+def test_token_batches_respect_budget_and_cover_every_pair():
+    gen = torch.Generator().manual_seed(0)
+    pairs = [IdPair([5] * int(n), [6] * int(m)) for n, m in torch.randint(1, 40, (200, 2), generator=gen)]
+    batches = token_batches(pairs, max_tokens=300, seed=3, epoch=0)
+    assert sorted(i for b in batches for i in b) == list(range(200))
+    for b in batches:
+        longest = max(max(len(pairs[i].source), len(pairs[i].target)) + 1 for i in b)
+        assert longest * len(b) <= 300 or len(b) == 1
+    assert batches == token_batches(pairs, max_tokens=300, seed=3, epoch=0)
+    assert batches != token_batches(pairs, max_tokens=300, seed=3, epoch=1)
+
+
+def test_nar_rows_match_the_inference_layout():
+    cfg = ModelConfig(vocab_size=20, d_model=8, n_heads=2, encoder_layers=1, decoder_layers=1, ffn_dim=8, max_len=64)
+    pairs = [IdPair([5, 6], [7, 8, 9, 10, 11]), IdPair([5], [12])]
+    dec_in, labels, mask = nar_tensors(pairs, cfg, k=3, generator=torch.Generator().manual_seed(1))
+    for row in range(2):
+        n = int((dec_in[row] == cfg.mask_id).nonzero()[0])  # BOS + prefix length
+        assert dec_in[row, 0] == cfg.bos_id
+        assert (dec_in[row, n : n + 3] == cfg.mask_id).all()
+        assert mask[row, n : n + 3, : n + 3].all() and not mask[row, n : n + 3, n + 3 :].any()
+        assert torch.equal(mask[row, :n, :n], torch.ones(n, n, dtype=torch.bool).tril())
+        full = [*pairs[row].target, cfg.eos_id]
+        block = full[n - 1 : n + 2]
+        assert labels[row, n : n + len(block)].tolist() == block
+        assert (labels[row, n + len(block) :] == IGNORE).all()
+
+
+def test_smoke_pipeline_writes_a_loadable_bundle(tmp_path):
+    out = tmp_path / "run"
+    bundle_dir = run_pipeline(out, get_preset("smoke"), echo=None)
+    assert bundle_dir == out / "bundle"
+    bundle = load_bundle(bundle_dir)
+    assert set(bundle.models) == set(ROLES)
+    trained_tokenizer = Tokenizer.load(out / "data" / "tokenizer.model")
+    assert bundle.tokenizer.fingerprint == trained_tokenizer.fingerprint
+    assert json.loads((out / "stages" / "tokenizer.json").read_text())["fingerprint"] == trained_tokenizer.fingerprint
+    card = (bundle_dir / "MODEL_CARD.md").read_text()
+    assert "CC-BY-4.0" in card and "verifier" in card
+    assert set(bundle.metadata["validation"]) == set(ROLES)
+    # Every stage is finished: a second run skips them all and returns the same bundle.
+    assert run_pipeline(out, get_preset("smoke"), echo=None) == bundle_dir
+    log = [json.loads(line) for line in (out / "pipeline.log.jsonl").read_text().splitlines()]
+    assert sum(r["event"] == "skip" for r in log) == 8
+
+
+@pytest.mark.parametrize("objective", ["ar", "nar"])
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, objective):
+    cfg = ModelConfig(vocab_size=30, d_model=16, n_heads=2, encoder_layers=1, decoder_layers=1, ffn_dim=32, max_len=64)
+    gen = torch.Generator().manual_seed(5)
+    pairs = []
+    for _ in range(60):
+        src = torch.randint(5, 30, (int(torch.randint(2, 12, (1,), generator=gen)),), generator=gen).tolist()
+        pairs.append(IdPair(src, [t if t != 9 else 10 for t in src]))
+    config = TrainConfig(objective=objective, max_steps=6, max_tokens=120, peak_lr=3e-3, warmup_steps=2,
+                         log_every=1, eval_every=4, checkpoint_every=2, nar_k_max=4, eval_max_pairs=10)
+    train_role("x", cfg, config, pairs[:50], pairs[50:], tmp_path / "straight", echo=None)
+    train_role("x", cfg, replace(config, max_steps=3), pairs[:50], pairs[50:], tmp_path / "split", echo=None)
+    with pytest.raises(FileExistsError):
+        train_role("x", cfg, config, pairs[:50], pairs[50:], tmp_path / "split", echo=None)
+    resumed = train_role("x", cfg, config, pairs[:50], pairs[50:], tmp_path / "split", resume=True, echo=None)
+
+    straight = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=False)
+    split = torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=False)
+    assert split["step"] == straight["step"] == 6
+    for name, tensor in straight["model"].items():
+        assert torch.equal(tensor, split["model"][name]), name
+    assert resumed["valid_loss"] == json.loads((tmp_path / "straight" / "result.json").read_text())["valid_loss"]

@@ -1,0 +1,19 @@
+"""Command-line flags of the training pipeline, shared by `python -m training.pipeline` and
+`specdec train`; kept free of heavy imports so building the `specdec` parser stays fast."""
+
+from __future__ import annotations
+
+import argparse
+
+STAGES = ("data", "tokenizer", "encode", "verifier", "distill", "nar_drafter", "ar_drafter", "bundle")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="run directory (data, checkpoints, logs)")
+    parser.add_argument("--preset", choices=["full", "smoke"], default="full")
+    parser.add_argument("--resume", action="store_true", help="continue interrupted training stages")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--device", help="torch device (default: cuda when present, else cpu)")
+    parser.add_argument("--threads", type=int, help="CPU threads for torch (default: the CPUs this process may use)")
+    parser.add_argument("--bundle-out", help="bundle directory (default: bundles/ua-gec; OUT/bundle for smoke)")
+    parser.add_argument("--stop-after", choices=STAGES, help="stop once this stage is finished")

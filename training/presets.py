@@ -1,0 +1,93 @@
+"""Named run sizes: `full` (the bundled UA-GEC models) and `smoke` (the whole pipeline in seconds)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from seq2seq_models.config import ModelConfig
+from training.train import TrainConfig
+
+ROLES = ("verifier", "nar_drafter", "ar_drafter")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    vocab_size: int
+    max_tokens: int  # longest source (+EOS) / target (+BOS) kept, in tokens
+    max_pairs: int | None  # None: every pair
+    shapes: dict[str, dict[str, Any]]  # role -> ModelConfig fields (vocab_size added later)
+    training: dict[str, TrainConfig]
+    distill_beams: int = 5
+    distill_chunk: int = 512
+    seed: int = 1
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def model_config(self, role: str, vocab_size: int) -> ModelConfig:
+        return ModelConfig(vocab_size=vocab_size, **self.shapes[role])
+
+
+def get_preset(name: str, seed: int = 1) -> Preset:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    preset = PRESETS[name]
+    if seed == preset.seed:
+        return preset
+    return replace(preset, seed=seed, training={r: replace(c, seed=seed) for r, c in preset.training.items()})
+
+
+# The verifier: 6+6 layers of width 256, so one incremental verify step (a few tokens against the
+# cached prefix) costs a few ms on a laptop-class CPU; the drafters are much cheaper. Weights in
+# float32: verifier 13.2M params, NAR 4.3M, AR 1.8M: 77 MB in all (the repo budget is 80 MB).
+_FULL_SHAPES: dict[str, dict[str, Any]] = {
+    "verifier": {"d_model": 256, "n_heads": 4, "encoder_layers": 6, "decoder_layers": 6, "ffn_dim": 1024,
+                 "max_len": 256, "dropout": 0.1},
+    "nar_drafter": {"d_model": 192, "n_heads": 4, "encoder_layers": 2, "decoder_layers": 3, "ffn_dim": 768,
+                    "max_len": 256, "dropout": 0.1},
+    "ar_drafter": {"d_model": 128, "n_heads": 4, "encoder_layers": 2, "decoder_layers": 1, "ffn_dim": 512,
+                   "max_len": 256, "dropout": 0.1},
+}
+
+_FULL = Preset(
+    name="full",
+    vocab_size=8000,
+    max_tokens=128,
+    max_pairs=None,
+    shapes=_FULL_SHAPES,
+    # Measured on the 2-core dev CPU: ~2.8k real tokens/s, ~4 s per verifier step of ~11k tokens,
+    # 126 batches (8.5 min) per epoch of the ~31k train pairs. 5000 steps are ~40 epochs (~5.5 h);
+    # on a GPU the same steps take minutes. Drafters are 3-8x cheaper per step.
+    training={
+        "verifier": TrainConfig(objective="ar", max_steps=5000, max_tokens=6000, peak_lr=7e-4, warmup_steps=800,
+                                log_every=10, eval_every=250, checkpoint_every=50),
+        "nar_drafter": TrainConfig(objective="nar", max_steps=5000, max_tokens=6000, peak_lr=7e-4,
+                                   warmup_steps=800, log_every=10, eval_every=250, checkpoint_every=50,
+                                   nar_k_max=25, glat_ratio=0.5),
+        "ar_drafter": TrainConfig(objective="ar", max_steps=3000, max_tokens=6000, peak_lr=1e-3, warmup_steps=500,
+                                  log_every=10, eval_every=250, checkpoint_every=50),
+    },
+    distill_beams=5,
+)
+
+_SMOKE_SHAPE = {"d_model": 32, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "ffn_dim": 64,
+                "max_len": 96, "dropout": 0.1}
+_SMOKE_TRAIN = TrainConfig(max_steps=6, max_tokens=1500, peak_lr=3e-3, warmup_steps=2, log_every=2, eval_every=3,
+                           checkpoint_every=3, eval_max_pairs=40)
+
+_SMOKE = Preset(
+    name="smoke",
+    vocab_size=300,
+    max_tokens=48,
+    max_pairs=120,
+    shapes={role: dict(_SMOKE_SHAPE) for role in ROLES},
+    training={
+        "verifier": _SMOKE_TRAIN,
+        "nar_drafter": replace(_SMOKE_TRAIN, objective="nar", nar_k_max=5),
+        "ar_drafter": _SMOKE_TRAIN,
+    },
+    distill_beams=2,
+    distill_chunk=64,
+)
+
+PRESETS = {"full": _FULL, "smoke": _SMOKE}
