@@ -8,7 +8,8 @@ One file configures all three services (see config/specdec.example.toml):
                 "fail": answer UNAVAILABLE)
     [defaults]  DecodingConfig fields (mode, k, beta, tau, ...): used for unset request fields
     [limits]    DecodingLimits fields (max_k, max_beta, ...): per-request bounds
-    [verifier]  address, metrics_address, max_sessions, max_draft_len, max_source_len
+    [verifier]  address, backend (torch | onnxruntime), metrics_address, max_sessions, max_draft_len,
+                max_source_len
     [drafter]   address, metrics_address, max_sessions, max_draft_len
 
 Environment: SPECDEC__<SECTION>__<KEY>=value (e.g. SPECDEC__GATEWAY__FALLBACK=fail,

@@ -14,6 +14,8 @@ from specdec.errors import SpecdecError
 # Where `decode` looks for a bundle when --bundle is not given.
 DEFAULT_BUNDLE_ENV = "SPECDEC_BUNDLE"
 DEFAULT_BUNDLE_DIR = Path(__file__).resolve().parent.parent / "bundles" / "ua-gec"
+VERIFIER_BACKENDS = ["torch", "onnxruntime"]
+BACKEND_HELP = "verifier backend (default: onnxruntime, or [verifier] backend in the config)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -93,11 +95,11 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     from gateway.decoding_config import DRAFTER_MODES, DecodingConfig, DecodingLimits, validate
     from gateway.policies import decode
     from seq2seq_models.bundle import load_bundle
-    from verifier_service.session import make_verifier
+    from verifier_service.session import DEFAULT_BACKEND, make_verifier
 
     config = DecodingConfig().with_overrides(decoding_overrides(args))
     bundle = load_bundle(resolve_bundle(args.bundle), dtype=getattr(torch, args.dtype))
-    verifier = make_verifier(bundle, args.backend)
+    verifier = make_verifier(bundle, args.backend or DEFAULT_BACKEND)
     validate(config, DecodingLimits(), verifier.max_target_len)
     drafter_models = {r: bundle.models[r] for r in ("nar_drafter", "ar_drafter") if bundle.has(r)}
     drafter = LocalDrafter(drafter_models) if drafter_models else None
@@ -127,7 +129,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     overrides = {
         "gateway": {"address": args.gateway_addr, "verifier_address": args.verifier_addr,
                     "drafter_address": args.drafter_addr},
-        "verifier": {"address": args.verifier_addr},
+        "verifier": {"address": args.verifier_addr, "backend": args.backend},
         "drafter": {"address": args.drafter_addr},
     }
     sections = load_sections(args.config, overrides=overrides)
@@ -197,7 +199,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bundle", help=f"model bundle directory (default: ${DEFAULT_BUNDLE_ENV} or bundles/ua-gec)")
     p.add_argument("--ids", action="store_true", help="lines are space-separated token ids, not text")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    p.add_argument("--backend", choices=["torch", "onnxruntime"], default="torch", help="verifier backend")
+    p.add_argument("--backend", choices=VERIFIER_BACKENDS, default=None, help=BACKEND_HELP)
     add_decoding_flags(p)
     p.set_defaults(run=_cmd_decode)
 
@@ -214,6 +216,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gateway-addr", help="gateway listen address (default 127.0.0.1:50051)")
     p.add_argument("--verifier-addr", help="verifier address (default 127.0.0.1:50052)")
     p.add_argument("--drafter-addr", help="drafter address (default 127.0.0.1:50053)")
+    p.add_argument("--backend", choices=VERIFIER_BACKENDS, default=None, help=BACKEND_HELP)
     p.set_defaults(run=_cmd_serve)
 
     p = sub.add_parser("generate", help="decode one text through a running gateway")

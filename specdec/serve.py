@@ -55,8 +55,12 @@ async def start_services(
     d_addr = d_section.pop("address", DEFAULT_DRAFTER_ADDR)
     loaded = load_bundle(bundle) if bundle is not None and role == "all" else None
     if role in ("verifier", "all"):
+        from verifier_service.session import DEFAULT_BACKEND
+
         metrics = v_section.pop("metrics_address", None)
-        running.verifier = await start_verifier(loaded or _need(bundle), v_addr, VerifierLimits(**v_section), metrics)
+        backend = v_section.pop("backend", None) or DEFAULT_BACKEND
+        limits = VerifierLimits(**v_section)
+        running.verifier = await start_verifier(loaded or _need(bundle), v_addr, limits, metrics, backend)
         running.addresses["verifier"] = _with_port(v_addr, running.verifier.host.port)
     if role in ("drafter", "all"):
         metrics = d_section.pop("metrics_address", None)

@@ -14,7 +14,7 @@ from drafter_service.session import LocalDrafter
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.policies import decode
 from seq2seq_models.bundle import load_bundle
-from verifier_service.session import LocalVerifier
+from verifier_service.session import DEFAULT_BACKEND, make_verifier
 
 TEXTS = ["Я хочу подякувати вам за вашу допомогу.", "We have been living in this city."]
 
@@ -64,7 +64,7 @@ def test_decode_round_trips_and_matches_the_library(bundle_dir, mode):
     assert len(records) == len(TEXTS)
 
     bundle = load_bundle(bundle_dir)
-    verifier = LocalVerifier(bundle.verifier)
+    verifier = make_verifier(bundle, DEFAULT_BACKEND)  # what `specdec decode` runs by default
     drafter = LocalDrafter({"nar_drafter": bundle.nar_drafter, "ar_drafter": bundle.ar_drafter})
     overrides = {
         "mode": mode, "max_new_tokens": 24, "k": 6 if mode == Mode.IAD else 4, "beta": 3, "tau": 2.0,

@@ -17,7 +17,7 @@ from seq2seq_models.bundle import ModelBundle, load_bundle
 from specdec.errors import SpecdecError, invalid, out_of_range
 from specdec.metrics import Registry
 from specdec.serving import ServiceHost, StepExecutor, abort_with, request_id_of
-from verifier_service.session import LocalVerifier, VerifierSession
+from verifier_service.session import VerifierSession, make_verifier
 
 SERVICE_NAME = verifier_pb2.DESCRIPTOR.services_by_name["VerifierService"].full_name
 
@@ -34,11 +34,12 @@ async def start_verifier(
     address: str = "127.0.0.1:0",
     limits: VerifierLimits | None = None,
     metrics_address: str | None = None,
+    backend: str = "torch",
 ) -> VerifierServer:
-    """Load the bundle's verifier, start serving on `address`, warm up, then report SERVING."""
+    """Load the bundle's verifier on `backend`, start serving on `address`, warm up, then report SERVING."""
     if not isinstance(bundle, ModelBundle):
         bundle = load_bundle(bundle, roles=["verifier"])
-    server = VerifierServer(bundle, limits or VerifierLimits())
+    server = VerifierServer(bundle, limits or VerifierLimits(), backend)
     await server.host.start(address, metrics_address)
     await server.warm_up()
     await server.host.set_serving()
@@ -46,10 +47,10 @@ async def start_verifier(
 
 
 class VerifierServer(verifier_pb2_grpc.VerifierServiceServicer):
-    def __init__(self, bundle: ModelBundle, limits: VerifierLimits) -> None:
+    def __init__(self, bundle: ModelBundle, limits: VerifierLimits, backend: str = "torch") -> None:
         self.bundle = bundle
         self.limits = limits
-        self.verifier = LocalVerifier(bundle.verifier)
+        self.verifier = make_verifier(bundle, backend)
         cfg = bundle.verifier.config
         self.max_source_len = min(limits.max_source_len or self.verifier.max_source_len, self.verifier.max_source_len)
         # The seam for the batching scheduler (DESIGN section 4): every model call goes through it.
@@ -71,7 +72,7 @@ class VerifierServer(verifier_pb2_grpc.VerifierServiceServicer):
             bundle_fingerprint=bundle.fingerprint,
             max_source_len=self.max_source_len + 1,  # the wire counts the source's EOS
             max_target_len=cfg.max_len,  # the wire counts the decoder start token
-            backend=f"torch-{device.type}",
+            backend=f"{backend}-{device.type}",
             roles=[common_pb2.MODEL_ROLE_VERIFIER],
             max_draft_len=limits.max_draft_len,
             # Speculative sampling asks for the whole distribution (top_k = vocab).

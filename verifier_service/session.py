@@ -76,6 +76,8 @@ class LocalVerifier:
 
 
 BACKENDS = ("torch", "onnxruntime")
+# The configured default for `specdec decode` and `specdec serve` (see README: "Verifier backends").
+DEFAULT_BACKEND = "onnxruntime"
 
 
 def make_verifier(bundle, backend: str = "torch", head=output_head_reference, **onnx_options):

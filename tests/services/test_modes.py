@@ -10,7 +10,7 @@ from gateway.policies import decode
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2
 from specdec.client import generate
-from verifier_service.session import LocalVerifier
+from verifier_service.session import DEFAULT_BACKEND, make_verifier
 
 TEXTS = ["We have been living in this city.", "Я хочу подякувати вам за вашу допомогу."]
 MODES = {
@@ -31,7 +31,9 @@ def _overrides(mode: Mode) -> dict:
 def _in_process(bundle, text: str, overrides: dict):
     drafter = LocalDrafter({r: bundle.models[r] for r in ("nar_drafter", "ar_drafter")})
     config = DecodingConfig().with_overrides(overrides)
-    return decode(bundle.tokenizer.encode(text), config, LocalVerifier(bundle.verifier), drafter)
+    # The stack serves the verifier on the default backend; compare with the same one in-process.
+    verifier = make_verifier(bundle, DEFAULT_BACKEND)
+    return decode(bundle.tokenizer.encode(text), config, verifier, drafter)
 
 
 @pytest.mark.parametrize("mode", list(MODES), ids=lambda m: m.value)

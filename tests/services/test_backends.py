@@ -1,0 +1,45 @@
+"""The verifier service runs on either backend, chosen by config; GAD stays identical to greedy."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from gateway.decoding_config import Mode
+from gateway.wire import overrides_to_wire
+from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from specdec.serve import ServiceStack
+from verifier_service.session import DEFAULT_BACKEND
+
+TEXT = "We have been living in this city."
+
+
+def _model_info(address: str):
+    with grpc.insecure_channel(address) as channel:
+        stub = verifier_pb2_grpc.VerifierServiceStub(channel)
+        return stub.GetModelInfo(verifier_pb2.VerifierServiceGetModelInfoRequest(), timeout=30).model_info
+
+
+def test_default_backend_is_reported(stack):
+    assert _model_info(stack.running.addresses["verifier"]).backend == f"{DEFAULT_BACKEND}-cpu"
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_gad_equals_greedy_through_each_backend(bundle_dir, backend):
+    sections = {
+        "verifier": {"address": "127.0.0.1:0", "backend": backend},
+        "drafter": {"address": "127.0.0.1:0"},
+        "gateway": {"address": "127.0.0.1:0"},
+    }
+    with ServiceStack("all", bundle_dir, sections) as running:
+        addresses = running.running.addresses
+        assert _model_info(addresses["verifier"]).backend == f"{backend}-cpu"
+        with grpc.insecure_channel(addresses["gateway"]) as channel:
+            gateway = gateway_pb2_grpc.GatewayServiceStub(channel)
+            outputs = {}
+            for mode in (Mode.AR, Mode.GAD):
+                overrides = {"mode": mode.value, "k": 5, "max_new_tokens": 30}
+                request = gateway_pb2.GenerateRequest(text=TEXT, config=overrides_to_wire(overrides))
+                outputs[mode] = list(gateway.Generate(request, timeout=60).output_ids)
+    assert outputs[Mode.GAD] == outputs[Mode.AR]
+    assert len(outputs[Mode.AR]) > 0
