@@ -1,0 +1,52 @@
+"""The verifier's output head: bias + log-softmax + top-k + drafted-token log-prob.
+
+`output_head` picks a backend; every backend honours the contract in `kernels.reference`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from torch import Tensor
+
+from kernels.cpu import output_head_cpu
+from kernels.reference import HeadOutput, output_head_reference
+from kernels.triton_head import MAX_K as TRITON_MAX_K
+from kernels.triton_head import output_head_triton, triton_available
+
+__all__ = [
+    "Backend",
+    "HeadOutput",
+    "output_head",
+    "output_head_cpu",
+    "output_head_reference",
+    "output_head_triton",
+    "triton_available",
+]
+
+Backend = Literal["auto", "reference", "cpu", "triton"]
+
+
+def output_head(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    k: int,
+    targets: Tensor,
+    backend: Backend = "auto",
+) -> HeadOutput:
+    """hidden [R, D], weight [V, D], bias [V] | None, targets [R] (-1 = none) -> top-k and target log-probs.
+
+    "auto" runs the Triton kernel on CUDA tensors when Triton is usable (and k fits it), else the
+    CPU path (which is plain torch, so it also serves CUDA tensors when Triton is missing).
+    """
+    if backend == "auto":
+        use_triton = hidden.is_cuda and k <= TRITON_MAX_K and triton_available()
+        backend = "triton" if use_triton else "cpu"
+    if backend == "reference":
+        return output_head_reference(hidden, weight, bias, k, targets)
+    if backend == "cpu":
+        return output_head_cpu(hidden, weight, bias, k, targets)
+    if backend == "triton":
+        return output_head_triton(hidden, weight, bias, k, targets)
+    raise ValueError(f"unknown backend {backend!r}; expected auto, reference, cpu or triton")
