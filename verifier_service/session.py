@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.reference import output_head_reference
+from kernels import output_head
 from seq2seq_models.prefix_state import PrefixState, check_ids
 from seq2seq_models.transformer import Seq2SeqTransformer
 from specdec.errors import invalid
@@ -15,7 +15,7 @@ from specdec.interfaces import VerifyResult
 
 
 class VerifierSession:
-    def __init__(self, model: Seq2SeqTransformer, source_ids: list[int], head=output_head_reference) -> None:
+    def __init__(self, model: Seq2SeqTransformer, source_ids: list[int], head=output_head) -> None:
         self._state = PrefixState(model, source_ids)
         self._head = head
 
@@ -61,7 +61,7 @@ class LocalVerifier:
 
     backend = "torch"
 
-    def __init__(self, model: Seq2SeqTransformer, head=output_head_reference) -> None:
+    def __init__(self, model: Seq2SeqTransformer, head=output_head) -> None:
         cfg = model.config
         self.model = model
         self.head = head
@@ -80,7 +80,7 @@ BACKENDS = ("torch", "onnxruntime")
 DEFAULT_BACKEND = "onnxruntime"
 
 
-def make_verifier(bundle, backend: str = "torch", head=output_head_reference, **onnx_options):
+def make_verifier(bundle, backend: str = "torch", head=output_head, **onnx_options):
     """The bundle's verifier on `backend`: "torch" (eager, `LocalVerifier`) or "onnxruntime"
     (`OnnxVerifier`, exported on first use and cached by bundle fingerprint; `onnx_options` go to
     `OnnxVerifier.from_bundle`: cache_root, device, intra_op_threads)."""
