@@ -152,8 +152,8 @@ def _method_note(args: argparse.Namespace) -> str:
         "end (Python bookkeeping included) with a block of b tokens (1 appended + b-1 drafted), rolled back to "
         f"the same prefix every call; median of {args.repeats} calls per backend, spread over {args.rounds} "
         f"processes per backend (alternating order; {args.warmup} warm-up calls each). "
-        "torch: eager `LocalVerifier` with the default reference head, and with the fast "
-        "`kernels.output_head`. onnxruntime: `OnnxVerifier` (CPU EP, encoder + decoder-with-past graphs, "
+        "torch: eager `LocalVerifier` with the sort-based reference head, and with the fast "
+        "`kernels.output_head` (its default). onnxruntime: `OnnxVerifier` (CPU EP, encoder + decoder-with-past graphs, "
         "head fused into the decoder graph)."
     )
 
