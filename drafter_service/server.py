@@ -11,16 +11,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-
 from drafter_service.session import DrafterSession, LocalDrafter
 from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, load_bundle
 from seq2seq_models.sampling import SamplingParams
-from specdec.errors import SpecdecError, invalid, out_of_range
+from specdec.errors import invalid, out_of_range
 from specdec.interfaces import Draft
 from specdec.metrics import Registry
-from specdec.serving import ServiceHost, StepExecutor, abort_with, request_id_of
+from specdec.serving import ServiceHost, SessionStreams, StepExecutor
 
 SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"].full_name
 DRAFTER_ROLES = ("nar_drafter", "ar_drafter")
@@ -60,9 +58,9 @@ class DrafterServer(drafter_pb2_grpc.DrafterServiceServicer):
         self.max_len = min(m.config.max_len for m in self.models.values())
         self.executor = StepExecutor("drafter")
         self.registry = Registry()
-        self._sessions: set[DrafterSession] = set()
-        self._define_metrics()
         self.host = ServiceHost("drafter", [SERVICE_NAME], self.registry)
+        self.streams = SessionStreams(self.host, self.executor, self.registry, "Draft", limits.max_sessions)
+        self._define_metrics()
         drafter_pb2_grpc.add_DrafterServiceServicer_to_server(self, self.host.server)
         device = next(iter(self.models.values())).embed.weight.device
         self.model_info = common_pb2.ModelInfo(
@@ -84,7 +82,7 @@ class DrafterServer(drafter_pb2_grpc.DrafterServiceServicer):
 
     @property
     def active_sessions(self) -> int:
-        return len(self._sessions)
+        return len(self.streams.sessions)
 
     async def warm_up(self) -> None:
         eos = self.model_info.eos_id
@@ -110,47 +108,17 @@ class DrafterServer(drafter_pb2_grpc.DrafterServiceServicer):
         return drafter_pb2.DrafterServiceGetModelInfoResponse(model_info=self.model_info)
 
     async def Draft(self, request_iterator, context):
-        log = self.host.log.bind(request_id=request_id_of(context))
-        if self.host.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the drafter is draining")
-        if len(self._sessions) >= self.limits.max_sessions:
-            self.m_rejected.inc(reason="sessions")
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.limits.max_sessions} sessions are open; try again later"
-            )
-        session: DrafterSession | None = None
-        self.m_sessions.inc()
-        try:
-            async for request in request_iterator:
-                kind = request.WhichOneof("kind")
-                if session is None:
-                    if kind != "open":
-                        raise invalid("the first message of a Draft stream must be `open`")
-                    source = list(request.open.source_ids)
-                    if len(source) >= self.max_len:
-                        raise out_of_range(f"source has {len(source)} tokens; the limit is {self.max_len - 1}")
-                    seed = request.open.seed if request.open.HasField("seed") else secrets.randbits(63)
-                    session = await self.executor.run(self.drafter.open, source, seed)
-                    self._sessions.add(session)
-                    self.m_active.set(len(self._sessions))
-                    yield drafter_pb2.DraftResponse(
-                        opened=drafter_pb2.DraftOpened(source_len=len(source), max_output_len=self.max_len - 1)
-                    )
-                    continue
-                if kind != "step":
-                    raise invalid("only the first message of a Draft stream may be `open`")
-                yield await self._step(session, request.step)
-        except SpecdecError as exc:
-            self.m_errors.inc(code=exc.code.value)
-            log.info("draft_refused", code=exc.code.value, message=exc.message)
-            await abort_with(context, exc)
-        finally:
-            log.info("session_closed", opened=session is not None)
-            # The stream ended for whatever reason: free the session at once.
-            if session is not None:
-                self._sessions.discard(session)
-                self.m_active.set(len(self._sessions))
-                self.executor.submit(session.close)
+        async for response in self.streams.serve(request_iterator, context, self._open, self._step):
+            yield response
+
+    async def _open(self, request: drafter_pb2.DraftOpen) -> tuple[DrafterSession, drafter_pb2.DraftResponse]:
+        source = list(request.source_ids)
+        if len(source) >= self.max_len:
+            raise out_of_range(f"source has {len(source)} tokens; the limit is {self.max_len - 1}")
+        seed = request.seed if request.HasField("seed") else secrets.randbits(63)
+        session = await self.executor.run(self.drafter.open, source, seed)
+        opened = drafter_pb2.DraftOpened(source_len=len(source), max_output_len=self.max_len - 1)
+        return session, drafter_pb2.DraftResponse(opened=opened)
 
     async def _step(self, session: DrafterSession, step: drafter_pb2.DraftStep) -> drafter_pb2.DraftResponse:
         method = step.WhichOneof("method")
@@ -181,15 +149,11 @@ class DrafterServer(drafter_pb2_grpc.DrafterServiceServicer):
 
     def _define_metrics(self) -> None:
         r = self.registry
-        self.m_sessions = r.counter("drafter_sessions", "Draft streams opened (requests)")
         self.m_drafts = r.counter("drafter_drafts", "drafts made, by kind")
         self.m_draft_tokens = r.counter("drafter_draft_tokens", "draft tokens made, by kind")
-        self.m_errors = r.counter("drafter_errors", "streams ended with an error, by status code")
-        self.m_rejected = r.counter("drafter_rejected", "streams refused for capacity")
         self.m_step_s = r.counter("drafter_step_seconds", "time spent drafting, by kind")
-        self.m_active = r.gauge("drafter_active_sessions", "open Draft sessions")
         self.m_kv = r.gauge("drafter_kv_cache_bytes", "KV cache bytes held by open sessions")
-        r.on_collect(lambda: self.m_kv.set(sum(_cache_bytes(s) for s in list(self._sessions))))
+        r.on_collect(lambda: self.m_kv.set(sum(_cache_bytes(s) for s in list(self.streams.sessions))))
 
 
 def _load_drafters(path: Path, roles: Iterable[str] | None) -> ModelBundle:

@@ -10,13 +10,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-
 from protos.specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, load_bundle
-from specdec.errors import SpecdecError, invalid, out_of_range
+from specdec.errors import invalid, out_of_range
 from specdec.metrics import Registry
-from specdec.serving import ServiceHost, StepExecutor, abort_with, request_id_of
+from specdec.serving import ServiceHost, SessionStreams, StepExecutor
 from verifier_service.session import VerifierSession, make_verifier
 
 SERVICE_NAME = verifier_pb2.DESCRIPTOR.services_by_name["VerifierService"].full_name
@@ -56,9 +54,9 @@ class VerifierServer(verifier_pb2_grpc.VerifierServiceServicer):
         # The seam for the batching scheduler (DESIGN section 4): every model call goes through it.
         self.executor = StepExecutor("verifier")
         self.registry = Registry()
-        self._sessions: set[VerifierSession] = set()
-        self._define_metrics()
         self.host = ServiceHost("verifier", [SERVICE_NAME], self.registry)
+        self.streams = SessionStreams(self.host, self.executor, self.registry, "Verify", limits.max_sessions)
+        self._define_metrics()
         verifier_pb2_grpc.add_VerifierServiceServicer_to_server(self, self.host.server)
         device = bundle.verifier.embed.weight.device
         self.model_info = common_pb2.ModelInfo(
@@ -81,7 +79,7 @@ class VerifierServer(verifier_pb2_grpc.VerifierServiceServicer):
 
     @property
     def active_sessions(self) -> int:
-        return len(self._sessions)
+        return len(self.streams.sessions)
 
     async def warm_up(self) -> None:
         """One session and one step, so the first real request does not pay for lazy init."""
@@ -103,49 +101,16 @@ class VerifierServer(verifier_pb2_grpc.VerifierServiceServicer):
         return verifier_pb2.VerifierServiceGetModelInfoResponse(model_info=self.model_info)
 
     async def Verify(self, request_iterator, context):
-        log = self.host.log.bind(request_id=request_id_of(context))
-        if self.host.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the verifier is draining")
-        if len(self._sessions) >= self.limits.max_sessions:
-            self.m_rejected.inc(reason="sessions")
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.limits.max_sessions} sessions are open; try again later"
-            )
-        session: VerifierSession | None = None
-        self.m_sessions.inc()
-        try:
-            async for request in request_iterator:
-                kind = request.WhichOneof("kind")
-                if session is None:
-                    if kind != "open":
-                        raise invalid("the first message of a Verify stream must be `open`")
-                    source = list(request.open.source_ids)
-                    if len(source) > self.max_source_len:
-                        raise out_of_range(f"source has {len(source)} tokens; the limit is {self.max_source_len}")
-                    session = await self.executor.run(self.verifier.open, source)
-                    self._sessions.add(session)
-                    self.m_active.set(len(self._sessions))
-                    yield verifier_pb2.VerifyResponse(
-                        opened=verifier_pb2.VerifyOpened(
-                            source_len=len(source), max_output_len=self.verifier.max_target_len
-                        )
-                    )
-                    continue
-                if kind != "step":
-                    raise invalid("only the first message of a Verify stream may be `open`")
-                yield await self._step(session, request.step)
-        except SpecdecError as exc:
-            self.m_errors.inc(code=exc.code.value)
-            log.info("verify_refused", code=exc.code.value, message=exc.message)
-            await abort_with(context, exc)
-        finally:
-            log.info("session_closed", opened=session is not None)
-            # The stream ended (half-close, cancel, deadline, disconnect): free the session now.
-            if session is not None:
-                self._sessions.discard(session)
-                self.m_active.set(len(self._sessions))
-                # Close on the worker so a step still running for a cancelled stream finishes first.
-                self.executor.submit(session.close)
+        async for response in self.streams.serve(request_iterator, context, self._open, self._step):
+            yield response
+
+    async def _open(self, request: verifier_pb2.VerifyOpen) -> tuple[VerifierSession, verifier_pb2.VerifyResponse]:
+        source = list(request.source_ids)
+        if len(source) > self.max_source_len:
+            raise out_of_range(f"source has {len(source)} tokens; the limit is {self.max_source_len}")
+        session = await self.executor.run(self.verifier.open, source)
+        opened = verifier_pb2.VerifyOpened(source_len=len(source), max_output_len=self.verifier.max_target_len)
+        return session, verifier_pb2.VerifyResponse(opened=opened)
 
     async def _step(self, session: VerifierSession, step: verifier_pb2.VerifyStep) -> verifier_pb2.VerifyResponse:
         vocab = self.model_info.vocab_size
@@ -183,18 +148,14 @@ class VerifierServer(verifier_pb2_grpc.VerifierServiceServicer):
 
     def _define_metrics(self) -> None:
         r = self.registry
-        self.m_sessions = r.counter("verifier_sessions", "Verify streams opened (requests)")
         self.m_steps = r.counter("verifier_steps", "verify steps (one forward each)")
         self.m_scored = r.counter("verifier_scored_tokens", "tokens scored (append + draft)")
         self.m_draft_tokens = r.counter("verifier_draft_tokens", "draft tokens scored")
-        self.m_errors = r.counter("verifier_errors", "streams ended with an error, by status code")
-        self.m_rejected = r.counter("verifier_rejected", "streams refused for capacity")
         self.m_queue_s = r.counter("verifier_queue_seconds", "time steps waited for the model worker")
         self.m_step_s = r.counter("verifier_step_seconds", "time spent in verify steps")
-        self.m_active = r.gauge("verifier_active_sessions", "open Verify sessions")
         self.m_batch = r.gauge("verifier_batch_size", "sessions in the last forward")
         self.m_kv = r.gauge("verifier_kv_cache_bytes", "KV cache bytes held by open sessions")
-        r.on_collect(lambda: self.m_kv.set(sum(_cache_bytes(s) for s in list(self._sessions))))
+        r.on_collect(lambda: self.m_kv.set(sum(_cache_bytes(s) for s in list(self.streams.sessions))))
 
 
 def _cache_bytes(session: VerifierSession) -> int:

@@ -74,7 +74,7 @@ def test_cancel_mid_stream_frees_sessions(stack, gateway):
     assert stack.running.verifier.active_sessions >= 1
     call.cancel()
     assert _wait(lambda: stack.running.verifier.active_sessions == 0 and stack.running.drafter.active_sessions == 0)
-    assert stack.running.verifier.m_active.value() == 0
+    assert stack.running.verifier.streams.m_active.value() == 0
 
 
 def test_verifier_stream_cancel_frees_session(stack):
