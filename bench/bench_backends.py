@@ -30,6 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from benchmarks_md import write_section
+
 from seq2seq_models.config import ModelConfig
 from seq2seq_models.transformer import Seq2SeqTransformer
 from verifier_service.onnx_backend import OnnxVerifier
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         command = "python " + " ".join(shlex.quote(a) for a in ["bench/bench_backends.py", *(argv or sys.argv[1:])])
         stamp = f"{_machine_line(args)}; date {dt.date.today().isoformat()}; command `{command}`"
-        _write_section(args.output, SECTION, f"{stamp}\n\n{_method_note(args)}\n\n{table}")
+        write_section(args.output, SECTION, f"{stamp}\n\n{_method_note(args)}\n\n{table}")
     return 0
 
 
@@ -171,18 +173,6 @@ def _machine_line(args: argparse.Namespace) -> str:
         f"Machine: {cpu}, {args.torch_threads or torch.get_num_threads()} torch threads, ORT intra-op threads "
         f"{args.threads or 'default'}; torch {torch.__version__}, onnxruntime {ort.__version__}"
     )
-
-
-def _write_section(path: Path, heading: str, body: str) -> None:
-    """Replace the section under `heading` (up to the next `## ` heading) or append it."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    section = f"{heading}\n\n{body.strip()}\n"
-    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip() + "\n"
-    else:
-        text = text.rstrip() + "\n\n" + section
-    path.write_text(text)
 
 
 if __name__ == "__main__":

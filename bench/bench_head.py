@@ -30,6 +30,8 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from benchmarks_md import write_section
+
 from kernels.cpu import _gather_targets, _topk_lowest_id_first, output_head_cpu
 from kernels.triton_head import output_head_triton, triton_available
 
@@ -68,9 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         command = "python bench/bench_head.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
         stamp = f"{_machine_line()}  \nDate: {dt.date.today().isoformat()}  \nCommand: `{command.strip()}`"
-        _write_section(args.output, CPU_SECTION, f"{stamp}\n\n{_method_note(args)}\n\n{cpu_table}")
+        write_section(args.output, CPU_SECTION, f"{stamp}\n\n{_method_note(args)}\n\n{cpu_table}")
         if cuda_text is not None:
-            _write_section(args.output, CUDA_SECTION, f"{stamp}\n\n{cuda_text}")
+            write_section(args.output, CUDA_SECTION, f"{stamp}\n\n{cuda_text}")
         print(f"\nwrote {args.output}")
     return 0
 
@@ -239,18 +241,6 @@ def _cuda_line(peak_gbs: float) -> str:
     return (
         f"Device: {name}; measured copy peak {peak_gbs:.0f} GB/s (1 GiB device-to-device copy, read + write)"
     )
-
-
-def _write_section(path: Path, heading: str, body: str) -> None:
-    """Replace the section under `heading` (up to the next `## ` heading) or append it."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    section = f"{heading}\n\n{body.strip()}\n"
-    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip() + "\n"
-    else:
-        text = text.rstrip() + "\n\n" + section
-    path.write_text(text)
 
 
 if __name__ == "__main__":
