@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from seq2seq_models.drafting import beam_draft, nar_block_draft, sample_draft
-from seq2seq_models.prefix_state import PrefixState, check_ids
+from seq2seq_models.prefix_state import PrefixState, check_source
 from seq2seq_models.sampling import SamplingParams
 from seq2seq_models.transformer import Seq2SeqTransformer
 from specdec.errors import SpecdecError, StatusCode, invalid, out_of_step
@@ -26,9 +26,7 @@ class DrafterSession:
         if not models:
             raise SpecdecError(StatusCode.FAILED_PRECONDITION, "this drafter hosts no model")
         # Validate the source now rather than on the first step.
-        check_ids(self._source, next(iter(models.values())).config.vocab_size, "source")
-        if not self._source:
-            raise invalid("source is empty")
+        check_source(self._source, next(iter(models.values())).config)
 
     @property
     def cache_bytes(self) -> int:

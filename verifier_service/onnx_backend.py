@@ -24,9 +24,8 @@ from typing import Any, Literal
 import numpy as np
 
 from seq2seq_models.config import ModelConfig
-from seq2seq_models.prefix_state import check_ids
+from seq2seq_models.prefix_state import check_draft, check_source, check_sync
 from seq2seq_models.transformer import Seq2SeqTransformer
-from specdec.errors import invalid, out_of_range, out_of_step
 from specdec.interfaces import VerifyResult
 from verifier_service.onnx_export import OnnxExport, default_cache_root, ensure_export, model_fingerprint
 
@@ -75,12 +74,7 @@ class OnnxVerifier:
 
 class OnnxVerifierSession:
     def __init__(self, runner: _Runner, config: ModelConfig, source_ids: list[int]) -> None:
-        # Same checks, in the same order, as seq2seq_models.prefix_state.PrefixState.
-        check_ids(source_ids, config.vocab_size, "source")
-        if not source_ids:
-            raise invalid("source is empty")
-        if len(source_ids) + 1 > config.max_len:
-            raise out_of_range(f"source has {len(source_ids)} tokens; the limit is {config.max_len - 1}")
+        check_source(source_ids, config)  # the torch backend's checks, so both refuse alike
         self._runner = runner
         self._config = config
         self.tokens: list[int] = []  # output tokens after BOS the past holds K/V for (drafts included)
@@ -96,16 +90,8 @@ class OnnxVerifierSession:
         self, committed_len: int, append_ids: list[int], draft_ids: list[int], top_k: int
     ) -> VerifyResult:
         cfg = self._config
-        vocab = cfg.vocab_size
-        if not 1 <= top_k <= vocab:
-            raise invalid(f"top_k must be in [1, {vocab}], got {top_k}")
-        check_ids(draft_ids, vocab, "draft_ids")
-        if not 0 <= committed_len <= len(self.tokens):
-            raise out_of_step(f"committed_len {committed_len} but the session holds {len(self.tokens)} output tokens")
-        check_ids(append_ids, vocab, "append_ids")
-        total = committed_len + len(append_ids) + len(draft_ids)
-        if total > cfg.max_len - 1:
-            raise out_of_range(f"output would reach {total} tokens; the limit is {cfg.max_len - 1}")
+        check_draft(draft_ids, top_k, cfg)
+        check_sync(committed_len, len(self.tokens), append_ids, len(draft_ids), cfg)
 
         # Position 0 is BOS. Reuse the cached K/V of the kept positions, except the one whose state
         # predicts d_1 when nothing is appended (it is re-fed, see the module docstring); a fresh

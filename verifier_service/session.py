@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from kernels import output_head
-from seq2seq_models.prefix_state import PrefixState, check_ids
+from seq2seq_models.prefix_state import PrefixState, check_draft
 from seq2seq_models.transformer import Seq2SeqTransformer
 from specdec.errors import invalid
 from specdec.interfaces import VerifyResult
@@ -31,10 +31,7 @@ class VerifierSession:
         self, committed_len: int, append_ids: list[int], draft_ids: list[int], top_k: int
     ) -> VerifyResult:
         model = self._state.model
-        vocab = model.config.vocab_size
-        if not 1 <= top_k <= vocab:
-            raise invalid(f"top_k must be in [1, {vocab}], got {top_k}")
-        check_ids(draft_ids, vocab, "draft_ids")
+        check_draft(draft_ids, top_k, model.config)
         self._state.sync(committed_len, append_ids, lookahead=len(draft_ids))
         if draft_ids:
             self._state.extend(draft_ids)
