@@ -2,8 +2,8 @@
 
 `decode()` is synchronous; each request runs it on a worker thread over `gateway.remote`'s
 gRPC sessions, so the event loop only moves messages. When the drafter is unreachable, fails or
-times out, the request is decoded again as plain AR through the verifier (`stats.degraded`),
-which for the lossless modes gives the same output.
+times out, the request goes on as plain AR through the verifier from the tokens already committed
+(`stats.degraded`), which for the lossless modes gives the same output.
 """
 
 from __future__ import annotations
@@ -265,11 +265,11 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         """Worker thread: decode through the services; on drafter trouble, again as plain AR."""
         assert self.verifier_info is not None
         verifier = RemoteVerifier(self.verifier_channel, self.verifier_info, options)
-        emitted = [0]
+        committed: list[int] = []
 
         def counting(block: list[int]) -> None:
             on_tokens(block)
-            emitted[0] += len(block)
+            committed.extend(block)
 
         if config.mode in DRAFTER_MODES:
             drafter = self._drafter(options)
@@ -284,8 +284,10 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
                 self._drafter_failed(failure, log)
             if self.config.fallback != "ar":
                 raise SpecdecError(StatusCode.UNAVAILABLE, f"no fallback configured: {failure}")
+            # Go on from what is already committed (and maybe streamed): for the lossless modes
+            # this is the same output; for the others the stream stays one consistent sequence.
             ar = dataclasses.replace(config, mode=Mode.AR)
-            result = decode(source, ar, verifier, None, _skip(emitted[0], on_tokens))
+            result = decode(source, ar, verifier, None, on_tokens, prefix=committed)
             result.stats.degraded = True
             return result
         return decode(source, config, verifier, None, counting)
@@ -323,19 +325,6 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.m_degraded = r.counter("gateway_degraded", "requests that fell back to AR")
         self.m_errors = r.counter("gateway_errors", "requests that failed, by status code")
         self.m_active = r.gauge("gateway_active_requests", "requests being decoded")
-
-
-def _skip(count: int, on_tokens: OnTokens) -> OnTokens:
-    """A fallback run repeats the tokens already streamed; pass on only the ones after them."""
-    left = [count]
-
-    def forward(block: list[int]) -> None:
-        drop = min(left[0], len(block))
-        left[0] -= drop
-        if block[drop:]:
-            on_tokens(block[drop:])
-
-    return forward
 
 
 def _wait_info(fetch, channel: grpc.Channel, timeout: float) -> common_pb2.ModelInfo:

@@ -100,10 +100,44 @@ def test_beam_width_1_equals_greedy(trio, source, max_new):
 def test_variable_width_beam_without_pruning_equals_fixed_width(trio, source, max_new, width):
     fixed = _run(trio, source, mode=Mode.BEAM, max_new_tokens=max_new, num_beams=width)
     variable = _run(
-        trio, source, mode=Mode.BEAM, max_new_tokens=max_new, num_beams=width,
-        beam_delta=math.inf, beam_max_candidates=width,
+        trio,
+        source,
+        mode=Mode.BEAM,
+        max_new_tokens=max_new,
+        num_beams=width,
+        beam_delta=math.inf,
+        beam_max_candidates=width,
     )
     assert variable.output_ids == fixed.output_ids
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    trio=trios,
+    source=sources,
+    max_new=st.integers(2, MAX_LEN - 1),
+    cut=st.floats(0, 1),
+    mode=st.sampled_from([Mode.AR, Mode.GAD]),
+)
+def test_continuing_a_committed_prefix_gives_the_same_output(trio, source, max_new, cut, mode):
+    """The gateway's fallback continues from what is already committed: for a lossless mode the
+    result is the same as decoding from scratch."""
+    greedy = _run(trio, source, mode=Mode.AR, max_new_tokens=max_new)
+    n = min(int(cut * len(greedy.output_ids)), max_new - 1)
+    prefix = greedy.output_ids[:n]
+    trio_models = model_pool()[trio]
+    config = DecodingConfig(mode=mode, max_new_tokens=max_new, k=5)
+    streamed: list[int] = []
+    resumed = decode(
+        source,
+        config,
+        LocalVerifier(trio_models.verifier),
+        LocalDrafter(trio_models.drafter_models()),
+        on_tokens=streamed.extend,
+        prefix=prefix,
+    )
+    assert resumed.output_ids == greedy.output_ids
+    assert prefix + streamed == greedy.output_ids
 
 
 # ---- The properties above are only worth something if drafts are really accepted. ----

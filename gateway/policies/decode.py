@@ -32,10 +32,18 @@ def decode(
     drafter: Drafter | None = None,
     on_tokens: OnTokens | None = None,
     rng: np.random.Generator | None = None,
+    prefix: list[int] | None = None,
 ) -> DecodeResult:
     """Decode one source with the configured mode. `rng` (sampling modes) defaults to one seeded
-    from `config.seed`; pass one in to draw many samples from a single stream."""
+    from `config.seed`; pass one in to draw many samples from a single stream. `prefix` continues
+    an output already committed (a fallback after the drafter failed mid-request); the result
+    includes it."""
     _check_source(source_ids, verifier)
+    if prefix and config.mode == Mode.BEAM:
+        raise invalid("beam search cannot continue a committed prefix")
+    check_ids(prefix or [], verifier.vocab_size, "prefix")
+    if prefix and len(prefix) >= config.max_new_tokens:
+        raise out_of_range(f"prefix has {len(prefix)} tokens; max_new_tokens is {config.max_new_tokens}")
     stats = DecodeStats()
     mode = config.mode
     if mode == Mode.BEAM:
@@ -64,7 +72,7 @@ def decode(
             drafter_session = drafter.open(source_ids, seed=drafter_seed)
         propose, accept, top_k = _policy(config, source_ids, verifier, drafter_session, rng)
         out = draft_verify_loop(
-            session, propose, accept, top_k, config.max_new_tokens, verifier.eos_id, stats, on_tokens
+            session, propose, accept, top_k, config.max_new_tokens, verifier.eos_id, stats, on_tokens, prefix
         )
         return DecodeResult(out, stats)
     finally:

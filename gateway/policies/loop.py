@@ -83,8 +83,11 @@ def draft_verify_loop(
     eos_id: int,
     stats: DecodeStats,
     on_tokens: OnTokens | None = None,
+    prefix: list[int] | None = None,
 ) -> list[int]:
-    out: list[int] = []
+    """Decode until EOS or max_new_tokens. A `prefix` is output already committed (it is sent to
+    the verifier with the first step and counts towards max_new_tokens; `on_tokens` does not see it)."""
+    out: list[int] = list(prefix or [])
     sync = PrefixSync()
     while True:
         # A block commits at most len(draft) + 1 tokens: never draft past max_new_tokens.
