@@ -1,0 +1,172 @@
+"""Round-trip overhead of the services: the same inputs decoded in-process and through the gateway.
+
+    python bench/bench_services.py            # print the table
+    python bench/bench_services.py --write    # also update "## Services round trip (CPU)" in BENCHMARKS.md
+
+The three services run as `specdec serve all` in a separate process (as a user runs them); the
+client calls `Generate` over loopback with one request in flight. In-process runs `decode()` on
+the same bundle, the same verifier backend and the same decoding parameters, so both sides do the
+same iterations (the script checks that the outputs are identical). The difference per iteration
+is what the gRPC hops, serialisation and the gateway cost. By default the bundle is a tiny random
+one (`specdec tiny-bundle`), which makes the model work small and the overhead stand out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from benchmarks_md import write_section
+
+from drafter_service.session import LocalDrafter
+from gateway.decoding_config import DecodingConfig, Mode
+from gateway.policies import decode
+from gateway.wire import overrides_to_wire
+from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
+from seq2seq_models.bundle import load_bundle, make_tiny_bundle
+from verifier_service.session import DEFAULT_BACKEND, make_verifier
+
+SECTION = "## Services round trip (CPU)"
+TEXTS = [
+    "Я хочу подякувати вам за вашу допомогу.",
+    "Вчора ми ходили до парку і бачили багато людей.",
+    "We have been living in this city for ten years.",
+    "Please send me the report before Monday morning.",
+]
+MODES = {
+    Mode.AR: {},
+    Mode.BEAM: {"num_beams": 4},
+    Mode.IAD: {"k": 10},
+    Mode.GAD: {"k": 10},
+    Mode.GAD_PLUS_PLUS: {"k": 10, "beta": 3, "tau": 1.0},
+    Mode.MJSD: {"gamma": 4, "num_beams": 4, "threshold": 0.1},
+    Mode.SPECULATIVE: {"gamma": 4, "seed": 1},
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bundle", help="bundle directory (default: a tiny random bundle, seed 0)")
+    parser.add_argument("--backend", default=DEFAULT_BACKEND, choices=["torch", "onnxruntime"])
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=5, help="passes over the inputs per mode (median taken)")
+    parser.add_argument("--write", action="store_true")
+    parser.add_argument("--output", type=Path, default=Path(__file__).resolve().parents[1] / "BENCHMARKS.md")
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle_dir = Path(args.bundle) if args.bundle else make_tiny_bundle(Path(tmp) / "bundle", seed=0)
+        server, address = _start_services(bundle_dir, args.backend)
+        try:
+            rows = _measure(bundle_dir, address, args)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    table = _table(rows)
+    print(table)
+    if args.write:
+        stamp = (
+            f"Machine: {_cpu()}, {os.cpu_count()} cores; verifier backend {args.backend}; "
+            f"date {dt.date.today().isoformat()}; command `{shlex.join(['python', *sys.argv])}`"
+        )
+        bundle_note = args.bundle or "a tiny random bundle (`specdec tiny-bundle --seed 0`)"
+        note = (
+            f"Bundle: {bundle_note}; {len(TEXTS)} inputs, max_new_tokens {args.max_new_tokens}, median of "
+            f"{args.repeats} passes. Services: `specdec serve all` in its own process, one request in flight "
+            "over loopback. Outputs through the services are identical to in-process in every mode."
+        )
+        write_section(args.output, SECTION, f"{stamp}\n\n{note}\n\n{table}")
+    return 0
+
+
+def _start_services(bundle_dir: Path, backend: str) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "-m", "specdec", "serve", "all", "--bundle", str(bundle_dir), "--backend", backend,
+           "--gateway-addr", "127.0.0.1:0", "--verifier-addr", "127.0.0.1:0", "--drafter-addr", "127.0.0.1:0"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    address = proc.stdout.readline().strip()  # printed once all three are SERVING
+    if not address:
+        raise RuntimeError(f"specdec serve all exited with {proc.wait()}")
+    return proc, address
+
+
+def _measure(bundle_dir: Path, address: str, args) -> list[dict]:
+    bundle = load_bundle(bundle_dir)
+    verifier = make_verifier(bundle, args.backend)
+    drafter = LocalDrafter({r: bundle.models[r] for r in ("nar_drafter", "ar_drafter")})
+    sources = [bundle.tokenizer.encode(t) for t in TEXTS]
+    rows = []
+    with grpc.insecure_channel(address) as channel:
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        for mode, params in MODES.items():
+            overrides = {"mode": mode.value, "max_new_tokens": args.max_new_tokens, **params}
+            config = DecodingConfig().with_overrides(overrides)
+            wire = overrides_to_wire(overrides)
+            local_s, remote_s, iterations = [], [], 0
+            for _ in range(args.repeats + 1):  # the first pass warms both sides up and is dropped
+                t0 = time.perf_counter()
+                local = [decode(src, config, verifier, drafter) for src in sources]
+                t1 = time.perf_counter()
+                remote = [stub.Generate(gateway_pb2.GenerateRequest(text=t, config=wire), timeout=120) for t in TEXTS]
+                t2 = time.perf_counter()
+                for a, b in zip(local, remote, strict=True):
+                    if a.output_ids != list(b.output_ids):
+                        raise AssertionError(f"{mode.value}: services and in-process outputs differ")
+                local_s.append(t1 - t0)
+                remote_s.append(t2 - t1)
+                iterations = sum(r.stats.iterations for r in local)
+            local_ms = statistics.median(local_s) * 1000 / len(TEXTS)
+            remote_ms = statistics.median(remote_s) * 1000 / len(TEXTS)
+            per_request_iterations = iterations / len(TEXTS)
+            rows.append(
+                {
+                    "mode": mode.value,
+                    "iterations": per_request_iterations,
+                    "local_ms": local_ms,
+                    "remote_ms": remote_ms,
+                    "overhead_per_iteration_ms": (remote_ms - local_ms) / per_request_iterations,
+                }
+            )
+    return rows
+
+
+def _table(rows: list[dict]) -> str:
+    lines = [
+        "| mode | iterations / request | in-process ms / request | services ms / request | ratio | "
+        "overhead ms / iteration |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['mode']} | {r['iterations']:.1f} | {r['local_ms']:.1f} | {r['remote_ms']:.1f} | "
+            f"{r['remote_ms'] / r['local_ms']:.2f}x | {r['overhead_per_iteration_ms']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
