@@ -10,7 +10,7 @@ STAGES = ("data", "tokenizer", "encode", "verifier", "distill", "nar_drafter", "
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="run directory (data, checkpoints, logs)")
-    parser.add_argument("--preset", choices=["full", "smoke"], default="full")
+    parser.add_argument("--preset", choices=["full", "cpu", "smoke"], default="full")
     parser.add_argument("--resume", action="store_true", help="continue interrupted training stages")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--device", help="torch device (default: cuda when present, else cpu)")

@@ -1,6 +1,6 @@
 """The whole training run, stage by stage, in one command:
 
-    python -m training.pipeline --out runs/ua-gec [--preset full|smoke] [--resume]
+    python -m training.pipeline --out runs/ua-gec [--preset full|cpu|smoke] [--resume]
 
 Stages: data -> tokenizer -> encode -> verifier -> distill -> nar_drafter -> ar_drafter -> bundle.
 A finished stage leaves `OUT/stages/<stage>.json` and is skipped on the next run; a training

@@ -1,4 +1,5 @@
-"""Named run sizes: `full` (the bundled UA-GEC models) and `smoke` (the whole pipeline in seconds)."""
+"""Named run sizes: `full` (the planned UA-GEC models: hours on a CPU, minutes on a GPU), `cpu` (what
+the 2-core CPU machine trains in about 80 minutes) and `smoke` (the whole pipeline in seconds)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,37 @@ _FULL = Preset(
     distill_beams=5,
 )
 
+# `cpu`: what the 2-core CPU machine trains in about 80 minutes, for sessions without a GPU. A
+# shallower verifier (4+3 layers of width 256, 8.3M params: ~2.5 s per step of ~11k tokens) for
+# ~6 epochs; distillation with the batched search at width 1 (the verifier's greedy output, which is
+# exactly what GAD's drafts are compared with); drafters for a few epochs. Weights: ~50 MB.
+_CPU_SHAPES: dict[str, dict[str, Any]] = {
+    "verifier": {"d_model": 256, "n_heads": 4, "encoder_layers": 4, "decoder_layers": 3, "ffn_dim": 1024,
+                 "max_len": 256, "dropout": 0.1},
+    "nar_drafter": {"d_model": 192, "n_heads": 4, "encoder_layers": 2, "decoder_layers": 2, "ffn_dim": 768,
+                    "max_len": 256, "dropout": 0.1},
+    "ar_drafter": {"d_model": 128, "n_heads": 4, "encoder_layers": 2, "decoder_layers": 1, "ffn_dim": 512,
+                   "max_len": 256, "dropout": 0.1},
+}
+
+_CPU = Preset(
+    name="cpu",
+    vocab_size=8000,
+    max_tokens=128,
+    max_pairs=None,
+    shapes=_CPU_SHAPES,
+    training={
+        "verifier": TrainConfig(objective="ar", max_steps=750, max_tokens=6000, peak_lr=1e-3, warmup_steps=150,
+                                log_every=10, eval_every=250, checkpoint_every=50, eval_max_pairs=500),
+        "nar_drafter": TrainConfig(objective="nar", max_steps=700, max_tokens=6000, peak_lr=1e-3,
+                                   warmup_steps=150, log_every=10, eval_every=350, checkpoint_every=50,
+                                   eval_max_pairs=500, nar_k_max=25, glat_ratio=0.5),
+        "ar_drafter": TrainConfig(objective="ar", max_steps=500, max_tokens=6000, peak_lr=1.5e-3, warmup_steps=100,
+                                  log_every=10, eval_every=250, checkpoint_every=50, eval_max_pairs=500),
+    },
+    distill_beams=1,
+)
+
 _SMOKE_SHAPE = {"d_model": 32, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "ffn_dim": 64,
                 "max_len": 96, "dropout": 0.1}
 _SMOKE_TRAIN = TrainConfig(max_steps=6, max_tokens=1500, peak_lr=3e-3, warmup_steps=2, log_every=2, eval_every=3,
@@ -90,4 +122,4 @@ _SMOKE = Preset(
     distill_chunk=64,
 )
 
-PRESETS = {"full": _FULL, "smoke": _SMOKE}
+PRESETS = {"full": _FULL, "cpu": _CPU, "smoke": _SMOKE}
