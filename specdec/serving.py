@@ -213,6 +213,7 @@ class SessionStreams:
                     session, response = await open_session(request.open)
                     self.sessions.add(session)
                     self.m_active.set(len(self.sessions))
+                    log.info("session_opened", source_len=len(request.open.source_ids), active=len(self.sessions))
                     yield response
                     continue
                 if kind != "step":
