@@ -169,6 +169,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     return run_from_args(args, " ".join(["specdec train", *sys.argv[2:]]))
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from specdec.benchmark import run_from_args
+
+    return run_from_args(args, resolve_bundle(args.bundle), " ".join(["specdec bench", *sys.argv[2:]]))
+
+
 def _parse_ids(line: str) -> list[int]:
     from specdec.errors import invalid
 
@@ -235,6 +241,12 @@ def _build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser("train", help="train the bundled UA-GEC models (all stages; resumable)")
         add_train_arguments(p)
         p.set_defaults(run=_cmd_train)
+
+    from specdec.benchmark import add_arguments as add_bench_arguments
+
+    p = sub.add_parser("bench", help="benchmark every decoding mode on the UA-GEC test split (BENCHMARKS.md)")
+    add_bench_arguments(p)
+    p.set_defaults(run=_cmd_bench)
     return parser
 
 

@@ -1,0 +1,450 @@
+"""`specdec bench`: every decoding mode on the UA-GEC test split, in-process and through the services.
+
+Sample: the first N sentences of the UA-GEC test split in corpus order (`training.data.load_test_set`:
+documents in ua-gec order, sentences in document order, each with both annotators' references),
+skipping sources that tokenise to nothing or past the verifier's source limit. No randomness: the
+same N gives the same sentences on every machine.
+
+Timing: per stack, the configurations run back to back in one process on the same inputs; each
+first decodes a few sentences untimed (warm-up: ONNX/torch kernels, allocator, gRPC channel) and
+then the whole sample once, timed end to end. Speed-ups divide the greedy (or beam 5) row's wall
+time of the *same stack* by the row's own.
+
+Quality: GLEU (Napoles et al. 2015/2016, see `specdec.gec_metrics`) against both references,
+exact match with any reference, % of sentences identical to greedy, and the verifier's perplexity
+of the outputs (teacher-forced, EOS scored when the output ended with it).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specdec.gec_metrics import exact_match, gleu
+
+SECTION = "## UA-GEC benchmark"
+DEFAULT_SAMPLE = 500
+QUICK_SAMPLE = 20
+DEFAULT_MAX_NEW_TOKENS = 200
+QUICK_MAX_NEW_TOKENS = 32
+WARMUP_SENTENCES = 3
+IAD_CAP = 32
+GAD_PLUS_PLUS_K = 25
+SEED = 0
+STACKS = {"in-process": ("in-process",), "services": ("services",), "both": ("in-process", "services")}
+GREEDY, BEAM5 = "AR greedy", "AR beam 5"
+LOSSLESS_PREFIXES = ("IAD", "GAD ")  # "GAD k=..." rows, not "GAD++"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    name: str
+    overrides: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Sentence:
+    source: str
+    references: list[str]
+    source_ids: list[int]
+
+
+@dataclass
+class Run:
+    """One configuration over the sample on one stack."""
+
+    stack: str
+    config: BenchConfig
+    outputs: list[list[int]]
+    iterations: list[int]
+    wall_s: float
+
+
+@dataclass
+class Row:
+    stack: str
+    name: str
+    iterations: float  # per sentence
+    tokens_per_iteration: float
+    gleu: float
+    exact: float
+    identical: float  # % of sentences identical to greedy on the same stack
+    perplexity: float
+    wall_s: float
+    ms_per_sentence: float
+    speedup_greedy: float | None = None
+    speedup_beam: float | None = None
+
+
+@dataclass
+class BenchResult:
+    rows: list[Row]
+    sentences: int
+    source_gleu: float  # GLEU of the uncorrected sources: the "do nothing" baseline
+    bundle_name: str = ""
+    bundle_fingerprint: str = ""
+    max_new_tokens: int = 0
+    notes: list[str] = field(default_factory=list)
+    lossless_ok: bool = True
+
+
+def add_arguments(p) -> None:
+    """`specdec bench` flags (argparse)."""
+    p.add_argument("--bundle", help="model bundle directory (default: $SPECDEC_BUNDLE or bundles/ua-gec)")
+    p.add_argument("--sample", type=int, help=f"first N test sentences in corpus order (default {DEFAULT_SAMPLE}; "
+                   f"{QUICK_SAMPLE} with --quick; 0 = all)")
+    p.add_argument("--through", choices=list(STACKS), default="in-process", help="which stack decodes")
+    p.add_argument("--backend", choices=["torch", "onnxruntime"], help="verifier backend (default: onnxruntime)")
+    p.add_argument("--max-new-tokens", type=int, help=f"output limit (default {DEFAULT_MAX_NEW_TOKENS}; "
+                   f"{QUICK_MAX_NEW_TOKENS} with --quick)")
+    p.add_argument("--threads", type=int, help="torch intra-op threads, in-process and in the services "
+                   "(OMP_NUM_THREADS); default: torch's own choice")
+    p.add_argument("--quick", action="store_true", help="one configuration per mode, a small sample")
+    p.add_argument("--data-dir", help="prepared training data dir whose test.text.jsonl to use (default: ua-gec)")
+    p.add_argument("--write", action="store_true", help=f"replace the '{SECTION}' section of --output")
+    p.add_argument("--output", type=Path, default=Path("BENCHMARKS.md"), help="default: ./BENCHMARKS.md")
+
+
+def run_from_args(args, bundle_dir: Path, command: str) -> int:
+    """Run the benchmark for parsed `specdec bench` flags; 1 when a lossless mode lost."""
+    from training.data import load_test_set
+    from verifier_service.session import DEFAULT_BACKEND
+
+    backend = args.backend or DEFAULT_BACKEND
+    sample = args.sample if args.sample is not None else QUICK_SAMPLE if args.quick else DEFAULT_SAMPLE
+    max_new = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else DEFAULT_MAX_NEW_TOKENS)
+    try:
+        items = load_test_set(args.data_dir)
+    except ModuleNotFoundError as exc:
+        raise ValueError(f"the UA-GEC test split needs the ua-gec package (pip install -e '.[train]') or "
+                         f"--data-dir with a prepared test.text.jsonl ({exc})") from None
+    configs = quick_configs() if args.quick else full_configs()
+    result = run_benchmark(bundle_dir, items, configs, STACKS[args.through], backend, max_new,
+                           progress=lambda line: print(line, file=sys.stderr, flush=True), limit=sample or None,
+                           threads=args.threads)
+    print(format_table(result))
+    for note in result.notes:
+        print(note, file=sys.stderr if note.startswith("LOSSLESS") else sys.stdout)
+    if args.write:
+        write_report(args.output, result, backend, command)
+    return 0 if result.lossless_ok else 1
+
+
+def full_configs() -> list[BenchConfig]:
+    configs = [BenchConfig(BEAM5, {"mode": "beam", "num_beams": 5}), BenchConfig(GREEDY, {"mode": "ar"})]
+    configs.append(BenchConfig(f"IAD k={IAD_CAP}", {"mode": "iad", "k": IAD_CAP}))
+    configs += [BenchConfig(f"GAD k={k}", {"mode": "gad", "k": k}) for k in (5, 10, 15, 20, 25)]
+    # The paper's two settings, (3, 1.0) and (5, 3.0), lie on this grid.
+    configs += [
+        BenchConfig(f"GAD++ k={GAD_PLUS_PLUS_K} beta={b} tau={t:.1f}",
+                    {"mode": "gad++", "k": GAD_PLUS_PLUS_K, "beta": b, "tau": t})
+        for b in (3, 4, 5)
+        for t in (1.0, 2.0, 3.0)
+    ]
+    configs += [
+        BenchConfig(f"MJSD gamma=4 beams={n} thr=0.1", {"mode": "mjsd", "gamma": 4, "num_beams": n, "threshold": 0.1})
+        for n in (4, 8)
+    ]
+    configs.append(BenchConfig("Spec. sampling gamma=4 T=1", {"mode": "spec", "gamma": 4, "temperature": 1.0}))
+    return configs
+
+
+def quick_configs() -> list[BenchConfig]:
+    """One row per mode: a smoke run of the whole pipeline."""
+    wanted = {BEAM5, GREEDY, f"IAD k={IAD_CAP}", "GAD k=10", f"GAD++ k={GAD_PLUS_PLUS_K} beta=3 tau=1.0",
+              "MJSD gamma=4 beams=4 thr=0.1", "Spec. sampling gamma=4 T=1"}
+    return [c for c in full_configs() if c.name in wanted]
+
+
+def run_benchmark(
+    bundle_dir: Path,
+    items: Sequence[Any],
+    configs: Sequence[BenchConfig],
+    stacks: Sequence[str] = ("in-process",),
+    backend: str | None = None,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    progress: Callable[[str], None] | None = None,
+    limit: int | None = None,
+    threads: int | None = None,
+    warmup: int = WARMUP_SENTENCES,
+) -> BenchResult:
+    """Decode the first `limit` usable `items` (anything with .source and .references) with every
+    config on every stack."""
+    from seq2seq_models.bundle import load_bundle
+    from verifier_service.session import DEFAULT_BACKEND
+
+    backend = backend or DEFAULT_BACKEND
+    if threads:
+        import torch
+
+        # On a shared CPU an intra-op pool wider than the free cores stalls at every barrier.
+        torch.set_num_threads(threads)
+    bundle = load_bundle(bundle_dir)
+    verifier = _make_verifier(bundle, backend)
+    max_new_tokens = min(max_new_tokens, verifier.max_target_len)
+    sentences = select_sentences(items, bundle.tokenizer, verifier.max_source_len, limit)
+    if not sentences:
+        raise ValueError("no test sentence fits the verifier's source limit")
+    runs: list[Run] = []
+    for stack in stacks:
+        if stack == "in-process":
+            runs += _run_in_process(bundle, verifier, sentences, configs, max_new_tokens, progress, warmup)
+        elif stack == "services":
+            runs += _run_services(bundle_dir, backend, sentences, configs, max_new_tokens, progress, warmup, threads)
+        else:
+            raise ValueError(f"unknown stack {stack!r}")
+    return summarise(bundle, sentences, runs, max_new_tokens)
+
+
+def select_sentences(items: Sequence[Any], tokenizer, max_source_len: int, limit: int | None = None) -> list[Sentence]:
+    """The first `limit` items whose source fits; a skipped item does not shrink the sample."""
+    out: list[Sentence] = []
+    for item in items:
+        if limit is not None and len(out) >= limit:
+            break
+        ids = tokenizer.encode(item.source)
+        if ids and len(ids) <= max_source_len:
+            out.append(Sentence(item.source, list(item.references), ids))
+    return out
+
+
+def summarise(bundle, sentences: list[Sentence], runs: list[Run], max_new_tokens: int) -> BenchResult:
+    from specdec.perplexity import output_nll
+
+    tokenizer, model = bundle.tokenizer, bundle.verifier
+    sources = [s.source for s in sentences]
+    refs = [s.references for s in sentences]
+    nll_cache: dict[tuple[int, tuple[int, ...]], float] = {}
+
+    def nll(i: int, out: list[int]) -> float:
+        # Many rows share outputs (every lossless mode equals greedy): score each output once.
+        key = (i, tuple(out))
+        if key not in nll_cache:
+            nll_cache[key] = output_nll(model, sentences[i].source_ids, out, len(out) < max_new_tokens)
+        return nll_cache[key]
+
+    result = BenchResult(rows=[], sentences=len(sentences), source_gleu=gleu(sources, sources, refs),
+                         bundle_name=bundle.name, bundle_fingerprint=bundle.fingerprint,
+                         max_new_tokens=max_new_tokens)
+    by_stack: dict[str, dict[str, Run]] = {}
+    for run in runs:
+        by_stack.setdefault(run.stack, {})[run.config.name] = run
+    for stack, named in by_stack.items():
+        greedy, beam = named.get(GREEDY), named.get(BEAM5)
+        for run in named.values():
+            texts = [tokenizer.decode(o) for o in run.outputs]
+            scored = sum(len(o) + int(len(o) < max_new_tokens) for o in run.outputs)
+            total_nll = sum(nll(i, o) for i, o in enumerate(run.outputs))
+            same = _identical(run.outputs, greedy.outputs) if greedy else float("nan")
+            iterations = sum(run.iterations)
+            result.rows.append(
+                Row(
+                    stack=stack,
+                    name=run.config.name,
+                    iterations=iterations / len(sentences),
+                    tokens_per_iteration=sum(map(len, run.outputs)) / max(iterations, 1),
+                    gleu=gleu(sources, texts, refs),
+                    exact=exact_match(texts, refs),
+                    identical=same,
+                    perplexity=math.exp(total_nll / max(scored, 1)),
+                    wall_s=run.wall_s,
+                    ms_per_sentence=1000 * run.wall_s / len(sentences),
+                    speedup_greedy=greedy.wall_s / run.wall_s if greedy else None,
+                    speedup_beam=beam.wall_s / run.wall_s if beam else None,
+                )
+            )
+            if run.config.name.startswith(LOSSLESS_PREFIXES) and greedy and same < 100.0:
+                result.lossless_ok = False
+                result.notes.append(f"LOSSLESS CHECK FAILED: {stack} {run.config.name} is identical to greedy "
+                                    f"on {same:.1f}% of sentences (target 100%).")
+    if "in-process" in by_stack and "services" in by_stack:
+        result.notes.append(_cross_stack_note(by_stack["in-process"], by_stack["services"]))
+    return result
+
+
+def format_table(result: BenchResult) -> str:
+    lines = [
+        "| stack | configuration | iterations / sentence | tokens / iteration | GLEU | exact match % | "
+        "% identical to greedy | verifier ppl | wall s | ms / sentence | speed-up vs greedy | speed-up vs beam 5 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result.rows:
+        lines.append(
+            f"| {r.stack} | {r.name} | {r.iterations:.1f} | {r.tokens_per_iteration:.2f} | {r.gleu:.2f} | "
+            f"{r.exact:.1f} | {r.identical:.1f} | {r.perplexity:.3f} | {r.wall_s:.2f} | {r.ms_per_sentence:.1f} | "
+            f"{_x(r.speedup_greedy)} | {_x(r.speedup_beam)} |"
+        )
+    return "\n".join(lines)
+
+
+def write_report(path: Path, result: BenchResult, backend: str, command: str) -> None:
+    """Replace this benchmark's own section of BENCHMARKS.md (`path`) with the table and its setting."""
+    import torch
+
+    stamp = (
+        f"Machine: {cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads; "
+        f"verifier backend {backend}; date {dt.date.today().isoformat()}; command `{command}`"
+    )
+    note = (
+        f"Bundle: `{result.bundle_name}` (fingerprint `{result.bundle_fingerprint[:16]}`). Data: UA-GEC test "
+        f"split, the first {result.sentences} sentences in corpus order (both annotators' references), batch 1, "
+        f"max_new_tokens {result.max_new_tokens}, fp32. Scorer: GLEU (Napoles et al. 2015, revised 2016; "
+        f"corpus level, "
+        f"x100, words and punctuation split, averaged over 500 seeded draws of one reference per sentence); "
+        f"GLEU of the uncorrected sources: {result.source_gleu:.2f}. Verifier ppl = exp(mean token NLL of the "
+        "outputs under the verifier, teacher-forced, EOS included). Each row: warm-up on "
+        f"{WARMUP_SENTENCES} sentences, then one timed pass; speed-ups are against the greedy and beam 5 rows "
+        "of the same stack in the same run. Services: `specdec serve all` in its own process, one `Generate` "
+        "in flight over loopback. Speculative sampling uses temperature 1 and seed 0 per request."
+    )
+    body = "\n\n".join([stamp, note, *result.notes, format_table(result)])
+    _write_section(path, SECTION, body)
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+# ----------------------------------------------------------------------------------------------
+# The two stacks
+# ----------------------------------------------------------------------------------------------
+
+
+def _make_verifier(bundle, backend: str):
+    from verifier_service.session import make_verifier
+
+    return make_verifier(bundle, backend)
+
+
+def _decoding_config(config: BenchConfig, max_new_tokens: int):
+    from gateway.decoding_config import DecodingConfig
+
+    return DecodingConfig().with_overrides(_overrides(config, max_new_tokens))
+
+
+def _overrides(config: BenchConfig, max_new_tokens: int) -> dict[str, Any]:
+    return {"seed": SEED, "max_new_tokens": max_new_tokens, **config.overrides}
+
+
+def _run_in_process(bundle, verifier, sentences, configs, max_new_tokens, progress, warmup) -> list[Run]:
+    from drafter_service.session import LocalDrafter
+    from gateway.policies import decode
+
+    drafter_models = {r: bundle.models[r] for r in ("nar_drafter", "ar_drafter") if bundle.has(r)}
+    drafter = LocalDrafter(drafter_models) if drafter_models else None
+    runs = []
+    for config in configs:
+        cfg = _decoding_config(config, max_new_tokens)
+
+        def one(s: Sentence, cfg=cfg) -> tuple[list[int], int]:
+            res = decode(s.source_ids, cfg, verifier, drafter)
+            return res.output_ids, res.stats.iterations
+
+        runs.append(_timed("in-process", config, sentences, one, progress, warmup))
+    return runs
+
+
+def _run_services(bundle_dir, backend, sentences, configs, max_new_tokens, progress, warmup, threads) -> list[Run]:
+    import grpc
+
+    from gateway.wire import overrides_to_wire
+    from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
+    from specdec.serving import channel_options
+
+    server, address = start_services(bundle_dir, backend, threads)
+    runs = []
+    try:
+        with grpc.insecure_channel(address, options=channel_options()) as channel:
+            stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+            for config in configs:
+                wire = overrides_to_wire(_overrides(config, max_new_tokens))
+
+                def one(s: Sentence, wire=wire) -> tuple[list[int], int]:
+                    # input_ids, not text: both stacks decode exactly the same token ids.
+                    request = gateway_pb2.GenerateRequest(input_ids=s.source_ids, config=wire)
+                    response = stub.Generate(request, timeout=600)
+                    return list(response.output_ids), response.stats.iterations
+
+                runs.append(_timed("services", config, sentences, one, progress, warmup))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    return runs
+
+
+def start_services(bundle_dir: Path, backend: str, threads: int | None = None) -> tuple[subprocess.Popen, str]:
+    """`specdec serve all` on ephemeral ports; returns the process and the gateway's address."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    cmd = [sys.executable, "-m", "specdec", "serve", "all", "--bundle", str(bundle_dir), "--backend", backend,
+           "--gateway-addr", "127.0.0.1:0", "--verifier-addr", "127.0.0.1:0", "--drafter-addr", "127.0.0.1:0"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    address = proc.stdout.readline().strip()  # printed once all three are SERVING
+    if not address:
+        raise RuntimeError(f"specdec serve all exited with {proc.wait()}")
+    return proc, address
+
+
+def _timed(stack, config, sentences, one, progress, warmup: int) -> Run:
+    for s in sentences[:warmup]:
+        one(s)
+    outputs, iterations = [], []
+    t0 = time.perf_counter()
+    for s in sentences:
+        out, its = one(s)
+        outputs.append(out)
+        iterations.append(its)
+    wall = time.perf_counter() - t0
+    if progress is not None:
+        progress(f"{stack:>10} | {config.name:<36} {wall:8.2f} s")
+    return Run(stack, config, outputs, iterations, wall)
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def _identical(a: list[list[int]], b: list[list[int]]) -> float:
+    return 100.0 * sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
+
+
+def _cross_stack_note(local: dict[str, Run], remote: dict[str, Run]) -> str:
+    parts = []
+    for name, run in local.items():
+        if name in remote:
+            parts.append(f"{name} {_identical(run.outputs, remote[name].outputs):.0f}%")
+    return "Outputs through the services identical to in-process: " + ", ".join(parts) + "."
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _write_section(path: Path, heading: str, body: str) -> None:
+    """Replace the section under `heading` (up to the next `## ` heading) or append it; the same
+    rule as bench/benchmarks_md.py, which is not importable from an installed package."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    section = f"{heading}\n\n{body.strip()}\n"
+    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip() + "\n"
+    else:
+        text = text.rstrip() + "\n\n" + section
+    path.write_text(text)
