@@ -169,6 +169,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     return run_from_args(args, " ".join(["specdec train", *sys.argv[2:]]))
 
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from specdec.benchmark import run_from_args
 
