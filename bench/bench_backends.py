@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import platform
-import re
 import shlex
 import statistics
 import subprocess
@@ -30,10 +28,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from benchmarks_md import write_section
-
 from seq2seq_models.config import ModelConfig
 from seq2seq_models.transformer import Seq2SeqTransformer
+from specdec.bench_report import cpu_name, write_section
 from verifier_service.onnx_backend import OnnxVerifier
 from verifier_service.session import LocalVerifier
 
@@ -163,14 +160,8 @@ def _method_note(args: argparse.Namespace) -> str:
 def _machine_line(args: argparse.Namespace) -> str:
     import onnxruntime as ort
 
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        match = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
-        cpu = match.group(1).strip() if match else cpu
-    except OSError:
-        pass
     return (
-        f"Machine: {cpu}, {args.torch_threads or torch.get_num_threads()} torch threads, ORT intra-op threads "
+        f"Machine: {cpu_name()}, {args.torch_threads or torch.get_num_threads()} torch threads, ORT intra-op threads "
         f"{args.threads or 'default'}; torch {torch.__version__}, onnxruntime {ort.__version__}"
     )
 

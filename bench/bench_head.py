@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import platform
-import re
 import shlex
 import statistics
 import sys
@@ -30,10 +28,9 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from benchmarks_md import write_section
-
 from kernels.cpu import _gather_targets, _topk_lowest_id_first, output_head_cpu
 from kernels.triton_head import output_head_triton, triton_available
+from specdec.bench_report import cpu_name, write_section
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_SECTION = "## Fused output head (CPU)"
@@ -226,14 +223,7 @@ def _method_note(args: argparse.Namespace) -> str:
 
 
 def _machine_line() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        match = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
-        cpu = match.group(1).strip() if match else cpu
-    except OSError:
-        pass
-    return f"Machine: {cpu}, {torch.get_num_threads()} torch threads; torch {torch.__version__}"
+    return f"Machine: {cpu_name()}, {torch.get_num_threads()} torch threads; torch {torch.__version__}"
 
 
 def _cuda_line(peak_gbs: float) -> str:

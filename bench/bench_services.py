@@ -16,10 +16,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,14 +27,13 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from benchmarks_md import write_section
-
 from drafter_service.session import LocalDrafter
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.policies import decode
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
+from specdec.bench_report import cpu_name, start_services, write_section
 from verifier_service.session import DEFAULT_BACKEND, make_verifier
 
 SECTION = "## Services round trip (CPU)"
@@ -69,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         bundle_dir = Path(args.bundle) if args.bundle else make_tiny_bundle(Path(tmp) / "bundle", seed=0)
-        server, address = _start_services(bundle_dir, args.backend)
+        server, address = start_services(bundle_dir, args.backend)
         try:
             rows = _measure(bundle_dir, address, args)
         finally:
@@ -79,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.write:
         stamp = (
-            f"Machine: {_cpu()}, {os.cpu_count()} cores; verifier backend {args.backend}; "
+            f"Machine: {cpu_name()}, {os.cpu_count()} cores; verifier backend {args.backend}; "
             f"date {dt.date.today().isoformat()}; command `{shlex.join(['python', *sys.argv])}`"
         )
         bundle_note = args.bundle or "a tiny random bundle (`specdec tiny-bundle --seed 0`)"
@@ -90,18 +87,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         write_section(args.output, SECTION, f"{stamp}\n\n{note}\n\n{table}")
     return 0
-
-
-def _start_services(bundle_dir: Path, backend: str) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "specdec", "serve", "all", "--bundle", str(bundle_dir), "--backend", backend,
-           "--gateway-addr", "127.0.0.1:0", "--verifier-addr", "127.0.0.1:0", "--drafter-addr", "127.0.0.1:0"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    address = proc.stdout.readline().strip()  # printed once all three are SERVING
-    if not address:
-        raise RuntimeError(f"specdec serve all exited with {proc.wait()}")
-    return proc, address
 
 
 def _measure(bundle_dir: Path, address: str, args) -> list[dict]:
@@ -156,16 +141,6 @@ def _table(rows: list[dict]) -> str:
             f"{r['remote_ms'] / r['local_ms']:.2f}x | {r['overhead_per_iteration_ms']:.2f} |"
         )
     return "\n".join(lines)
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 if __name__ == "__main__":

@@ -20,9 +20,6 @@ from __future__ import annotations
 import datetime as dt
 import math
 import os
-import platform
-import re
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specdec.bench_report import cpu_name, start_services, write_section
 from specdec.gec_metrics import exact_match, gleu
 
 SECTION = "## UA-GEC benchmark"
@@ -308,17 +306,7 @@ def write_report(path: Path, result: BenchResult, backend: str, command: str) ->
         "in flight over loopback. Speculative sampling uses temperature 1 and seed 0 per request."
     )
     body = "\n\n".join([stamp, note, *result.notes, format_table(result)])
-    _write_section(path, SECTION, body)
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    write_section(path, SECTION, body)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -388,21 +376,6 @@ def _run_services(bundle_dir, backend, sentences, configs, max_new_tokens, progr
     return runs
 
 
-def start_services(bundle_dir: Path, backend: str, threads: int | None = None) -> tuple[subprocess.Popen, str]:
-    """`specdec serve all` on ephemeral ports; returns the process and the gateway's address."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    cmd = [sys.executable, "-m", "specdec", "serve", "all", "--bundle", str(bundle_dir), "--backend", backend,
-           "--gateway-addr", "127.0.0.1:0", "--verifier-addr", "127.0.0.1:0", "--drafter-addr", "127.0.0.1:0"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    address = proc.stdout.readline().strip()  # printed once all three are SERVING
-    if not address:
-        raise RuntimeError(f"specdec serve all exited with {proc.wait()}")
-    return proc, address
-
-
 def _timed(stack, config, sentences, one, progress, warmup: int) -> Run:
     for s in sentences[:warmup]:
         one(s)
@@ -437,14 +410,3 @@ def _x(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-def _write_section(path: Path, heading: str, body: str) -> None:
-    """Replace the section under `heading` (up to the next `## ` heading) or append it; the same
-    rule as bench/benchmarks_md.py, which is not importable from an installed package."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    section = f"{heading}\n\n{body.strip()}\n"
-    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip() + "\n"
-    else:
-        text = text.rstrip() + "\n\n" + section
-    path.write_text(text)

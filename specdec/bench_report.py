@@ -1,0 +1,48 @@
+"""What every benchmark shares: the machine's name, the services started as a user starts them,
+and BENCHMARKS.md, where each benchmark owns one `## ` section and replaces only that."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def write_section(path: Path, heading: str, body: str) -> None:
+    """Replace the section under `heading` (up to the next `## ` heading) or append it."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    section = f"{heading}\n\n{body.strip()}\n"
+    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip() + "\n"
+    else:
+        text = text.rstrip() + "\n\n" + section
+    path.write_text(text)
+
+
+def start_services(bundle_dir: Path, backend: str, threads: int | None = None) -> tuple[subprocess.Popen, str]:
+    """`specdec serve all` in its own process on ephemeral ports; returns it and the gateway address."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    cmd = [sys.executable, "-m", "specdec", "serve", "all", "--bundle", str(bundle_dir), "--backend", backend,
+           "--gateway-addr", "127.0.0.1:0", "--verifier-addr", "127.0.0.1:0", "--drafter-addr", "127.0.0.1:0"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    address = proc.stdout.readline().strip()  # printed once all three are SERVING
+    if not address:
+        raise RuntimeError(f"specdec serve all exited with {proc.wait()}")
+    return proc, address
