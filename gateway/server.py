@@ -125,9 +125,16 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         return RemoteDrafter(self.drafter_channel, self.drafter_info, options, self.config.drafter_timeout_s)
 
     def _drafter_failed(self, exc: Exception, log) -> None:
+        """A real attempt at the drafter failed: skip it for drafter_retry_s, then try again."""
         with self._drafter_lock:
             self._drafter_retry_at = time.monotonic() + self.config.drafter_retry_s
         log.warning("drafter_failed_fallback_to_ar", error=str(exc))
+        self.m_degraded.inc()
+
+    def _drafter_skipped(self, log) -> None:
+        # Inside the retry window no attempt was made, so the window must not move: under steady
+        # traffic, extending it on every request would never let the drafter back in.
+        log.info("drafter_down_fallback_to_ar")
         self.m_degraded.inc()
 
     async def stop(self, grace: float = 10.0) -> None:
@@ -281,7 +288,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
                     failure: Exception = exc
             else:
                 failure = SpecdecError(StatusCode.UNAVAILABLE, "the drafter is down")
-                self._drafter_failed(failure, log)
+                self._drafter_skipped(log)
             if self.config.fallback != "ar":
                 raise SpecdecError(StatusCode.UNAVAILABLE, f"no fallback configured: {failure}")
             # Go on from what is already committed (and maybe streamed): for the lossless modes

@@ -101,7 +101,9 @@ def test_drafter_killed_mid_run_falls_back_then_recovers(bundle_dir, bundle):
         wait_ready_line(drafter)
         sections = {
             "verifier": {"address": "127.0.0.1:0"},
-            "gateway": {"address": "127.0.0.1:0", "drafter_retry_s": 0.2, "drafter_address": f"127.0.0.1:{port}"},
+            # A retry window longer than one request: back-to-back requests while the drafter is down
+            # must not keep pushing the window forward, or the drafter is never used again.
+            "gateway": {"address": "127.0.0.1:0", "drafter_retry_s": 1.0, "drafter_address": f"127.0.0.1:{port}"},
         }
         with ServiceStack("verifier", Path(bundle_dir), sections) as v:
             sections["gateway"]["verifier_address"] = v.running.addresses["verifier"]
@@ -121,16 +123,30 @@ def test_drafter_killed_mid_run_falls_back_then_recovers(bundle_dir, bundle):
                 again = stub.Generate(request, timeout=60)
                 assert list(again.output_ids) == expected and again.stats.degraded
 
-                drafter = spawn_specdec(
-                    "serve", "drafter", "--bundle", str(bundle_dir), "--drafter-addr", f"127.0.0.1:{port}"
-                )
-                wait_ready_line(drafter)
+                # Steady traffic from now on, through the drafter's restart: every answer must be
+                # the same, and once the drafter is back the requests must stop being degraded.
+                degraded_flags: list[bool] = []
+                outputs_ok: list[bool] = []
+                stop = threading.Event()
 
-                def recovered() -> bool:
-                    return not stub.Generate(request, timeout=60).stats.degraded
+                def traffic() -> None:
+                    while not stop.is_set():
+                        response = stub.Generate(request, timeout=60)
+                        outputs_ok.append(list(response.output_ids) == expected)
+                        degraded_flags.append(response.stats.degraded)
 
-                assert _wait(recovered, timeout=15)
-                assert list(stub.Generate(request, timeout=60).output_ids) == expected
+                sender = threading.Thread(target=traffic, daemon=True)
+                sender.start()
+                try:
+                    drafter = spawn_specdec(
+                        "serve", "drafter", "--bundle", str(bundle_dir), "--drafter-addr", f"127.0.0.1:{port}"
+                    )
+                    wait_ready_line(drafter)
+                    assert _wait(lambda: bool(degraded_flags) and not degraded_flags[-1], timeout=15)
+                finally:
+                    stop.set()
+                    sender.join(timeout=60)
+                assert all(outputs_ok) and True in degraded_flags
     finally:
         drafter.kill()
         drafter.wait()
