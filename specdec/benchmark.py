@@ -66,6 +66,8 @@ class Run:
     outputs: list[list[int]]
     iterations: list[int]
     wall_s: float
+    drafter_s: float = 0.0  # drafter and verifier calls as the accept loop timed them, summed
+    verifier_s: float = 0.0
 
 
 @dataclass
@@ -80,6 +82,9 @@ class Row:
     perplexity: float
     wall_s: float
     ms_per_sentence: float
+    draft_ms: float  # per sentence: time in drafter calls, verifier calls, everything else
+    verify_ms: float
+    other_ms: float
     speedup_greedy: float | None = None
     speedup_beam: float | None = None
 
@@ -257,6 +262,9 @@ def summarise(bundle, sentences: list[Sentence], runs: list[Run], max_new_tokens
                     perplexity=math.exp(total_nll / max(scored, 1)),
                     wall_s=run.wall_s,
                     ms_per_sentence=1000 * run.wall_s / len(sentences),
+                    draft_ms=1000 * run.drafter_s / len(sentences),
+                    verify_ms=1000 * run.verifier_s / len(sentences),
+                    other_ms=1000 * max(run.wall_s - run.drafter_s - run.verifier_s, 0.0) / len(sentences),
                     speedup_greedy=greedy.wall_s / run.wall_s if greedy else None,
                     speedup_beam=beam.wall_s / run.wall_s if beam else None,
                 )
@@ -273,14 +281,15 @@ def summarise(bundle, sentences: list[Sentence], runs: list[Run], max_new_tokens
 def format_table(result: BenchResult) -> str:
     lines = [
         "| stack | configuration | iterations / sentence | tokens / iteration | GLEU | exact match % | "
-        "% identical to greedy | verifier ppl | wall s | ms / sentence | speed-up vs greedy | speed-up vs beam 5 |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "% identical to greedy | verifier ppl | wall s | ms / sentence | draft / verify / other ms | "
+        "speed-up vs greedy | speed-up vs beam 5 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result.rows:
         lines.append(
             f"| {r.stack} | {r.name} | {r.iterations:.1f} | {r.tokens_per_iteration:.2f} | {r.gleu:.2f} | "
             f"{r.exact:.1f} | {r.identical:.1f} | {r.perplexity:.3f} | {r.wall_s:.2f} | {r.ms_per_sentence:.1f} | "
-            f"{_x(r.speedup_greedy)} | {_x(r.speedup_beam)} |"
+            f"{r.draft_ms:.1f} / {r.verify_ms:.1f} / {r.other_ms:.1f} | {_x(r.speedup_greedy)} | {_x(r.speedup_beam)} |"
         )
     return "\n".join(lines)
 
@@ -340,9 +349,9 @@ def _run_in_process(bundle, verifier, sentences, configs, max_new_tokens, progre
     for config in configs:
         cfg = _decoding_config(config, max_new_tokens)
 
-        def one(s: Sentence, cfg=cfg) -> tuple[list[int], int]:
+        def one(s: Sentence, cfg=cfg) -> tuple[list[int], Any]:
             res = decode(s.source_ids, cfg, verifier, drafter)
-            return res.output_ids, res.stats.iterations
+            return res.output_ids, res.stats
 
         runs.append(_timed("in-process", config, sentences, one, progress, warmup))
     return runs
@@ -351,7 +360,7 @@ def _run_in_process(bundle, verifier, sentences, configs, max_new_tokens, progre
 def _run_services(bundle_dir, backend, sentences, configs, max_new_tokens, progress, warmup, threads) -> list[Run]:
     import grpc
 
-    from gateway.wire import overrides_to_wire
+    from gateway.wire import overrides_to_wire, stats_from_wire
     from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
     from specdec.serving import channel_options
 
@@ -363,11 +372,11 @@ def _run_services(bundle_dir, backend, sentences, configs, max_new_tokens, progr
             for config in configs:
                 wire = overrides_to_wire(_overrides(config, max_new_tokens))
 
-                def one(s: Sentence, wire=wire) -> tuple[list[int], int]:
+                def one(s: Sentence, wire=wire) -> tuple[list[int], Any]:
                     # input_ids, not text: both stacks decode exactly the same token ids.
                     request = gateway_pb2.GenerateRequest(input_ids=s.source_ids, config=wire)
                     response = stub.Generate(request, timeout=600)
-                    return list(response.output_ids), response.stats.iterations
+                    return list(response.output_ids), stats_from_wire(response.stats, len(response.output_ids))
 
                 runs.append(_timed("services", config, sentences, one, progress, warmup))
     finally:
@@ -379,16 +388,18 @@ def _run_services(bundle_dir, backend, sentences, configs, max_new_tokens, progr
 def _timed(stack, config, sentences, one, progress, warmup: int) -> Run:
     for s in sentences[:warmup]:
         one(s)
-    outputs, iterations = [], []
+    outputs, iterations, drafter_s, verifier_s = [], [], 0.0, 0.0
     t0 = time.perf_counter()
     for s in sentences:
-        out, its = one(s)
+        out, stats = one(s)
         outputs.append(out)
-        iterations.append(its)
+        iterations.append(stats.iterations)
+        drafter_s += stats.drafter_time_s
+        verifier_s += stats.verifier_time_s
     wall = time.perf_counter() - t0
     if progress is not None:
         progress(f"{stack:>10} | {config.name:<36} {wall:8.2f} s")
-    return Run(stack, config, outputs, iterations, wall)
+    return Run(stack, config, outputs, iterations, wall, drafter_s, verifier_s)
 
 
 # ----------------------------------------------------------------------------------------------

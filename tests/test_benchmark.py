@@ -138,6 +138,10 @@ def test_bench_in_process_quick_produces_every_column(bundle_dir, one_thread):
         for value in (r.iterations, r.tokens_per_iteration, r.gleu, r.exact, r.identical, r.perplexity, r.wall_s):
             assert math.isfinite(value) and value >= 0
         assert r.speedup_greedy is not None and r.speedup_beam is not None
+        # The time split covers the wall time: drafter + verifier calls + the rest.
+        assert r.draft_ms >= 0 and r.verify_ms > 0 and r.other_ms >= 0
+        assert r.draft_ms + r.verify_ms + r.other_ms == pytest.approx(r.ms_per_sentence, rel=1e-6, abs=1e-6)
+    assert rows["GAD k=10"].draft_ms > rows[benchmark.GREEDY].draft_ms  # a model drafts vs no draft
     assert rows[benchmark.GREEDY].speedup_greedy == pytest.approx(1.0)
     assert rows[benchmark.BEAM5].speedup_beam == pytest.approx(1.0)
     assert rows[benchmark.GREEDY].tokens_per_iteration == pytest.approx(1.0)
@@ -148,7 +152,7 @@ def test_bench_in_process_quick_produces_every_column(bundle_dir, one_thread):
     assert result.lossless_ok and not result.notes
     table = benchmark.format_table(result)
     for column in ("iterations / sentence", "tokens / iteration", "GLEU", "exact match %", "% identical to greedy",
-                   "verifier ppl", "wall s", "speed-up vs greedy", "speed-up vs beam 5"):
+                   "verifier ppl", "wall s", "draft / verify / other ms", "speed-up vs greedy", "speed-up vs beam 5"):
         assert column in table
     assert len(table.splitlines()) == 2 + len(configs)
 

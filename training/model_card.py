@@ -15,7 +15,7 @@ Three encoder-decoder Transformers sharing one SentencePiece tokenizer ({vocab} 
 - **verifier**: AR model trained with teacher forcing on the references (label smoothing 0.1).
 - **nar_drafter**: NAR block drafter (BOS + prefix, then k <= {k_max} `<mask>` tokens attending to
   the prefix and the whole block), trained with glancing (GLAT, ratio {glat}) on
-  sequence-level-distilled targets (the verifier's beam-{beams} outputs on the training sources).
+  sequence-level-distilled targets (the verifier's {distill_search} outputs on the training sources).
   Its validation scores are on distilled targets, block length {k_max}.
 - **ar_drafter**: small AR drafter for MJSD / speculative sampling, on the same distilled targets.
 
@@ -69,4 +69,6 @@ def render_model_card(info: dict[str, Any]) -> str:
             f"| {r['valid_acc']:.3f} |"
         )
     steps = ", ".join(f"{role} {r['steps']}" for role, r in info["roles"].items())
-    return TEMPLATE.format(rows="\n".join(rows), steps=steps, **{k: v for k, v in info.items() if k != "roles"})
+    search = "greedy" if info["beams"] == 1 else f"beam-{info['beams']}"
+    fields = {k: v for k, v in info.items() if k != "roles"}
+    return TEMPLATE.format(rows="\n".join(rows), steps=steps, distill_search=search, **fields)
