@@ -28,7 +28,7 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from kernels.cpu import _gather_targets, _topk_lowest_id_first, output_head_cpu
+from kernels.cpu import _gather_targets, output_head_cpu, topk_lowest_id_first
 from kernels.triton_head import output_head_triton, triton_available
 from specdec.bench_report import cpu_name, write_section
 
@@ -105,7 +105,7 @@ def fused_epilogue_only(
     # The CPU path with its oneDNN GEMM swapped back for F.linear (MKL).
     logprobs = F.linear(hidden, weight, bias)
     torch._log_softmax(logprobs, 1, False, out=logprobs)
-    return (*_topk_lowest_id_first(logprobs, k), _gather_targets(logprobs, targets))
+    return (*topk_lowest_id_first(logprobs, k), _gather_targets(logprobs, targets))
 
 
 def _weights(vocab: int, dim: int, device: str) -> tuple[Tensor, Tensor]:

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from kernels.reference import HeadOutput
 
-__all__ = ["output_head_cpu"]
+__all__ = ["output_head_cpu", "topk_lowest_id_first"]
 
 
 def output_head_cpu(
@@ -39,7 +39,7 @@ def output_head_cpu(
         # The buffer is ours alone, so the log-softmax can overwrite it (bitwise equal to
         # F.log_softmax; the kernel finishes each row's max and sum before writing it).
         torch._log_softmax(logprobs, 1, False, out=logprobs)
-        topk_lp, topk_ids = _topk_lowest_id_first(logprobs, min(k, logprobs.shape[1]))
+        topk_lp, topk_ids = topk_lowest_id_first(logprobs, min(k, logprobs.shape[1]))
         target_lp = _gather_targets(logprobs, targets)
     return HeadOutput(topk_ids=topk_ids, topk_logprobs=topk_lp, target_logprobs=target_lp)
 
@@ -76,7 +76,7 @@ def _onednn_linear_ok() -> bool:
         return False
 
 
-def _topk_lowest_id_first(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
+def topk_lowest_id_first(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """Top-k sorted descending, ties to the lower id, without a full sort.
 
     torch.topk orders exact ties arbitrarily. Asking for k+1 shows whether any row has a tie inside

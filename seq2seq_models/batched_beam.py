@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu import topk_lowest_id_first
 from seq2seq_models.transformer import Seq2SeqTransformer
 
 
@@ -160,9 +161,9 @@ def _best(seqs: torch.Tensor, scores: torch.Tensor, finished: torch.Tensor, eos_
 
 
 def _top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    # Stable sort: ties go to the lower index, so results do not depend on the batch.
-    vals, idx = torch.sort(values, dim=-1, descending=True, stable=True)
-    return vals[:, :k], idx[:, :k]
+    # Ties go to the lower index (a stable descending sort's order), so results do not depend on
+    # the batch; a top-k with a tie check rather than a full sort.
+    return topk_lowest_id_first(values, min(k, values.shape[-1]))
 
 
 def _pad_sources(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

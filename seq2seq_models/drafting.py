@@ -10,6 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu import topk_lowest_id_first
 from seq2seq_models.sampling import SamplingParams, sample_index, warp
 from seq2seq_models.transformer import DecoderCache, Seq2SeqTransformer
 
@@ -91,6 +92,7 @@ def sample_draft(
 
 
 def _top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    # Stable sort: ties go to the lower index, so drafts are reproducible across runs.
-    vals, idx = torch.sort(values, descending=True, stable=True)
-    return vals[:k], idx[:k]
+    # Ties go to the lower index (a stable descending sort's order), so drafts are reproducible;
+    # a top-k with a tie check, not a full sort of beams x vocab (which was half of a beam draft).
+    vals, idx = topk_lowest_id_first(values[None], min(k, values.shape[0]))
+    return vals[0], idx[0]

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from kernels import HeadOutput, output_head, output_head_cpu, output_head_reference
-from kernels.cpu import _topk_lowest_id_first
+from kernels.cpu import topk_lowest_id_first
 from kernels.reference import _topk_lowest_id_first as _reference_topk
 
 SEED = int(os.environ.get("KERNELS_TEST_SEED") or random.SystemRandom().randrange(2**31))
@@ -223,7 +223,7 @@ def test_topk_tie_fix_matches_stable_sort(rows: int, k: int) -> None:
     values[0] = 0.0  # one row all tied
     values[1, ::2] = float("nan")  # NaNs rank first (torch.sort's order) and tie among themselves
     values[2, :] = float("-inf")
-    got = _topk_lowest_id_first(values, k)
+    got = topk_lowest_id_first(values, k)
     want = _reference_topk(values, k)
     assert torch.equal(got[1], want[1]), f"seed={SEED}"
     torch.testing.assert_close(got[0], want[0], equal_nan=True)

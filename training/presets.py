@@ -72,12 +72,13 @@ _FULL = Preset(
 )
 
 # `cpu`: what the 2-core CPU machine can train without a GPU, resumable across sessions. A shallower
-# verifier (4+3 layers of width 256, 8.5M params: ~3 s per step of ~11k tokens, ~8 steps a minute
-# less contention); distillation with the batched search at width 1 (the verifier's greedy output,
+# verifier (4+3 layers of width 256, 8.5M params: ~1.8 s per step of 4k target tokens, ~7.5k tokens
+# with the sources); distillation with the batched search at width 1 (the verifier's greedy output,
 # which is exactly what GAD's drafts are compared with); drafters for a few epochs. Weights: ~50 MB.
-# Measured (2026-11-21): 750 steps are not enough. Validation token accuracy was 24% at step 250
-# and 42% at step 500, so the model had not yet learnt to copy. Hence 3000 steps (~2.5 h); the
-# whole pipeline takes about 3 h.
+# Measured (2026-11-21): with small random position embeddings the verifier needed ~1250 steps
+# of 6k tokens to reach 64% validation token accuracy (it had not learnt to copy); since positions
+# start as a sinusoid table it reaches 65% at step 400 of 4k tokens. 1600 steps take ~47 min; the
+# whole pipeline about 1.5 h.
 _CPU_SHAPES: dict[str, dict[str, Any]] = {
     "verifier": {"d_model": 256, "n_heads": 4, "encoder_layers": 4, "decoder_layers": 3, "ffn_dim": 1024,
                  "max_len": 256, "dropout": 0.1},
