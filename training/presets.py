@@ -97,10 +97,10 @@ _CPU = Preset(
     training={
         "verifier": TrainConfig(objective="ar", max_steps=1600, max_tokens=4000, peak_lr=1e-3, warmup_steps=150,
                                 log_every=10, eval_every=200, checkpoint_every=50, eval_max_pairs=500),
-        "nar_drafter": TrainConfig(objective="nar", max_steps=700, max_tokens=6000, peak_lr=1e-3,
+        "nar_drafter": TrainConfig(objective="nar", max_steps=1100, max_tokens=6000, peak_lr=1e-3,
                                    warmup_steps=150, log_every=10, eval_every=350, checkpoint_every=50,
                                    eval_max_pairs=500, nar_k_max=25, glat_ratio=0.5),
-        "ar_drafter": TrainConfig(objective="ar", max_steps=500, max_tokens=6000, peak_lr=1.5e-3, warmup_steps=100,
+        "ar_drafter": TrainConfig(objective="ar", max_steps=1000, max_tokens=6000, peak_lr=1.5e-3, warmup_steps=100,
                                   log_every=10, eval_every=250, checkpoint_every=50, eval_max_pairs=500),
     },
     distill_beams=1,

@@ -1,0 +1,104 @@
+"""The trained UA-GEC bundle that ships in `bundles/ua-gec`: its budget, its card, and that the CLI
+and the services use it when no bundle is named."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from drafter_service.session import LocalDrafter
+from gateway.decoding_config import DecodingConfig, Mode
+from gateway.policies import decode
+from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
+from seq2seq_models.bundle import load_bundle
+from specdec.cli import DEFAULT_BUNDLE_DIR
+from tests.services.conftest import wait_ready_line
+from training.data import load_test_set
+from verifier_service.session import DEFAULT_BACKEND, make_verifier
+
+REPO = Path(__file__).resolve().parents[1]
+BUDGET_BYTES = 80 * 1024 * 1024
+MODES = [DecodingConfig(mode=Mode.AR), DecodingConfig(mode=Mode.IAD, k=10), DecodingConfig(mode=Mode.GAD, k=10)]
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return load_bundle(DEFAULT_BUNDLE_DIR)  # also checks every file against its fingerprint
+
+
+@pytest.fixture(scope="module")
+def sentences() -> list[str]:
+    return [item.source for item in load_test_set()[:6]]
+
+
+def _env_without_bundle() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "SPECDEC_BUNDLE"}
+    return {**env, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+
+
+def test_bundle_fits_the_repository_budget_and_has_a_card(bundle):
+    tracked = [p for p in DEFAULT_BUNDLE_DIR.iterdir() if p.is_file()]
+    assert sum(p.stat().st_size for p in tracked) <= BUDGET_BYTES
+    assert bundle.metadata["kind"] == "trained"
+    card = (DEFAULT_BUNDLE_DIR / "MODEL_CARD.md").read_text()
+    assert "CC-BY-4.0" in card and "python -m training.pipeline" in card
+    for role, scores in bundle.metadata["validation"].items():
+        assert f"| {role} |" in card
+        assert f"{scores['valid_acc']:.3f}" in card  # the card quotes the recorded validation scores
+
+
+def test_decode_uses_the_shipped_bundle_and_lossless_modes_agree(bundle, sentences):
+    """`specdec decode` with no --bundle: GAD and IAD give greedy's output, and greedy is the library's."""
+    stdin = "".join(json.dumps({"text": s}) + "\n" for s in sentences)
+    outputs = {}
+    for config in MODES:
+        flags = ["--mode", config.mode.value, "--k", str(config.k)]
+        proc = subprocess.run(
+            [sys.executable, "-m", "specdec", "decode", *flags], input=stdin, capture_output=True, text=True,
+            env=_env_without_bundle(), cwd=REPO, timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr
+        outputs[config.mode] = [json.loads(line)["output_ids"] for line in proc.stdout.splitlines()]
+    assert len(outputs[Mode.AR]) == len(sentences)
+    assert outputs[Mode.IAD] == outputs[Mode.AR]
+    assert outputs[Mode.GAD] == outputs[Mode.AR]
+
+    verifier = make_verifier(bundle, DEFAULT_BACKEND)  # what `specdec decode` runs by default
+    drafter = LocalDrafter({"nar_drafter": bundle.nar_drafter, "ar_drafter": bundle.ar_drafter})
+    library = [decode(bundle.tokenizer.encode(s), MODES[0], verifier, drafter).output_ids for s in sentences]
+    assert outputs[Mode.AR] == library
+
+
+def test_serve_all_uses_the_shipped_bundle(bundle, sentences, tmp_path):
+    """`specdec serve all` with no --bundle serves the shipped models: GAD through the gateway
+    equals greedy in-process, and the drafter is used (not degraded)."""
+    config = tmp_path / "loopback.toml"
+    config.write_text("".join(
+        f'[{section}]\nmetrics_address = "127.0.0.1:0"\n' for section in ("gateway", "verifier", "drafter")
+    ))
+    addresses = ["--gateway-addr", "127.0.0.1:0", "--verifier-addr", "127.0.0.1:0", "--drafter-addr", "127.0.0.1:0"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdec", "serve", "all", "--config", str(config), *addresses],
+        cwd=REPO, env=_env_without_bundle(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    try:
+        address = wait_ready_line(proc, timeout=300)
+        with grpc.insecure_channel(address) as channel:
+            stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+            gad = gateway_pb2.DecodingConfig(mode=gateway_pb2.MODE_GAD)
+            request = gateway_pb2.GenerateRequest(text=sentences[0], config=gad)
+            reply = stub.Generate(request, timeout=120)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    verifier = make_verifier(bundle, DEFAULT_BACKEND)
+    drafter = LocalDrafter({"nar_drafter": bundle.nar_drafter, "ar_drafter": bundle.ar_drafter})
+    expected = decode(bundle.tokenizer.encode(sentences[0]), MODES[0], verifier, drafter)
+    assert list(reply.output_ids) == expected.output_ids
+    assert not reply.stats.degraded
