@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from specdec import benchmark
 from specdec.bench_report import cpu_name, write_section
+from specdec.cli import resolve_bundle
 
 REPO = Path(__file__).resolve().parents[1]
 SECTION = "## End-to-end speed-up per verifier backend"
@@ -65,13 +66,11 @@ def _configs(k: int) -> list[benchmark.BenchConfig]:
 def _measure(args: argparse.Namespace, backend: str, configs) -> dict:
     from training.data import load_test_set
 
-    result = benchmark.run_benchmark(args.bundle, load_test_set(), configs, backend=backend, limit=args.sample,
-                                     threads=args.threads)
+    result = benchmark.run_benchmark(resolve_bundle(args.bundle), load_test_set(), configs, backend=backend,
+                                     limit=args.sample, threads=args.threads)
     if not result.lossless_ok:
         raise SystemExit("\n".join(result.notes))
-    return {"bundle": result.bundle_name,
-            "rows": {r.name: {"ms": r.ms_per_sentence, "tokens_per_iteration": r.tokens_per_iteration}
-                     for r in result.rows}}
+    return {"bundle": result.bundle_name, "rows": {r.name: {"ms": r.ms_per_sentence} for r in result.rows}}
 
 
 def _table(rows: dict[str, dict], names: list[str]) -> str:
@@ -89,7 +88,7 @@ def _table(rows: dict[str, dict], names: list[str]) -> str:
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", type=Path, default=REPO / "bundles" / "ua-gec")
+    p.add_argument("--bundle", help="model bundle directory (default: $SPECDEC_BUNDLE or bundles/ua-gec)")
     p.add_argument("--sample", type=int, default=500, help="first N test sentences")
     p.add_argument("--k", type=int, default=10, help="GAD block size")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")

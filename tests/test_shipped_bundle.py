@@ -33,6 +33,14 @@ def bundle():
 
 
 @pytest.fixture(scope="module")
+def greedy_in_process(bundle):
+    """Greedy through the library, with the backend `specdec decode` and `specdec serve` default to."""
+    verifier = make_verifier(bundle, DEFAULT_BACKEND)
+    drafter = LocalDrafter({"nar_drafter": bundle.nar_drafter, "ar_drafter": bundle.ar_drafter})
+    return lambda text: decode(bundle.tokenizer.encode(text), MODES[0], verifier, drafter).output_ids
+
+
+@pytest.fixture(scope="module")
 def sentences(bundle) -> list[str]:
     """The first UA-GEC test sentences of at most 64 tokens (one per stdin line)."""
     fits = (i.source for i in load_test_set() if "\n" not in i.source and len(bundle.tokenizer.encode(i.source)) <= 64)
@@ -55,7 +63,7 @@ def test_bundle_fits_the_repository_budget_and_has_a_card(bundle):
         assert f"{scores['valid_acc']:.3f}" in card  # the card quotes the recorded validation scores
 
 
-def test_decode_uses_the_shipped_bundle_and_lossless_modes_agree(bundle, sentences):
+def test_decode_uses_the_shipped_bundle_and_lossless_modes_agree(sentences, greedy_in_process):
     """`specdec decode` with no --bundle: GAD and IAD give greedy's output, and greedy is the library's."""
     stdin = "".join(s + "\n" for s in sentences)
     outputs = {}
@@ -71,13 +79,10 @@ def test_decode_uses_the_shipped_bundle_and_lossless_modes_agree(bundle, sentenc
     assert outputs[Mode.IAD] == outputs[Mode.AR]
     assert outputs[Mode.GAD] == outputs[Mode.AR]
 
-    verifier = make_verifier(bundle, DEFAULT_BACKEND)  # what `specdec decode` runs by default
-    drafter = LocalDrafter({"nar_drafter": bundle.nar_drafter, "ar_drafter": bundle.ar_drafter})
-    library = [decode(bundle.tokenizer.encode(s), MODES[0], verifier, drafter).output_ids for s in sentences]
-    assert outputs[Mode.AR] == library
+    assert outputs[Mode.AR] == [greedy_in_process(s) for s in sentences]
 
 
-def test_serve_all_uses_the_shipped_bundle(bundle, sentences, tmp_path):
+def test_serve_all_uses_the_shipped_bundle(sentences, greedy_in_process, tmp_path):
     """`specdec serve all` with no --bundle serves the shipped models: GAD through the gateway
     equals greedy in-process, and the drafter is used (not degraded)."""
     config = tmp_path / "loopback.toml"
@@ -99,8 +104,5 @@ def test_serve_all_uses_the_shipped_bundle(bundle, sentences, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    verifier = make_verifier(bundle, DEFAULT_BACKEND)
-    drafter = LocalDrafter({"nar_drafter": bundle.nar_drafter, "ar_drafter": bundle.ar_drafter})
-    expected = decode(bundle.tokenizer.encode(sentences[0]), MODES[0], verifier, drafter)
-    assert list(reply.output_ids) == expected.output_ids
+    assert list(reply.output_ids) == greedy_in_process(sentences[0])
     assert not reply.stats.degraded

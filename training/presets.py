@@ -1,5 +1,5 @@
 """Named run sizes: `full` (the planned UA-GEC models: hours on a CPU, minutes on a GPU), `cpu` (what
-the 2-core CPU machine trains in about 3 h, resumable across sessions) and `smoke` (the whole pipeline in seconds)."""
+the 2-core CPU machine trains in about 1.5 h: the bundled models) and `smoke` (the whole pipeline in seconds)."""
 
 from __future__ import annotations
 
