@@ -1,4 +1,5 @@
-"""End-to-end GAD (and IAD) speed-up over greedy with each verifier backend, on the trained bundle.
+"""End-to-end GAD (and IAD) speed-up over greedy with each model backend (verifier and NAR drafter
+both on it), on the trained bundle.
 
     python bench/bench_gad_backends.py            # print the table
     python bench/bench_gad_backends.py --write    # also update its section of BENCHMARKS.md
@@ -52,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         stamp = (f"Machine: {cpu_name()}, {os.cpu_count()} cores, {threads} torch threads; "
                  f"date {dt.date.today().isoformat()}; command `{command}`")
         note = (f"Bundle `{rows[BACKENDS[0]]['bundle']}`; the first {args.sample} UA-GEC test sentences, batch 1, "
-                "in-process (`decode()` on a `LocalVerifier` or `OnnxVerifier`), one timed pass per row after a "
-                "warm-up. ms = mean wall time per sentence.")
+                "in-process (`decode()` with the verifier and the NAR drafter on the backend), one timed pass per "
+                "row after a warm-up. ms = mean wall time per sentence.")
         write_section(args.output, SECTION, f"{stamp}\n\n{note}\n\n{table}")
     return 0
 

@@ -27,7 +27,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from drafter_service.session import LocalDrafter
+from drafter_service.session import make_drafter
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.policies import decode
 from gateway.wire import overrides_to_wire
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.write:
         stamp = (
-            f"Machine: {cpu_name()}, {os.cpu_count()} cores; verifier backend {args.backend}; "
+            f"Machine: {cpu_name()}, {os.cpu_count()} cores; verifier and NAR drafter backend {args.backend}; "
             f"date {dt.date.today().isoformat()}; command `{shlex.join(['python', *sys.argv])}`"
         )
         bundle_note = args.bundle or "a tiny random bundle (`specdec tiny-bundle --seed 0`)"
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 def _measure(bundle_dir: Path, address: str, args) -> list[dict]:
     bundle = load_bundle(bundle_dir)
     verifier = make_verifier(bundle, args.backend)
-    drafter = LocalDrafter({r: bundle.models[r] for r in ("nar_drafter", "ar_drafter")})
+    drafter = make_drafter(bundle, args.backend)
     sources = [bundle.tokenizer.encode(t) for t in TEXTS]
     rows = []
     with grpc.insecure_channel(address) as channel:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from drafter_service.session import DrafterSession, LocalDrafter
+from drafter_service.session import DRAFTER_ROLES, DrafterSession, LocalDrafter, make_drafter
 from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, load_bundle
 from seq2seq_models.sampling import SamplingParams
@@ -21,7 +21,7 @@ from specdec.metrics import Registry
 from specdec.serving import ServiceHost, SessionStreams, StepExecutor
 
 SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"].full_name
-DRAFTER_ROLES = ("nar_drafter", "ar_drafter")
+
 _ROLE_ENUM = {"nar_drafter": common_pb2.MODEL_ROLE_NAR_DRAFTER, "ar_drafter": common_pb2.MODEL_ROLE_AR_DRAFTER}
 
 
@@ -37,11 +37,13 @@ async def start_drafter(
     limits: DrafterLimits | None = None,
     metrics_address: str | None = None,
     roles: Iterable[str] | None = None,
+    backend: str = "torch",
 ) -> DrafterServer:
-    """Load the bundle's drafter(s), start serving on `address`, warm up, then report SERVING."""
+    """Load the bundle's drafter(s), the NAR one on `backend`, start serving on `address`, warm up,
+    then report SERVING."""
     if not isinstance(bundle, ModelBundle):
         bundle = _load_drafters(Path(bundle), roles)
-    server = DrafterServer(bundle, limits or DrafterLimits())
+    server = DrafterServer(bundle, limits or DrafterLimits(), backend)
     await server.host.start(address, metrics_address)
     await server.warm_up()
     await server.host.set_serving()
@@ -49,11 +51,13 @@ async def start_drafter(
 
 
 class DrafterServer(drafter_pb2_grpc.DrafterServiceServicer):
-    def __init__(self, bundle: ModelBundle, limits: DrafterLimits) -> None:
+    def __init__(self, bundle: ModelBundle, limits: DrafterLimits, backend: str = "torch") -> None:
         self.bundle = bundle
         self.limits = limits
         self.models = {r: bundle.models[r] for r in DRAFTER_ROLES if r in bundle.models}
-        self.drafter = LocalDrafter(self.models)
+        if not self.models:
+            raise ValueError(f"bundle {bundle.path} has no drafter model")
+        self.drafter = make_drafter(bundle, backend)
         cfg = next(iter(self.models.values())).config
         self.max_len = min(m.config.max_len for m in self.models.values())
         self.executor = StepExecutor("drafter")
@@ -74,7 +78,7 @@ class DrafterServer(drafter_pb2_grpc.DrafterServiceServicer):
             bundle_fingerprint=bundle.fingerprint,
             max_source_len=self.max_len,
             max_target_len=self.max_len,
-            backend=f"torch-{device.type}",
+            backend=_backend_name(self.drafter, device.type),
             roles=[_ROLE_ENUM[r] for r in self.models],
             max_draft_len=limits.max_draft_len,
             max_top_k=0,
@@ -164,6 +168,15 @@ def _load_drafters(path: Path, roles: Iterable[str] | None) -> ModelBundle:
     if not wanted:
         raise ValueError(f"bundle {path} has no drafter model")
     return load_bundle(path, roles=wanted)
+
+
+def _backend_name(drafter: LocalDrafter, device: str) -> str:
+    """ "torch-cpu", or per role when they differ: "nar_drafter:onnxruntime-cpu,ar_drafter:torch-cpu"."""
+    names = {r: "onnxruntime-cpu" if r == "nar_drafter" and drafter.onnx_nar else f"torch-{device}"
+             for r in drafter.models}
+    if len(set(names.values())) == 1:
+        return next(iter(names.values()))
+    return ",".join(f"{r}:{n}" for r, n in names.items())
 
 
 def _check_sampling(params: SamplingParams) -> None:

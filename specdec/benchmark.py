@@ -107,7 +107,8 @@ def add_arguments(p) -> None:
     p.add_argument("--sample", type=int, help=f"first N test sentences in corpus order (default {DEFAULT_SAMPLE}; "
                    f"{QUICK_SAMPLE} with --quick; 0 = all)")
     p.add_argument("--through", choices=list(STACKS), default="in-process", help="which stack decodes")
-    p.add_argument("--backend", choices=["torch", "onnxruntime"], help="verifier backend (default: onnxruntime)")
+    p.add_argument("--backend", choices=["torch", "onnxruntime"],
+                   help="verifier and NAR drafter backend (default: onnxruntime)")
     p.add_argument("--max-new-tokens", type=int, help=f"output limit (default {DEFAULT_MAX_NEW_TOKENS}; "
                    f"{QUICK_MAX_NEW_TOKENS} with --quick)")
     p.add_argument("--threads", type=int, help="torch intra-op threads, in-process and in the services "
@@ -201,7 +202,8 @@ def run_benchmark(
     runs: list[Run] = []
     for stack in stacks:
         if stack == "in-process":
-            runs += _run_in_process(bundle, verifier, sentences, configs, max_new_tokens, progress, warmup)
+            drafter = _make_drafter(bundle, backend)
+            runs += _run_in_process(verifier, drafter, sentences, configs, max_new_tokens, progress, warmup)
         elif stack == "services":
             runs += _run_services(bundle_dir, backend, sentences, configs, max_new_tokens, progress, warmup, threads)
         else:
@@ -300,7 +302,7 @@ def write_report(path: Path, result: BenchResult, backend: str, command: str) ->
 
     stamp = (
         f"Machine: {cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads; "
-        f"verifier backend {backend}; date {dt.date.today().isoformat()}; command `{command}`"
+        f"verifier and NAR drafter backend {backend}; date {dt.date.today().isoformat()}; command `{command}`"
     )
     note = (
         f"Bundle: `{result.bundle_name}` (fingerprint `{result.bundle_fingerprint[:16]}`). Data: UA-GEC test "
@@ -329,6 +331,12 @@ def _make_verifier(bundle, backend: str):
     return make_verifier(bundle, backend)
 
 
+def _make_drafter(bundle, backend: str):
+    from drafter_service.session import make_drafter
+
+    return make_drafter(bundle, backend)
+
+
 def _decoding_config(config: BenchConfig, max_new_tokens: int):
     from gateway.decoding_config import DecodingConfig
 
@@ -339,12 +347,9 @@ def _overrides(config: BenchConfig, max_new_tokens: int) -> dict[str, Any]:
     return {"seed": SEED, "max_new_tokens": max_new_tokens, **config.overrides}
 
 
-def _run_in_process(bundle, verifier, sentences, configs, max_new_tokens, progress, warmup) -> list[Run]:
-    from drafter_service.session import LocalDrafter
+def _run_in_process(verifier, drafter, sentences, configs, max_new_tokens, progress, warmup) -> list[Run]:
     from gateway.policies import decode
 
-    drafter_models = {r: bundle.models[r] for r in ("nar_drafter", "ar_drafter") if bundle.has(r)}
-    drafter = LocalDrafter(drafter_models) if drafter_models else None
     runs = []
     for config in configs:
         cfg = _decoding_config(config, max_new_tokens)

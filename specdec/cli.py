@@ -14,8 +14,11 @@ from specdec.errors import SpecdecError
 # Where `decode` looks for a bundle when --bundle is not given.
 DEFAULT_BUNDLE_ENV = "SPECDEC_BUNDLE"
 DEFAULT_BUNDLE_DIR = Path(__file__).resolve().parent.parent / "bundles" / "ua-gec"
-VERIFIER_BACKENDS = ["torch", "onnxruntime"]
-BACKEND_HELP = "verifier backend (default: onnxruntime, or [verifier] backend in the config)"
+BACKENDS = ["torch", "onnxruntime"]
+BACKEND_HELP = (
+    "backend of the verifier and the NAR drafter (default: onnxruntime, or the [verifier] and [drafter] "
+    "backend keys of the config)"
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -91,7 +94,7 @@ def _cmd_tiny_bundle(args: argparse.Namespace) -> int:
 def _cmd_decode(args: argparse.Namespace) -> int:
     import torch
 
-    from drafter_service.session import LocalDrafter
+    from drafter_service.session import make_drafter
     from gateway.decoding_config import DRAFTER_MODES, DecodingConfig, DecodingLimits, validate
     from gateway.policies import decode
     from seq2seq_models.bundle import load_bundle
@@ -101,8 +104,7 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     bundle = load_bundle(resolve_bundle(args.bundle), dtype=getattr(torch, args.dtype))
     verifier = make_verifier(bundle, args.backend or DEFAULT_BACKEND)
     validate(config, DecodingLimits(), verifier.max_target_len)
-    drafter_models = {r: bundle.models[r] for r in ("nar_drafter", "ar_drafter") if bundle.has(r)}
-    drafter = LocalDrafter(drafter_models) if drafter_models else None
+    drafter = make_drafter(bundle, args.backend or DEFAULT_BACKEND)
     if config.mode in DRAFTER_MODES and drafter is None:
         raise ValueError(f"mode {config.mode.value} needs a drafter and {bundle.path} has none")
     tokenizer = bundle.tokenizer
@@ -130,7 +132,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         "gateway": {"address": args.gateway_addr, "verifier_address": args.verifier_addr,
                     "drafter_address": args.drafter_addr},
         "verifier": {"address": args.verifier_addr, "backend": args.backend},
-        "drafter": {"address": args.drafter_addr},
+        "drafter": {"address": args.drafter_addr, "backend": args.backend},
     }
     sections = load_sections(args.config, overrides=overrides)
     sections["gateway"].setdefault("address", "127.0.0.1:50051")
@@ -154,14 +156,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _cmd_export_onnx(args: argparse.Namespace) -> int:
     from seq2seq_models.bundle import load_bundle
-    from verifier_service.onnx_export import default_cache_root, ensure_export
+    from seq2seq_models.onnx_export import ROLES, default_cache_root, ensure_export
 
-    bundle = load_bundle(resolve_bundle(args.bundle), roles=["verifier"])
+    path = resolve_bundle(args.bundle)
+    available = json.loads((path / "config.json").read_text())["models"]
+    bundle = load_bundle(path, roles=[r for r in ROLES if r in available])
     out = Path(args.out) if args.out else default_cache_root(bundle.path)
-    export = ensure_export(bundle.verifier, bundle.fingerprint, out, force=args.force)
-    print(json.dumps({"directory": str(export.directory), "fingerprint": export.fingerprint, "reused": export.reused}))
+    exports = {}
+    for role in bundle.models:
+        export = ensure_export(bundle.models[role], bundle.fingerprint, out, force=args.force, role=role)
+        exports[role] = {"directory": str(export.directory), "reused": export.reused}
+    print(json.dumps({"fingerprint": bundle.fingerprint, "exports": exports}))
     return 0
-
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -206,11 +212,11 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bundle", help=f"model bundle directory (default: ${DEFAULT_BUNDLE_ENV} or bundles/ua-gec)")
     p.add_argument("--ids", action="store_true", help="lines are space-separated token ids, not text")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    p.add_argument("--backend", choices=VERIFIER_BACKENDS, default=None, help=BACKEND_HELP)
+    p.add_argument("--backend", choices=BACKENDS, default=None, help=BACKEND_HELP)
     add_decoding_flags(p)
     p.set_defaults(run=_cmd_decode)
 
-    p = sub.add_parser("export-onnx", help="export the bundle's verifier to ONNX (cached by bundle fingerprint)")
+    p = sub.add_parser("export-onnx", help="export the verifier and NAR drafter to ONNX (cached by bundle fingerprint)")
     p.add_argument("--bundle", help=f"model bundle directory (default: ${DEFAULT_BUNDLE_ENV} or bundles/ua-gec)")
     p.add_argument("--out", help="cache root (default: $SPECDEC_ONNX_CACHE or BUNDLE/onnx)")
     p.add_argument("--force", action="store_true", help="re-export even when the cache has this fingerprint")
@@ -223,7 +229,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gateway-addr", help="gateway listen address (default 127.0.0.1:50051)")
     p.add_argument("--verifier-addr", help="verifier address (default 127.0.0.1:50052)")
     p.add_argument("--drafter-addr", help="drafter address (default 127.0.0.1:50053)")
-    p.add_argument("--backend", choices=VERIFIER_BACKENDS, default=None, help=BACKEND_HELP)
+    p.add_argument("--backend", choices=BACKENDS, default=None, help=BACKEND_HELP)
     p.set_defaults(run=_cmd_serve)
 
     p = sub.add_parser("generate", help="decode one text through a running gateway")

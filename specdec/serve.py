@@ -63,8 +63,13 @@ async def start_services(
         running.verifier = await start_verifier(loaded or _need(bundle), v_addr, limits, metrics, backend)
         running.addresses["verifier"] = _with_port(v_addr, running.verifier.host.port)
     if role in ("drafter", "all"):
+        from drafter_service.session import DEFAULT_BACKEND as DEFAULT_DRAFTER_BACKEND
+
         metrics = d_section.pop("metrics_address", None)
-        running.drafter = await start_drafter(loaded or _need(bundle), d_addr, DrafterLimits(**d_section), metrics)
+        backend = d_section.pop("backend", None) or DEFAULT_DRAFTER_BACKEND
+        running.drafter = await start_drafter(
+            loaded or _need(bundle), d_addr, DrafterLimits(**d_section), metrics, backend=backend
+        )
         running.addresses["drafter"] = _with_port(d_addr, running.drafter.host.port)
     if role in ("gateway", "all"):
         from seq2seq_models.tokenizer import Tokenizer

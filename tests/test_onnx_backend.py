@@ -13,13 +13,13 @@ from drafter_service.session import LocalDrafter
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.policies import decode
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
+from seq2seq_models.onnx_export import ensure_export
 from seq2seq_models.transformer import Seq2SeqTransformer
 from specdec.cli import main as cli_main
 from specdec.errors import SpecdecError, StatusCode
 from specdec.interfaces import Draft
 from tests import zoo
 from verifier_service.onnx_backend import OnnxVerifier
-from verifier_service.onnx_export import ensure_export
 from verifier_service.session import LocalVerifier, make_verifier
 
 FIRST_WORD = 5
@@ -133,8 +133,11 @@ def test_export_onnx_command(bundle, tmp_path, capsys):
     first = json.loads(capsys.readouterr().out)
     assert cli_main(args) == 0
     second = json.loads(capsys.readouterr().out)
-    assert (first["reused"], second["reused"]) == (False, True)
-    assert first["directory"] == second["directory"] and first["fingerprint"] == bundle.fingerprint
+    assert first["fingerprint"] == second["fingerprint"] == bundle.fingerprint
+    assert set(first["exports"]) == {"verifier", "nar_drafter"}
+    for role, export in first["exports"].items():
+        assert (export["reused"], second["exports"][role]["reused"]) == (False, True)
+        assert export["directory"] == second["exports"][role]["directory"]
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])

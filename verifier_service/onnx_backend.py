@@ -1,6 +1,6 @@
 """The verifier on ONNX Runtime: the same `Verifier`/`VerifierSession` contract as the torch backend.
 
-Graphs come from `verifier_service.onnx_export` (exported on demand, cached by fingerprint). A
+Graphs come from `seq2seq_models.onnx_export` (exported on demand, cached by fingerprint). A
 step is one decoder call: the block `append_ids + draft_ids` against the cached past, with the
 fused head's outputs for the rows that predict d_1..d_n and the token past the draft.
 
@@ -17,20 +17,19 @@ top-k rows come back to the host.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from seq2seq_models.config import ModelConfig
+from seq2seq_models.onnx_export import OnnxExport, bundle_cache_root, ensure_export, loose_cache_root, model_fingerprint
+from seq2seq_models.ort_session import cuda_available, inference_session
 from seq2seq_models.prefix_state import check_draft, check_source, check_sync
 from seq2seq_models.transformer import Seq2SeqTransformer
 from specdec.interfaces import VerifyResult
-from verifier_service.onnx_export import OnnxExport, default_cache_root, ensure_export, model_fingerprint
 
 Device = Literal["auto", "cpu", "cuda"]
-USER_CACHE = Path.home() / ".cache" / "specdec" / "onnx"
 
 
 class OnnxVerifier:
@@ -54,7 +53,7 @@ class OnnxVerifier:
         self.max_source_len = cfg.max_len - 1
         self.max_target_len = cfg.max_len - 1
         fingerprint = fingerprint or model_fingerprint(model)
-        root = Path(cache_root) if cache_root is not None else Path(os.environ.get("SPECDEC_ONNX_CACHE", USER_CACHE))
+        root = Path(cache_root) if cache_root is not None else loose_cache_root()
         self.export: OnnxExport = ensure_export(model, fingerprint, root)
         self._runner = _make_runner(self.export, device, intra_op_threads)
         self.device = self._runner.device
@@ -63,9 +62,7 @@ class OnnxVerifier:
     def from_bundle(cls, bundle: Any, cache_root: str | Path | None = None, **kwargs: Any) -> OnnxVerifier:
         """The bundle's verifier; exports go to `cache_root`, else `<bundle>/onnx` when writable."""
         if cache_root is None:
-            cache_root = default_cache_root(bundle.path)
-            if not _writable(cache_root):
-                cache_root = USER_CACHE
+            cache_root = bundle_cache_root(bundle.path)
         return cls(bundle.verifier, fingerprint=bundle.fingerprint, cache_root=cache_root, **kwargs)
 
     def open(self, source_ids: list[int]) -> OnnxVerifierSession:
@@ -132,21 +129,8 @@ class _Runner:
     device = "cpu"
 
     def __init__(self, export: OnnxExport, intra_op_threads: int | None, providers: list) -> None:
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        # One step is a chain of small ops: parallelism only pays inside ops, and more threads
-        # than cores makes ORT's spinning pool fight the Python thread.
-        opts.intra_op_num_threads = intra_op_threads or max(1, min(os.cpu_count() or 1, 8))
-        opts.inter_op_num_threads = 1
-        # Idle ORT workers would otherwise spin between steps and steal the cores the Python side
-        # (accept loop, drafter, torch) needs; a step is long enough that waking them is cheap.
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.log_severity_level = 3
-        self.encoder = ort.InferenceSession(str(export.encoder), opts, providers=providers)
-        self.decoder = ort.InferenceSession(str(export.decoder), opts, providers=providers)
+        self.encoder = inference_session(export.encoder, intra_op_threads, providers)
+        self.decoder = inference_session(export.decoder, intra_op_threads, providers)
 
     def encode(self, src: np.ndarray) -> tuple[Any, Any]:
         k, v = self.encoder.run(None, {"src": src})
@@ -220,23 +204,9 @@ class _CudaRunner(_Runner):
         return present_k, present_v, topk_lp.numpy(), topk_ids.numpy(), target_lp.numpy()
 
 
-def cuda_available() -> bool:
-    try:
-        import onnxruntime as ort
-        import torch
-    except ImportError:
-        return False
-    return "CUDAExecutionProvider" in ort.get_available_providers() and torch.cuda.is_available()
-
-
 def _make_runner(export: OnnxExport, device: Device, intra_op_threads: int | None) -> _Runner:
     if device == "cuda" and not cuda_available():
         raise RuntimeError("device 'cuda' needs onnxruntime-gpu and a visible GPU")
     if device == "cuda" or (device == "auto" and cuda_available()):
         return _CudaRunner(export, intra_op_threads, ["CUDAExecutionProvider", "CPUExecutionProvider"])
     return _Runner(export, intra_op_threads, ["CPUExecutionProvider"])
-
-
-def _writable(directory: Path) -> bool:
-    probe = directory if directory.exists() else directory.parent
-    return os.access(probe, os.W_OK)

@@ -1,4 +1,8 @@
-"""Export a verifier to two ONNX graphs, cached on disk by bundle fingerprint.
+"""Export a bundle model to two ONNX graphs, cached on disk by bundle fingerprint and role.
+
+Every role gets the same encoder graph and a decoder-with-past; what the decoder returns depends
+on the role: the verifier's ends in the fused output head, the NAR drafter's in an argmax over
+its mask positions.
 
 * `encoder.onnx`: source ids [1, S] -> cross-attention K and V of every decoder layer,
   stacked as [L, 1, H, S, hd] (the encoder runs once per session; the decoder never sees memory).
@@ -10,6 +14,11 @@
   target_logprobs [R].
   The graph slices the past to `past_len` itself, so rolling back is only a smaller `past_len`
   and the cache never has to leave the device (CUDA + I/O binding) to be cut.
+* `decoder.onnx` of the NAR drafter: tokens [1, T], past_len, past_k/past_v, cross_k/cross_v,
+  mask_from [] -> present_k/present_v, draft_ids [T - mask_from]. Block rows before `mask_from`
+  are committed tokens appended causally; rows from `mask_from` on are the k [MASK]s, which see the
+  whole prefix and the whole block. So catching up on the committed tokens and drafting is one
+  call, where the torch drafter makes two passes (append, then masks).
 
 The head runs inside the graph (logits -> log-softmax -> TopK + gather) so a step is one ORT call
 and only top-k rows cross back to Python; ONNX TopK breaks ties by lower index, as the
@@ -35,16 +44,20 @@ from torch import Tensor, nn
 from seq2seq_models.transformer import Attention, Seq2SeqTransformer
 
 OPSET = 17
-EXPORT_FORMAT = 1  # bump when the graphs' interface changes, so stale caches are not reused
+EXPORT_FORMAT = 2  # bump when the graphs' interface changes, so stale caches are not reused
 CACHE_ENV = "SPECDEC_ONNX_CACHE"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
 MANIFEST_FILE = "manifest.json"
+USER_CACHE = Path.home() / ".cache" / "specdec" / "onnx"
 
 ENCODER_INPUTS = ["src"]
 ENCODER_OUTPUTS = ["cross_k", "cross_v"]
 DECODER_INPUTS = ["tokens", "past_len", "past_k", "past_v", "cross_k", "cross_v", "head_from", "targets", "top_k"]
 DECODER_OUTPUTS = ["present_k", "present_v", "topk_logprobs", "topk_ids", "target_logprobs"]
+NAR_DECODER_INPUTS = ["tokens", "past_len", "past_k", "past_v", "cross_k", "cross_v", "mask_from"]
+NAR_DECODER_OUTPUTS = ["present_k", "present_v", "draft_ids"]
+ROLES = ("verifier", "nar_drafter")
 
 
 @dataclass(frozen=True)
@@ -62,8 +75,9 @@ class OnnxExport:
         return self.directory / DECODER_FILE
 
 
-def export_dir(cache_root: Path, fingerprint: str) -> Path:
-    return cache_root / f"{fingerprint[:16]}-v{EXPORT_FORMAT}"
+def export_dir(cache_root: Path, fingerprint: str, role: str = "verifier") -> Path:
+    # A bundle's fingerprint covers all its models, so the role is part of the name.
+    return cache_root / f"{fingerprint[:16]}-{role}-v{EXPORT_FORMAT}"
 
 
 def default_cache_root(bundle_path: Path) -> Path:
@@ -72,9 +86,25 @@ def default_cache_root(bundle_path: Path) -> Path:
     return Path(env) if env else Path(bundle_path) / "onnx"
 
 
-def ensure_export(model: Seq2SeqTransformer, fingerprint: str, cache_root: Path, force: bool = False) -> OnnxExport:
-    """Export `model` under `cache_root` unless an export for `fingerprint` is already there."""
-    directory = export_dir(Path(cache_root), fingerprint)
+def bundle_cache_root(bundle_path: Path) -> Path:
+    """`default_cache_root`, or the user's cache when that is not writable (a read-only install)."""
+    root = default_cache_root(bundle_path)
+    probe = root if root.exists() else root.parent
+    return root if os.access(probe, os.W_OK) else USER_CACHE
+
+
+def loose_cache_root() -> Path:
+    """Where exports of models that came without a bundle go: `$SPECDEC_ONNX_CACHE` or the user's cache."""
+    return Path(os.environ.get(CACHE_ENV, USER_CACHE))
+
+
+def ensure_export(
+    model: Seq2SeqTransformer, fingerprint: str, cache_root: Path, force: bool = False, role: str = "verifier"
+) -> OnnxExport:
+    """Export `model` as `role` under `cache_root` unless an export for `fingerprint` is already there."""
+    if role not in ROLES:
+        raise ValueError(f"no ONNX export for role {role!r}; expected one of {', '.join(ROLES)}")
+    directory = export_dir(Path(cache_root), fingerprint, role)
     manifest = directory / MANIFEST_FILE
     if not force and manifest.is_file():
         data = json.loads(manifest.read_text())
@@ -82,9 +112,9 @@ def ensure_export(model: Seq2SeqTransformer, fingerprint: str, cache_root: Path,
             return OnnxExport(directory, fingerprint, reused=True)
     tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    export_verifier(model, tmp)
+    (export_verifier if role == "verifier" else export_nar_drafter)(model, tmp)
     (tmp / MANIFEST_FILE).write_text(
-        json.dumps({"fingerprint": fingerprint, "format": EXPORT_FORMAT, "opset": OPSET,
+        json.dumps({"fingerprint": fingerprint, "role": role, "format": EXPORT_FORMAT, "opset": OPSET,
                     "config": model.config.to_dict(), "torch": torch.__version__}, indent=2) + "\n"
     )
     # Written aside then renamed, so a concurrent reader never sees half an export.
@@ -108,21 +138,12 @@ def model_fingerprint(model: Seq2SeqTransformer) -> str:
 
 
 def export_verifier(model: Seq2SeqTransformer, out: Path) -> None:
-    """Write encoder.onnx and decoder.onnx for `model` (exported in float32) into `out`."""
-    out.mkdir(parents=True, exist_ok=True)
-    model32 = _float32_copy(model)
-    cfg = model32.config
-    layers, heads, hd = cfg.decoder_layers, cfg.n_heads, cfg.d_model // cfg.n_heads
-    src = torch.tensor([[5, 6, 7, cfg.eos_id]]) % cfg.vocab_size
+    """Write encoder.onnx and the verifier's decoder.onnx for `model` (exported in float32) into `out`."""
+    model32 = _export_encoder(model, out)
+    cross_k, past = _example_cache(model32.config)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer warnings about shape arithmetic are expected
-        torch.onnx.export(
-            _Encoder(model32), (src,), str(out / ENCODER_FILE), dynamo=False, opset_version=OPSET,
-            input_names=ENCODER_INPUTS, output_names=ENCODER_OUTPUTS,
-            dynamic_axes={"src": {1: "src_len"}, "cross_k": {3: "src_len"}, "cross_v": {3: "src_len"}},
-        )
-        cross_k = torch.zeros(layers, 1, heads, 4, hd)
-        past = torch.zeros(layers, 1, heads, 5, hd)
+        cfg = model32.config
         example = (
             torch.tensor([[7, 8, 9]]) % cfg.vocab_size,  # tokens
             torch.tensor(3),  # past_len (< P on purpose: the slice must stay in the graph)
@@ -148,6 +169,56 @@ def export_verifier(model: Seq2SeqTransformer, out: Path) -> None:
                 "target_logprobs": {0: "rows"},
             },
         )
+
+
+def export_nar_drafter(model: Seq2SeqTransformer, out: Path) -> None:
+    """Write encoder.onnx and the NAR drafter's decoder.onnx for `model` (float32) into `out`."""
+    model32 = _export_encoder(model, out)
+    cross_k, past = _example_cache(model32.config)
+    cfg = model32.config
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        example = (
+            torch.tensor([[7, 8, cfg.mask_id, cfg.mask_id]]) % cfg.vocab_size,  # tokens
+            torch.tensor(3),  # past_len (< P on purpose, as for the verifier)
+            past, past.clone(), cross_k, cross_k.clone(),
+            torch.tensor(2),  # mask_from
+        )
+        torch.onnx.export(
+            _NarDecoderStep(model32), example, str(out / DECODER_FILE), dynamo=False, opset_version=OPSET,
+            input_names=NAR_DECODER_INPUTS, output_names=NAR_DECODER_OUTPUTS,
+            dynamic_axes={
+                "tokens": {1: "block"},
+                "past_k": {3: "past_cap"},
+                "past_v": {3: "past_cap"},
+                "cross_k": {3: "src_len"},
+                "cross_v": {3: "src_len"},
+                "present_k": {3: "total"},
+                "present_v": {3: "total"},
+                "draft_ids": {0: "k"},
+            },
+        )
+
+
+def _export_encoder(model: Seq2SeqTransformer, out: Path) -> Seq2SeqTransformer:
+    """Write encoder.onnx; returns the float32 copy of `model` the decoder is exported from."""
+    out.mkdir(parents=True, exist_ok=True)
+    model32 = _float32_copy(model)
+    src = torch.tensor([[5, 6, 7, model32.config.eos_id]]) % model32.config.vocab_size
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # tracer warnings about shape arithmetic are expected
+        torch.onnx.export(
+            _Encoder(model32), (src,), str(out / ENCODER_FILE), dynamo=False, opset_version=OPSET,
+            input_names=ENCODER_INPUTS, output_names=ENCODER_OUTPUTS,
+            dynamic_axes={"src": {1: "src_len"}, "cross_k": {3: "src_len"}, "cross_v": {3: "src_len"}},
+        )
+    return model32
+
+
+def _example_cache(cfg) -> tuple[Tensor, Tensor]:
+    """Example cross-attention K (source of 4) and past K (capacity 5) for tracing a decoder."""
+    layers, heads, hd = cfg.decoder_layers, cfg.n_heads, cfg.d_model // cfg.n_heads
+    return torch.zeros(layers, 1, heads, 4, hd), torch.zeros(layers, 1, heads, 5, hd)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -183,31 +254,66 @@ class _DecoderStep(nn.Module):
         self, tokens: Tensor, past_len: Tensor, past_k: Tensor, past_v: Tensor, cross_k: Tensor,
         cross_v: Tensor, head_from: Tensor, targets: Tensor, top_k: Tensor,
     ) -> tuple[Tensor, ...]:
-        m = self.model
         t = tokens.shape[1]
         positions = past_len + torch.arange(t)  # [T]
-        keys = torch.arange(past_len + t)
-        causal = keys[None, :] <= positions[:, None]  # [T, past_len + T]
-        x = m.embed(tokens) * m.embed_scale + m.tgt_pos(positions)[None]
-        # Index tensors rather than Python slices: a slice bound would be traced as a constant.
-        kept = torch.arange(past_len)
-        present_k, present_v = [], []
-        for i, layer in enumerate(m.decoder_layers):
-            h = layer.self_norm(x)
-            k, v = _project_kv(layer.self_attn, h)
-            k = torch.cat([past_k[i].index_select(2, kept), k], dim=2)
-            v = torch.cat([past_v[i].index_select(2, kept), v], dim=2)
-            present_k.append(k)
-            present_v.append(v)
-            x = x + _attend(layer.self_attn, h, k, v, causal)
-            x = x + _attend(layer.cross_attn, layer.cross_norm(x), cross_k[i], cross_v[i], None)
-            x = x + layer.ffn(layer.ffn_norm(x))
-        rows = m.decoder_norm(x)[0].index_select(0, torch.arange(head_from, t))
+        causal = torch.arange(past_len + t)[None, :] <= positions[:, None]  # [T, past_len + T]
+        m = self.model
+        hidden, present_k, present_v = _decode_block(
+            m, tokens, past_len, positions, past_k, past_v, cross_k, cross_v, causal
+        )
+        rows = hidden.index_select(0, torch.arange(head_from, t))
         logprobs = F.log_softmax(F.linear(rows, m.embed.weight, m.out_bias), dim=-1)
         topk_lp, topk_ids = torch.topk(logprobs, top_k, dim=-1)
         gathered = logprobs.gather(1, targets.clamp(min=0)[:, None])[:, 0]
         target_lp = torch.where(targets >= 0, gathered, torch.full_like(gathered, float("nan")))
-        return torch.stack(present_k), torch.stack(present_v), topk_lp, topk_ids, target_lp
+        return present_k, present_v, topk_lp, topk_ids, target_lp
+
+
+class _NarDecoderStep(nn.Module):
+    def __init__(self, model: Seq2SeqTransformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, tokens: Tensor, past_len: Tensor, past_k: Tensor, past_v: Tensor, cross_k: Tensor,
+        cross_v: Tensor, mask_from: Tensor,
+    ) -> tuple[Tensor, ...]:
+        t = tokens.shape[1]
+        offsets = torch.arange(t)
+        positions = past_len + offsets
+        # Committed tokens causally; each [MASK] sees every key (the prefix and the whole block).
+        causal = torch.arange(past_len + t)[None, :] <= positions[:, None]
+        visible = causal | (offsets >= mask_from)[:, None]
+        m = self.model
+        hidden, present_k, present_v = _decode_block(
+            m, tokens, past_len, positions, past_k, past_v, cross_k, cross_v, visible
+        )
+        rows = hidden.index_select(0, torch.arange(mask_from, t))
+        draft_ids = F.linear(rows, m.embed.weight, m.out_bias).argmax(-1)  # ties: lowest id, as torch
+        return present_k, present_v, draft_ids
+
+
+def _decode_block(
+    m: Seq2SeqTransformer, tokens: Tensor, past_len: Tensor, positions: Tensor, past_k: Tensor, past_v: Tensor,
+    cross_k: Tensor, cross_v: Tensor, visible: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Final-layer states [T, D] of a block after the first `past_len` cached positions, and
+    the present K/V (the kept past plus the block's own) of every layer, stacked."""
+    x = m.embed(tokens) * m.embed_scale + m.tgt_pos(positions)[None]
+    # Index tensors rather than Python slices: a slice bound would be traced as a constant.
+    kept = torch.arange(past_len)
+    present_k, present_v = [], []
+    for i, layer in enumerate(m.decoder_layers):
+        h = layer.self_norm(x)
+        k, v = _project_kv(layer.self_attn, h)
+        k = torch.cat([past_k[i].index_select(2, kept), k], dim=2)
+        v = torch.cat([past_v[i].index_select(2, kept), v], dim=2)
+        present_k.append(k)
+        present_v.append(v)
+        x = x + _attend(layer.self_attn, h, k, v, visible)
+        x = x + _attend(layer.cross_attn, layer.cross_norm(x), cross_k[i], cross_v[i], None)
+        x = x + layer.ffn(layer.ffn_norm(x))
+    return m.decoder_norm(x)[0], torch.stack(present_k), torch.stack(present_v)
 
 
 def _project_kv(attn: Attention, x: Tensor) -> tuple[Tensor, Tensor]:
