@@ -128,5 +128,13 @@ def _same(a: Tensor, b: Tensor) -> Tensor:
 
 
 def _gather_targets(logprobs: Tensor, targets: Tensor) -> Tensor:
+    # At a few rows the clamp and mask ops are a measurable share of the whole head: when every
+    # row has a target, or none has (a greedy step), one look at the list skips them.
+    if targets.numel() <= 64:
+        listed = targets.tolist()
+        if min(listed, default=0) >= 0:
+            return logprobs.gather(1, targets.view(-1, 1)).view(-1)
+        if max(listed) < 0:
+            return torch.full((len(listed),), float("nan"), dtype=logprobs.dtype, device=logprobs.device)
     gathered = logprobs.gather(1, targets.clamp(min=0).unsqueeze(1)).squeeze(1)
     return gathered.masked_fill_(targets < 0, float("nan"))
