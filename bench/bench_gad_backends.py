@@ -28,7 +28,7 @@ from specdec.bench_report import cpu_name, write_section
 from specdec.cli import resolve_bundle
 
 REPO = Path(__file__).resolve().parents[1]
-SECTION = "## End-to-end speed-up per verifier backend"
+SECTION = "## End-to-end speed-up per model backend"
 BACKENDS = ("torch", "onnxruntime")
 
 
