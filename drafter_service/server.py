@@ -46,7 +46,7 @@ async def start_drafter(
     server = DrafterServer(bundle, limits or DrafterLimits(), backend)
     await server.host.start(address, metrics_address)
     await server.warm_up()
-    await server.host.set_serving()
+    await server.host.set_serving(backend=server.model_info.backend, bundle=server.model_info.bundle_fingerprint[:16])
     return server
 
 

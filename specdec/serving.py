@@ -126,10 +126,11 @@ class ServiceHost:
         self.log.info("listening", address=address, port=self.port, metrics_port=self.metrics_port)
         return self.port
 
-    async def set_serving(self) -> None:
+    async def set_serving(self, **details: object) -> None:
+        """Report SERVING; `details` (model, backend) go into the log line, so a log says what runs."""
         for service in ["", *self.service_names]:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        self.log.info("serving")
+        self.log.info("serving", **details)
 
     async def drain(self, grace: float = 10.0) -> None:
         if self.draining:
