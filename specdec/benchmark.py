@@ -5,9 +5,11 @@ documents in ua-gec order, sentences in document order, each with both annotator
 skipping sources that tokenise to nothing or past the verifier's source limit. No randomness: the
 same N gives the same sentences on every machine.
 
-Timing: per stack, the configurations run back to back in one process on the same inputs; each
-first decodes a few sentences untimed (warm-up: ONNX/torch kernels, allocator, gRPC channel) and
-then the whole sample once, timed end to end. Speed-ups divide the greedy (or beam 5) row's wall
+Timing: per stack, the configurations run in one process on the same inputs; each first decodes a
+few sentences untimed (warm-up: ONNX/torch kernels, allocator, gRPC channel), then the sample is
+decoded once by every configuration, in ROUNDS interleaved rounds (each round every ROUNDS-th
+sentence, every configuration in turn), so slow drift of a shared machine skews all rows alike.
+A row's wall time is the sum of its rounds. Speed-ups divide the greedy (or beam 5) row's wall
 time of the *same stack* by the row's own.
 
 Quality: GLEU (Napoles et al. 2015/2016, see `specdec.gec_metrics`) against both references,
@@ -36,6 +38,7 @@ QUICK_SAMPLE = 20
 DEFAULT_MAX_NEW_TOKENS = 200
 QUICK_MAX_NEW_TOKENS = 32
 WARMUP_SENTENCES = 3
+ROUNDS = 5
 IAD_CAP = 32
 GAD_PLUS_PLUS_K = 25
 SEED = 0
@@ -55,6 +58,10 @@ class Sentence:
     source: str
     references: list[str]
     source_ids: list[int]
+
+
+# Decodes one sentence on one stack with one configuration: (output ids, DecodeStats).
+Decode = Callable[[Sentence], tuple[list[int], Any]]
 
 
 @dataclass
@@ -350,16 +357,16 @@ def _overrides(config: BenchConfig, max_new_tokens: int) -> dict[str, Any]:
 def _run_in_process(verifier, drafter, sentences, configs, max_new_tokens, progress, warmup) -> list[Run]:
     from gateway.policies import decode
 
-    runs = []
-    for config in configs:
+    def decoder(config: BenchConfig) -> Decode:
         cfg = _decoding_config(config, max_new_tokens)
 
-        def one(s: Sentence, cfg=cfg) -> tuple[list[int], Any]:
+        def one(s: Sentence) -> tuple[list[int], Any]:
             res = decode(s.source_ids, cfg, verifier, drafter)
             return res.output_ids, res.stats
 
-        runs.append(_timed("in-process", config, sentences, one, progress, warmup))
-    return runs
+        return one
+
+    return _timed("in-process", [(c, decoder(c)) for c in configs], sentences, progress, warmup)
 
 
 def _run_services(bundle_dir, backend, sentences, configs, max_new_tokens, progress, warmup, threads) -> list[Run]:
@@ -370,41 +377,65 @@ def _run_services(bundle_dir, backend, sentences, configs, max_new_tokens, progr
     from specdec.serving import channel_options
 
     server, address = start_services(bundle_dir, backend, threads)
-    runs = []
     try:
         with grpc.insecure_channel(address, options=channel_options()) as channel:
             stub = gateway_pb2_grpc.GatewayServiceStub(channel)
-            for config in configs:
+
+            def decoder(config: BenchConfig) -> Decode:
                 wire = overrides_to_wire(_overrides(config, max_new_tokens))
 
-                def one(s: Sentence, wire=wire) -> tuple[list[int], Any]:
+                def one(s: Sentence) -> tuple[list[int], Any]:
                     # input_ids, not text: both stacks decode exactly the same token ids.
                     request = gateway_pb2.GenerateRequest(input_ids=s.source_ids, config=wire)
                     response = stub.Generate(request, timeout=600)
                     return list(response.output_ids), stats_from_wire(response.stats, len(response.output_ids))
 
-                runs.append(_timed("services", config, sentences, one, progress, warmup))
+                return one
+
+            return _timed("services", [(c, decoder(c)) for c in configs], sentences, progress, warmup)
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def _timed(stack: str, decoders: list[tuple[BenchConfig, Decode]], sentences, progress, warmup: int) -> list[Run]:
+    """Every configuration over every sentence, in ROUNDS interleaved rounds.
+
+    Round r decodes every ROUNDS-th sentence (r, r + ROUNDS, ...) with each configuration in turn,
+    the order rotated each round. A machine that slows down or speeds up during the run (a shared
+    CPU does, by 20-30% over minutes) then skews every configuration alike, so the speed-ups stay
+    ratios of the same conditions. Configurations switch only between rounds, so one mode's
+    leftovers (torch's OpenMP pool still spinning after an AR-drafter call) reach another only
+    once per round.
+    """
+    for _, one in decoders:
+        for s in sentences[:warmup]:
+            one(s)
+    n = len(sentences)
+    outputs: list[list[Any]] = [[None] * n for _ in decoders]
+    iterations: list[list[int]] = [[0] * n for _ in decoders]
+    wall = [0.0] * len(decoders)
+    drafter_s = [0.0] * len(decoders)
+    verifier_s = [0.0] * len(decoders)
+    for r in range(ROUNDS):
+        indices = range(r, n, ROUNDS)
+        for j in range(len(decoders)):
+            c = (j + r) % len(decoders)
+            one = decoders[c][1]
+            t0 = time.perf_counter()
+            for i in indices:
+                out, stats = one(sentences[i])
+                outputs[c][i] = out
+                iterations[c][i] = stats.iterations
+                drafter_s[c] += stats.drafter_time_s
+                verifier_s[c] += stats.verifier_time_s
+            wall[c] += time.perf_counter() - t0
+    runs = []
+    for c, (config, _) in enumerate(decoders):
+        if progress is not None:
+            progress(f"{stack:>10} | {config.name:<36} {wall[c]:8.2f} s")
+        runs.append(Run(stack, config, outputs[c], iterations[c], wall[c], drafter_s[c], verifier_s[c]))
     return runs
-
-
-def _timed(stack, config, sentences, one, progress, warmup: int) -> Run:
-    for s in sentences[:warmup]:
-        one(s)
-    outputs, iterations, drafter_s, verifier_s = [], [], 0.0, 0.0
-    t0 = time.perf_counter()
-    for s in sentences:
-        out, stats = one(s)
-        outputs.append(out)
-        iterations.append(stats.iterations)
-        drafter_s += stats.drafter_time_s
-        verifier_s += stats.verifier_time_s
-    wall = time.perf_counter() - t0
-    if progress is not None:
-        progress(f"{stack:>10} | {config.name:<36} {wall:8.2f} s")
-    return Run(stack, config, outputs, iterations, wall, drafter_s, verifier_s)
 
 
 # ----------------------------------------------------------------------------------------------

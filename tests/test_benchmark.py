@@ -157,6 +157,36 @@ def test_bench_in_process_quick_produces_every_column(bundle_dir, one_thread):
     assert len(table.splitlines()) == 2 + len(configs)
 
 
+def test_interleaved_rounds_keep_every_output_with_its_sentence(bundle_dir):
+    # 7 sentences over 5 rounds: rounds of 2 and of 1 sentence; each config decodes each sentence once.
+    from gateway.policies import decode
+
+    bundle = load_bundle(bundle_dir)
+    verifier = LocalVerifier(bundle.verifier)
+    sentences = [benchmark.Sentence(f"s{i}", [], [5 + i, 6 + 2 * i, 7]) for i in range(7)]
+    configs = [c for c in benchmark.quick_configs() if c.overrides["mode"] in ("ar", "iad")]
+    calls: list[tuple[str, int]] = []
+
+    def decoder(config):
+        cfg = benchmark._decoding_config(config, 6)
+
+        def one(s):
+            calls.append((config.name, sentences.index(s)))
+            res = decode(s.source_ids, cfg, verifier)
+            return res.output_ids, res.stats
+
+        return one
+
+    runs = benchmark._timed("in-process", [(c, decoder(c)) for c in configs], sentences, None, warmup=1)
+    for config, run in zip(configs, runs, strict=True):
+        cfg = benchmark._decoding_config(config, 6)
+        assert run.outputs == [decode(s.source_ids, cfg, verifier).output_ids for s in sentences]
+        assert sorted(i for name, i in calls[2:] if name == config.name) == list(range(7))
+    # Round 0 starts with the first config, round 1 with the second.
+    timed = calls[len(configs):]
+    assert timed[0][0] == configs[0].name and timed[2 * 2][0] == configs[1].name
+
+
 def test_full_config_list_covers_the_issue():
     names = [c.name for c in benchmark.full_configs()]
     assert names[:3] == [benchmark.BEAM5, benchmark.GREEDY, f"IAD k={benchmark.IAD_CAP}"]
