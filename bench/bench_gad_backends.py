@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"date {dt.date.today().isoformat()}; command `{command}`")
         note = (f"Bundle `{rows[BACKENDS[0]]['bundle']}`; the first {args.sample} UA-GEC test sentences, batch 1, "
                 "in-process (`decode()` with the verifier and the NAR drafter on the backend), one timed pass per "
-                "row after a warm-up. ms = mean wall time per sentence.")
+                f"row after a warm-up, the rows interleaved in {benchmark.ROUNDS} rounds as in `specdec bench`. "
+                "ms = mean wall time per sentence.")
         write_section(args.output, SECTION, f"{stamp}\n\n{note}\n\n{table}")
     return 0
 

@@ -319,7 +319,9 @@ def write_report(path: Path, result: BenchResult, backend: str, command: str) ->
         f"x100, words and punctuation split, averaged over 500 seeded draws of one reference per sentence); "
         f"GLEU of the uncorrected sources: {result.source_gleu:.2f}. Verifier ppl = exp(mean token NLL of the "
         "outputs under the verifier, teacher-forced, EOS included). Each row: warm-up on "
-        f"{WARMUP_SENTENCES} sentences, then one timed pass; speed-ups are against the greedy and beam 5 rows "
+        f"{WARMUP_SENTENCES} sentences, then one timed pass over the sample, interleaved with the other rows in "
+        f"{ROUNDS} rounds (round r: every {ROUNDS}th sentence from the r-th, each row in turn, the order rotated "
+        "each round); speed-ups are against the greedy and beam 5 rows "
         "of the same stack in the same run. Services: `specdec serve all` in its own process, one `Generate` "
         "in flight over loopback. Speculative sampling uses temperature 1 and seed 0 per request."
     )
