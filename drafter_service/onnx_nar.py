@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from seq2seq_models.onnx_export import OnnxExport, bundle_cache_root, ensure_export, loose_cache_root, model_fingerprint
+from seq2seq_models.onnx_export import OnnxExport, bundle_cache_root, export_model
 from seq2seq_models.ort_session import inference_session
 from seq2seq_models.prefix_state import check_source, check_sync
 from seq2seq_models.transformer import Seq2SeqTransformer
@@ -39,9 +39,7 @@ class OnnxNarDrafter:
         intra_op_threads: int | None = None,
     ) -> None:
         self.config = model.config
-        fingerprint = fingerprint or model_fingerprint(model)
-        root = Path(cache_root) if cache_root is not None else loose_cache_root()
-        self.export: OnnxExport = ensure_export(model, fingerprint, root, role="nar_drafter")
+        self.export: OnnxExport = export_model(model, "nar_drafter", fingerprint, cache_root)
         providers = ["CPUExecutionProvider"]
         self._encoder = inference_session(self.export.encoder, intra_op_threads, providers)
         self._decoder = inference_session(self.export.decoder, intra_op_threads, providers)

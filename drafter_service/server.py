@@ -13,7 +13,7 @@ from pathlib import Path
 
 from drafter_service.session import DRAFTER_ROLES, DrafterSession, LocalDrafter, make_drafter
 from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
-from seq2seq_models.bundle import ModelBundle, load_bundle
+from seq2seq_models.bundle import ModelBundle, bundle_roles, load_bundle
 from seq2seq_models.sampling import SamplingParams
 from specdec.errors import invalid, out_of_range
 from specdec.interfaces import Draft
@@ -54,10 +54,11 @@ class DrafterServer(drafter_pb2_grpc.DrafterServiceServicer):
     def __init__(self, bundle: ModelBundle, limits: DrafterLimits, backend: str = "torch") -> None:
         self.bundle = bundle
         self.limits = limits
-        self.models = {r: bundle.models[r] for r in DRAFTER_ROLES if r in bundle.models}
-        if not self.models:
+        drafter = make_drafter(bundle, backend)
+        if drafter is None:
             raise ValueError(f"bundle {bundle.path} has no drafter model")
-        self.drafter = make_drafter(bundle, backend)
+        self.drafter = drafter
+        self.models = drafter.models
         cfg = next(iter(self.models.values())).config
         self.max_len = min(m.config.max_len for m in self.models.values())
         self.executor = StepExecutor("drafter")
@@ -161,9 +162,7 @@ class DrafterServer(drafter_pb2_grpc.DrafterServiceServicer):
 
 
 def _load_drafters(path: Path, roles: Iterable[str] | None) -> ModelBundle:
-    import json
-
-    available = json.loads((path / "config.json").read_text())["models"]
+    available = bundle_roles(path)
     wanted = [r for r in (roles or DRAFTER_ROLES) if r in available]
     if not wanted:
         raise ValueError(f"bundle {path} has no drafter model")

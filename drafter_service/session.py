@@ -46,9 +46,7 @@ class DrafterSession:
 
     @property
     def cache_bytes(self) -> int:
-        if isinstance(self._state, OnnxNarState):
-            return self._state.cache_bytes
-        return self._state.cache.nbytes() if self._state is not None else 0
+        return self._state.cache_bytes if self._state is not None else 0
 
     def draft_block(self, committed_len: int, append_ids: list[int], k: int) -> Draft:
         _check_positive(k, "k")
@@ -112,8 +110,12 @@ class LocalDrafter:
             raise ValueError("a drafter needs at least one model")
         self.models = models
         self.onnx_nar = onnx_nar
-        self.backend = "onnxruntime" if onnx_nar is not None else "torch"
         self.vocab_size = next(iter(models.values())).config.vocab_size
+
+    @property
+    def backend(self) -> str:
+        """The NAR drafter's backend (the AR drafter always runs on torch)."""
+        return "onnxruntime" if self.onnx_nar is not None else "torch"
 
     def open(self, source_ids: list[int], seed: int = 0) -> DrafterSession:
         return DrafterSession(self.models, source_ids, seed, self.onnx_nar)

@@ -98,6 +98,14 @@ def save_bundle(
     return out
 
 
+def bundle_roles(path: str | Path) -> list[str]:
+    """The roles a bundle has models for, read from its config without loading any weights."""
+    config_path = Path(path) / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{path} is not a model bundle (no {CONFIG_FILE})")
+    return list(json.loads(config_path.read_text())["models"])
+
+
 def load_bundle(
     path: str | Path,
     roles: Iterable[str] | None = None,

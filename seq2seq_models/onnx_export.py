@@ -126,6 +126,15 @@ def ensure_export(
     return OnnxExport(directory, fingerprint, reused=False)
 
 
+def export_model(
+    model: Seq2SeqTransformer, role: str, fingerprint: str | None = None, cache_root: str | Path | None = None
+) -> OnnxExport:
+    """`ensure_export` with the defaults both ONNX backends use: the model's own weights fingerprint
+    when it came without a bundle, and `loose_cache_root()` when no cache root is given."""
+    root = Path(cache_root) if cache_root is not None else loose_cache_root()
+    return ensure_export(model, fingerprint or model_fingerprint(model), root, role=role)
+
+
 def model_fingerprint(model: Seq2SeqTransformer) -> str:
     """A fingerprint for a model that did not come from a bundle (tests, benchmarks)."""
     import hashlib
@@ -140,63 +149,59 @@ def model_fingerprint(model: Seq2SeqTransformer) -> str:
 def export_verifier(model: Seq2SeqTransformer, out: Path) -> None:
     """Write encoder.onnx and the verifier's decoder.onnx for `model` (exported in float32) into `out`."""
     model32 = _export_encoder(model, out)
-    cross_k, past = _example_cache(model32.config)
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")  # tracer warnings about shape arithmetic are expected
-        cfg = model32.config
-        example = (
-            torch.tensor([[7, 8, 9]]) % cfg.vocab_size,  # tokens
-            torch.tensor(3),  # past_len (< P on purpose: the slice must stay in the graph)
-            past, past.clone(), cross_k, cross_k.clone(),
-            torch.tensor(1),  # head_from
-            torch.tensor([8, -1]),  # targets
-            torch.tensor([2]),  # top_k
-        )
-        torch.onnx.export(
-            _DecoderStep(model32), example, str(out / DECODER_FILE), dynamo=False, opset_version=OPSET,
-            input_names=DECODER_INPUTS, output_names=DECODER_OUTPUTS,
-            dynamic_axes={
-                "tokens": {1: "block"},
-                "past_k": {3: "past_cap"},
-                "past_v": {3: "past_cap"},
-                "cross_k": {3: "src_len"},
-                "cross_v": {3: "src_len"},
-                "targets": {0: "rows"},
-                "present_k": {3: "total"},
-                "present_v": {3: "total"},
-                "topk_logprobs": {0: "rows", 1: "k"},
-                "topk_ids": {0: "rows", 1: "k"},
-                "target_logprobs": {0: "rows"},
-            },
-        )
+    cfg = model32.config
+    cross_k, past = _example_cache(cfg)
+    example = (
+        torch.tensor([[7, 8, 9]]) % cfg.vocab_size,  # tokens
+        torch.tensor(3),  # past_len (< P on purpose: the slice must stay in the graph)
+        past, past.clone(), cross_k, cross_k.clone(),
+        torch.tensor(1),  # head_from
+        torch.tensor([8, -1]),  # targets
+        torch.tensor([2]),  # top_k
+    )
+    _export_decoder(_DecoderStep(model32), example, out, DECODER_INPUTS, DECODER_OUTPUTS, {
+        "targets": {0: "rows"},
+        "topk_logprobs": {0: "rows", 1: "k"},
+        "topk_ids": {0: "rows", 1: "k"},
+        "target_logprobs": {0: "rows"},
+    })
 
 
 def export_nar_drafter(model: Seq2SeqTransformer, out: Path) -> None:
     """Write encoder.onnx and the NAR drafter's decoder.onnx for `model` (float32) into `out`."""
     model32 = _export_encoder(model, out)
-    cross_k, past = _example_cache(model32.config)
     cfg = model32.config
+    cross_k, past = _example_cache(cfg)
+    example = (
+        torch.tensor([[7, 8, cfg.mask_id, cfg.mask_id]]) % cfg.vocab_size,  # tokens
+        torch.tensor(3),  # past_len (< P on purpose, as for the verifier)
+        past, past.clone(), cross_k, cross_k.clone(),
+        torch.tensor(2),  # mask_from
+    )
+    _export_decoder(_NarDecoderStep(model32), example, out, NAR_DECODER_INPUTS, NAR_DECODER_OUTPUTS,
+                    {"draft_ids": {0: "k"}})
+
+
+# Dynamic axes every decoder-with-past has: the block, the cache capacities, the source length.
+_DECODER_AXES = {
+    "tokens": {1: "block"},
+    "past_k": {3: "past_cap"},
+    "past_v": {3: "past_cap"},
+    "cross_k": {3: "src_len"},
+    "cross_v": {3: "src_len"},
+    "present_k": {3: "total"},
+    "present_v": {3: "total"},
+}
+
+
+def _export_decoder(
+    module: nn.Module, example: tuple, out: Path, inputs: list[str], outputs: list[str], axes: dict
+) -> None:
     with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        example = (
-            torch.tensor([[7, 8, cfg.mask_id, cfg.mask_id]]) % cfg.vocab_size,  # tokens
-            torch.tensor(3),  # past_len (< P on purpose, as for the verifier)
-            past, past.clone(), cross_k, cross_k.clone(),
-            torch.tensor(2),  # mask_from
-        )
+        warnings.simplefilter("ignore")  # tracer warnings about shape arithmetic are expected
         torch.onnx.export(
-            _NarDecoderStep(model32), example, str(out / DECODER_FILE), dynamo=False, opset_version=OPSET,
-            input_names=NAR_DECODER_INPUTS, output_names=NAR_DECODER_OUTPUTS,
-            dynamic_axes={
-                "tokens": {1: "block"},
-                "past_k": {3: "past_cap"},
-                "past_v": {3: "past_cap"},
-                "cross_k": {3: "src_len"},
-                "cross_v": {3: "src_len"},
-                "present_k": {3: "total"},
-                "present_v": {3: "total"},
-                "draft_ids": {0: "k"},
-            },
+            module, example, str(out / DECODER_FILE), dynamo=False, opset_version=OPSET,
+            input_names=inputs, output_names=outputs, dynamic_axes={**_DECODER_AXES, **axes},
         )
 
 

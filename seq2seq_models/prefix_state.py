@@ -29,6 +29,10 @@ class PrefixState:
     def max_tokens(self) -> int:
         return self.model.config.max_len - 1
 
+    @property
+    def cache_bytes(self) -> int:
+        return self.cache.nbytes()
+
     def sync(self, committed_len: int, append_ids: list[int], lookahead: int = 0) -> None:
         """Keep `committed_len` tokens, append `append_ids`; `lookahead` more must still fit."""
         check_sync(committed_len, len(self.tokens), append_ids, lookahead, self.model.config)

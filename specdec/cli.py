@@ -155,12 +155,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_export_onnx(args: argparse.Namespace) -> int:
-    from seq2seq_models.bundle import load_bundle
+    from seq2seq_models.bundle import bundle_roles, load_bundle
     from seq2seq_models.onnx_export import ROLES, default_cache_root, ensure_export
 
     path = resolve_bundle(args.bundle)
-    available = json.loads((path / "config.json").read_text())["models"]
-    bundle = load_bundle(path, roles=[r for r in ROLES if r in available])
+    bundle = load_bundle(path, roles=[r for r in ROLES if r in bundle_roles(path)])
     out = Path(args.out) if args.out else default_cache_root(bundle.path)
     exports = {}
     for role in bundle.models:

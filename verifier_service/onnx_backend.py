@@ -23,7 +23,7 @@ from typing import Any, Literal
 import numpy as np
 
 from seq2seq_models.config import ModelConfig
-from seq2seq_models.onnx_export import OnnxExport, bundle_cache_root, ensure_export, loose_cache_root, model_fingerprint
+from seq2seq_models.onnx_export import OnnxExport, bundle_cache_root, export_model
 from seq2seq_models.ort_session import cuda_available, inference_session
 from seq2seq_models.prefix_state import check_draft, check_source, check_sync
 from seq2seq_models.transformer import Seq2SeqTransformer
@@ -52,9 +52,7 @@ class OnnxVerifier:
         self.eos_id = cfg.eos_id
         self.max_source_len = cfg.max_len - 1
         self.max_target_len = cfg.max_len - 1
-        fingerprint = fingerprint or model_fingerprint(model)
-        root = Path(cache_root) if cache_root is not None else loose_cache_root()
-        self.export: OnnxExport = ensure_export(model, fingerprint, root)
+        self.export: OnnxExport = export_model(model, "verifier", fingerprint, cache_root)
         self._runner = _make_runner(self.export, device, intra_op_threads)
         self.device = self._runner.device
 

@@ -25,7 +25,7 @@ class VerifierSession:
 
     @property
     def cache_bytes(self) -> int:
-        return self._state.cache.nbytes()
+        return self._state.cache_bytes
 
     def step(
         self, committed_len: int, append_ids: list[int], draft_ids: list[int], top_k: int
