@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from core.checks import check_source, check_sync
 from seq2seq_models.onnx_export import OnnxExport, bundle_cache_root, export_model
 from seq2seq_models.ort_session import inference_session
-from seq2seq_models.prefix_state import check_source, check_sync
 from seq2seq_models.transformer import Seq2SeqTransformer
 
 

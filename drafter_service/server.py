@@ -11,14 +11,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.errors import invalid, out_of_range
+from core.interfaces import Draft
+from core.sampling import SamplingParams
 from drafter_service.session import DRAFTER_ROLES, DrafterSession, LocalDrafter, make_drafter
 from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, bundle_roles, load_bundle
-from seq2seq_models.sampling import SamplingParams
-from specdec.errors import invalid, out_of_range
-from specdec.interfaces import Draft
-from specdec.metrics import Registry
-from specdec.serving import ServiceHost, SessionStreams, StepExecutor
+from serving.host import ServiceHost
+from serving.metrics import Registry
+from serving.sessions import SessionStreams, StepExecutor
 
 SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"].full_name
 

@@ -1,6 +1,6 @@
 """A drafter session: the NAR block drafter or the small AR drafter over one source.
 
-This is the in-process `specdec.interfaces.Drafter`; the gRPC servicer hosts the same sessions.
+This is the in-process `core.interfaces.Drafter`; the gRPC servicer hosts the same sessions.
 A session drafts with one model (the first step picks it), so its prefix bookkeeping is single.
 The NAR drafter runs on torch or, with the "onnxruntime" backend, on ONNX Runtime
 (`drafter_service.onnx_nar`); the AR drafter's beam search and sampling always run on torch.
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.checks import check_source
+from core.errors import SpecdecError, StatusCode, invalid, out_of_step
+from core.interfaces import Draft
+from core.sampling import SamplingParams
 from drafter_service.onnx_nar import OnnxNarDrafter, OnnxNarState
 from seq2seq_models.drafting import beam_draft, nar_block_draft, sample_draft
-from seq2seq_models.prefix_state import PrefixState, check_source
-from seq2seq_models.sampling import SamplingParams
+from seq2seq_models.prefix_state import PrefixState
 from seq2seq_models.transformer import Seq2SeqTransformer
-from specdec.errors import SpecdecError, StatusCode, invalid, out_of_step
-from specdec.interfaces import Draft
 
 DRAFTER_ROLES = ("nar_drafter", "ar_drafter")
 BACKENDS = ("torch", "onnxruntime")

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from core.errors import invalid
 from gateway.decoding_config import DecodingConfig, DecodingLimits
-from specdec.errors import invalid
 
 ENV_PREFIX = "SPECDEC__"
 SECTIONS = ("gateway", "defaults", "limits", "verifier", "drafter")

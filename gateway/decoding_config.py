@@ -7,8 +7,8 @@ from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 from typing import Any
 
-from seq2seq_models.sampling import SamplingParams
-from specdec.errors import invalid, out_of_range
+from core.errors import invalid, out_of_range
+from core.sampling import SamplingParams
 
 
 class Mode(StrEnum):

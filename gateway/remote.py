@@ -1,4 +1,4 @@
-"""gRPC implementations of the `Verifier` / `Drafter` interfaces (`specdec.interfaces`).
+"""gRPC implementations of the `Verifier` / `Drafter` interfaces (`core.interfaces`).
 
 Each session is one synchronous bidi stream driven step by step: a request queue feeds the
 stream and every step waits for exactly one response. So the unchanged, synchronous `decode()`
@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import grpc
 
+from core.errors import SpecdecError, StatusCode
+from core.interfaces import Draft, VerifyResult
+from core.sampling import SamplingParams
 from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
-from seq2seq_models.sampling import SamplingParams
-from specdec.errors import SpecdecError, StatusCode
-from specdec.interfaces import Draft, VerifyResult
-from specdec.serving import REQUEST_ID_KEY, specdec_code
+from serving.status import REQUEST_ID_KEY, specdec_code
 
 
 class RemoteCallError(Exception):
@@ -69,7 +69,7 @@ def fetch_drafter_info(channel: grpc.Channel, timeout: float = 5.0) -> common_pb
 
 
 class RemoteVerifier:
-    """`specdec.interfaces.Verifier` over a VerifierService; one instance per request (options)."""
+    """`core.interfaces.Verifier` over a VerifierService; one instance per request (options)."""
 
     def __init__(self, channel: grpc.Channel, info: common_pb2.ModelInfo, options: CallOptions | None = None) -> None:
         self._stub = verifier_pb2_grpc.VerifierServiceStub(channel)
@@ -114,7 +114,7 @@ class RemoteVerifierSession:
 
 
 class RemoteDrafter:
-    """`specdec.interfaces.Drafter` over a DrafterService; errors surface as `DrafterFailure`."""
+    """`core.interfaces.Drafter` over a DrafterService; errors surface as `DrafterFailure`."""
 
     def __init__(
         self,

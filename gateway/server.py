@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import structlog
 
+from core.errors import SpecdecError, StatusCode, invalid
 from gateway.config import GatewayConfig
 from gateway.decoding_config import DRAFTER_MODES, DecodingConfig, Mode, validate
 from gateway.policies import DecodeResult, decode
@@ -35,9 +36,10 @@ from gateway.remote import (
 from gateway.wire import overrides_from_wire, stats_to_wire
 from protos.specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.tokenizer import Tokenizer
-from specdec.errors import SpecdecError, StatusCode, invalid
-from specdec.metrics import Registry
-from specdec.serving import REQUEST_ID_KEY, ServiceHost, channel_options, grpc_code
+from serving.channels import channel_options
+from serving.host import ServiceHost
+from serving.metrics import Registry
+from serving.status import REQUEST_ID_KEY, grpc_code
 
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name
 

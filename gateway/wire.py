@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.errors import invalid
 from gateway.decoding_config import Mode
 from gateway.policies.loop import DecodeStats
 from protos.specdec.v1 import gateway_pb2
-from specdec.errors import invalid
 
 MODE_TO_WIRE = {
     Mode.AR: gateway_pb2.MODE_AR_GREEDY,

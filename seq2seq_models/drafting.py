@@ -10,8 +10,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from core.sampling import SamplingParams, sample_index, warp
 from kernels.cpu import topk_lowest_id_first
-from seq2seq_models.sampling import SamplingParams, sample_index, warp
 from seq2seq_models.transformer import DecoderCache, Seq2SeqTransformer
 
 

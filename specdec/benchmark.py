@@ -376,7 +376,7 @@ def _run_services(bundle_dir, backend, sentences, configs, max_new_tokens, progr
 
     from gateway.wire import overrides_to_wire, stats_from_wire
     from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
-    from specdec.serving import channel_options
+    from serving.channels import channel_options
 
     server, address = start_services(bundle_dir, backend, threads)
     try:

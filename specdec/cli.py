@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from specdec.errors import SpecdecError
+from core.errors import SpecdecError
 
 # Where `decode` looks for a bundle when --bundle is not given.
 DEFAULT_BUNDLE_ENV = "SPECDEC_BUNDLE"
@@ -182,7 +182,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _parse_ids(line: str) -> list[int]:
-    from specdec.errors import invalid
+    from core.errors import invalid
 
     try:
         return [int(tok) for tok in line.split()]

@@ -8,8 +8,9 @@ from typing import Any
 
 import grpc
 
-from specdec.errors import SpecdecError
-from specdec.serving import REQUEST_ID_KEY, channel_options, specdec_code
+from core.errors import SpecdecError
+from serving.channels import channel_options
+from serving.status import REQUEST_ID_KEY, specdec_code
 
 
 def generate(

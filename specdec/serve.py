@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdec.serving import configure_logging
+from serving.logs import configure_logging
 
 ROLES = ("verifier", "drafter", "gateway", "all")
 DEFAULT_VERIFIER_ADDR = "127.0.0.1:50052"

@@ -9,6 +9,8 @@ import random
 import pytest
 import torch
 
+from core.errors import SpecdecError, StatusCode
+from core.interfaces import Draft
 from drafter_service.session import LocalDrafter
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.policies import decode
@@ -16,8 +18,6 @@ from seq2seq_models.bundle import load_bundle, make_tiny_bundle
 from seq2seq_models.onnx_export import ensure_export
 from seq2seq_models.transformer import Seq2SeqTransformer
 from specdec.cli import main as cli_main
-from specdec.errors import SpecdecError, StatusCode
-from specdec.interfaces import Draft
 from tests import zoo
 from verifier_service.onnx_backend import OnnxVerifier
 from verifier_service.session import LocalVerifier, make_verifier

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from core.errors import SpecdecError, StatusCode
 from drafter_service.session import LocalDrafter
-from specdec.errors import SpecdecError, StatusCode
 from tests.zoo import model_pool
 from verifier_service.session import LocalVerifier
 

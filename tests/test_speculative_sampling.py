@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from core.interfaces import Draft, VerifyResult
+from core.sampling import SamplingParams, sample_index, warp
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.policies import decode
 from gateway.policies.accept import accept_speculative
-from seq2seq_models.sampling import SamplingParams, sample_index, warp
-from specdec.interfaces import Draft, VerifyResult
 
 V = 8
 START = 0  # the bigram context before the first output token

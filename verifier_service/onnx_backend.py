@@ -22,12 +22,12 @@ from typing import Any, Literal
 
 import numpy as np
 
+from core.checks import check_draft, check_source, check_sync
+from core.interfaces import VerifyResult
 from seq2seq_models.config import ModelConfig
 from seq2seq_models.onnx_export import OnnxExport, bundle_cache_root, export_model
 from seq2seq_models.ort_session import cuda_available, inference_session
-from seq2seq_models.prefix_state import check_draft, check_source, check_sync
 from seq2seq_models.transformer import Seq2SeqTransformer
-from specdec.interfaces import VerifyResult
 
 Device = Literal["auto", "cpu", "cuda"]
 

@@ -10,11 +10,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.errors import invalid, out_of_range
 from protos.specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, load_bundle
-from specdec.errors import invalid, out_of_range
-from specdec.metrics import Registry
-from specdec.serving import ServiceHost, SessionStreams, StepExecutor
+from serving.host import ServiceHost
+from serving.metrics import Registry
+from serving.sessions import SessionStreams, StepExecutor
 from verifier_service.session import VerifierSession, make_verifier
 
 SERVICE_NAME = verifier_pb2.DESCRIPTOR.services_by_name["VerifierService"].full_name

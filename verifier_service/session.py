@@ -1,17 +1,18 @@
 """A verifier session: the AR model's KV cache over one source, rolled back on every step.
 
-This is the in-process `specdec.interfaces.Verifier`; the gRPC servicer hosts the same sessions.
+This is the in-process `core.interfaces.Verifier`; the gRPC servicer hosts the same sessions.
 """
 
 from __future__ import annotations
 
 import torch
 
+from core.checks import check_draft
+from core.errors import invalid
+from core.interfaces import VerifyResult
 from kernels import output_head
-from seq2seq_models.prefix_state import PrefixState, check_draft
+from seq2seq_models.prefix_state import PrefixState
 from seq2seq_models.transformer import Seq2SeqTransformer
-from specdec.errors import invalid
-from specdec.interfaces import VerifyResult
 
 
 class VerifierSession:

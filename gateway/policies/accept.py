@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
-from seq2seq_models.sampling import SamplingParams, sample_index, warp
-from specdec.interfaces import VerifyResult
+from core.interfaces import VerifyResult
+from core.sampling import SamplingParams, sample_index, warp
 
 
 def accept_exact(draft: list[int], res: VerifyResult) -> tuple[int, int]:

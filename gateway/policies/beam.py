@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from core.interfaces import Verifier, VerifierSession
 from gateway.policies.loop import DecodeStats, PrefixSync
-from specdec.interfaces import Verifier, VerifierSession
 
 
 @dataclass

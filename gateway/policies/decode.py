@@ -6,6 +6,10 @@ from functools import partial
 
 import numpy as np
 
+from core.checks import check_ids
+from core.errors import SpecdecError, StatusCode, invalid, out_of_range
+from core.interfaces import Draft, Drafter, DrafterSession, Verifier, VerifyResult
+from core.sampling import SamplingParams
 from gateway.decoding_config import DRAFTER_MODES, DecodingConfig, Mode
 from gateway.policies.accept import accept_exact, accept_gad_plus_plus, accept_mjsd, accept_speculative
 from gateway.policies.beam import beam_search
@@ -19,10 +23,6 @@ from gateway.policies.loop import (
     Propose,
     draft_verify_loop,
 )
-from seq2seq_models.prefix_state import check_ids
-from seq2seq_models.sampling import SamplingParams
-from specdec.errors import SpecdecError, StatusCode, invalid, out_of_range
-from specdec.interfaces import Draft, Drafter, DrafterSession, Verifier, VerifyResult
 
 
 def decode(

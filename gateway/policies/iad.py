@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specdec.interfaces import Draft
+from core.interfaces import Draft
 
 MAX_NGRAM = 3
 

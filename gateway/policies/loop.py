@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from specdec.interfaces import Draft, VerifierSession, VerifyResult
+from core.interfaces import Draft, VerifierSession, VerifyResult
 
 # propose(output so far, most tokens worth drafting) -> Draft
 Propose = Callable[[list[int], int], Draft]

@@ -21,8 +21,8 @@ from seq2seq_models.bundle import save_bundle
 from seq2seq_models.config import ModelConfig
 from seq2seq_models.tokenizer import Tokenizer, train_tokenizer
 from seq2seq_models.transformer import Seq2SeqTransformer
+from serving.status import REQUEST_ID_KEY
 from specdec.serve import ServiceStack
-from specdec.serving import REQUEST_ID_KEY
 from tests.services.conftest import REPO
 
 TEXT = "We have been living in this city."

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from seq2seq_models.sampling import SamplingParams
+from core.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,81 @@
+"""One grpc.aio server as every specdec service runs it: health, reflection, size limits, a metrics
+endpoint and graceful draining (DESIGN sections 2, 5)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import grpc
+import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from serving.channels import DEFAULT_MAX_MESSAGE_BYTES, grpc_options
+from serving.metrics import MetricsServer, Registry
+
+
+class ServiceHost:
+    """One grpc.aio server with health, reflection, size limits and a metrics endpoint.
+
+    Health starts NOT_SERVING; the owner calls `set_serving()` after warm-up. `drain()` turns
+    health NOT_SERVING, refuses new calls and lets in-flight ones finish within `grace` seconds.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        service_names: Iterable[str],
+        registry: Registry,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.name = name
+        self.service_names = list(service_names)
+        self.registry = registry
+        self.server = grpc.aio.server(options=grpc_options(max_message_bytes))
+        self.health = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            [*self.service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            self.server,
+        )
+        self.draining = False
+        self.port = 0
+        self.metrics_port = 0
+        self._metrics: MetricsServer | None = None
+        self.log = structlog.get_logger(service=name)
+
+    async def start(self, address: str, metrics_address: str | None = None) -> int:
+        for service in ["", *self.service_names]:
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.port = self.server.add_insecure_port(address)
+        if self.port == 0:
+            raise OSError(f"{self.name}: cannot bind {address}")
+        await self.server.start()
+        if metrics_address:
+            host, _, port = metrics_address.rpartition(":")
+            self._metrics = MetricsServer(self.registry, host or "127.0.0.1", int(port)).start()
+            self.metrics_port = self._metrics.port
+        self.log.info("listening", address=address, port=self.port, metrics_port=self.metrics_port)
+        return self.port
+
+    async def set_serving(self, **details: object) -> None:
+        """Report SERVING; `details` (model, backend) go into the log line, so a log says what runs."""
+        for service in ["", *self.service_names]:
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self.log.info("serving", **details)
+
+    async def drain(self, grace: float = 10.0) -> None:
+        if self.draining:
+            return
+        self.draining = True
+        self.log.info("draining", grace_s=grace)
+        for service in ["", *self.service_names]:
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.stop(grace)
+        if self._metrics is not None:
+            self._metrics.stop()
+        self.log.info("stopped")
+
+    async def wait(self) -> None:
+        await self.server.wait_for_termination()

@@ -1,0 +1,90 @@
+"""The package layering of ARCHITECTURE.md: every import between our packages points downwards,
+there are no cycles, and the gateway process never loads torch."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Each package and the packages of ours it may import (ARCHITECTURE.md, "Layers").
+ALLOWED: dict[str, set[str]] = {
+    "core": set(),
+    "protos": set(),
+    "kernels": {"core"},
+    "serving": {"core", "protos"},
+    "seq2seq_models": {"core", "kernels"},
+    "verifier_service": {"core", "kernels", "protos", "seq2seq_models", "serving"},
+    "drafter_service": {"core", "kernels", "protos", "seq2seq_models", "serving"},
+    "gateway": {"core", "protos", "seq2seq_models", "serving"},
+    "training": {"core", "kernels", "seq2seq_models"},
+    "specdec": {
+        "core", "drafter_service", "gateway", "kernels", "protos", "seq2seq_models", "serving", "training",
+        "verifier_service",
+    },
+}
+
+
+def package_imports() -> dict[str, dict[str, set[str]]]:
+    """package -> imported package of ours -> the files that import it."""
+    ours = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests"}
+    found: dict[str, dict[str, set[str]]] = {p: {} for p in ours}
+    for package in ours:
+        for path in (ROOT / package).rglob("*.py"):
+            if "_pb2" in path.name:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top in ours and top != package:
+                        found[package].setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_package_is_placed_in_a_layer() -> None:
+    assert set(package_imports()) == set(ALLOWED)
+
+
+def test_imports_only_point_downwards() -> None:
+    wrong = {
+        f"{package} -> {target}": sorted(files)
+        for package, targets in package_imports().items()
+        for target, files in targets.items()
+        if target not in ALLOWED[package]
+    }
+    assert not wrong, wrong
+
+
+def test_no_import_cycles_between_packages() -> None:
+    edges = {p: set(t) for p, t in package_imports().items()}
+
+    def reaches(start: str) -> set[str]:
+        seen: set[str] = set()
+        stack = [start]
+        while stack:
+            for nxt in edges[stack.pop()]:
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        return seen
+
+    cyclic = sorted(p for p in edges if p in reaches(p))
+    assert not cyclic, f"packages on an import cycle: {cyclic}"
+
+
+@pytest.mark.parametrize("module", ["gateway.server", "core.interfaces", "core.sampling", "specdec.client"])
+def test_the_gateway_side_never_imports_torch(module: str) -> None:
+    code = f"import sys, {module}; print(sorted(m for m in ('torch', 'onnxruntime') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
