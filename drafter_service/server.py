@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from core.checks import check_draft_len, check_ids, check_positive, check_source_ids
+from core.checks import check_draft_len, check_ids, check_positive
 from core.errors import invalid
 from core.interfaces import Draft
 from core.sampling import check_sampling
@@ -22,7 +22,7 @@ from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, bundle_roles, load_bundle
 from serving.model_service import ModelService, make_model_info
 
-SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"].full_name
+SERVICE = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"]
 
 _ROLE_ENUM = {"nar_drafter": common_pb2.MODEL_ROLE_NAR_DRAFTER, "ar_drafter": common_pb2.MODEL_ROLE_AR_DRAFTER}
 
@@ -45,13 +45,10 @@ async def start_drafter(
     then report SERVING."""
     if not isinstance(bundle, ModelBundle):
         bundle = _load_drafters(Path(bundle), roles)
-    server = DrafterServer(bundle, limits or DrafterLimits(), backend)
-    await server.start(address, metrics_address)
-    return server
+    return await DrafterServer(bundle, limits or DrafterLimits(), backend).start(address, metrics_address)
 
 
 class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
-    info_response = drafter_pb2.DrafterServiceGetModelInfoResponse
     step_seconds_help = "time spent drafting, by kind"
     draft_tokens_help = "draft tokens made, by kind"
 
@@ -59,22 +56,21 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
         drafter = make_drafter(bundle, backend)
         if drafter is None:
             raise ValueError(f"bundle {bundle.path} has no drafter model")
-        super().__init__("drafter", SERVICE_NAME, "Draft", limits.max_sessions,
-                         drafter_pb2_grpc.add_DrafterServiceServicer_to_server)
+        super().__init__("drafter", SERVICE, limits.max_sessions, drafter_pb2_grpc.add_DrafterServiceServicer_to_server)
         self.bundle = bundle
         self.limits = limits
         self.drafter = drafter
         self.models = drafter.models
         first = next(iter(self.models.values()))
         # Sessions hold max_len - 1 source tokens (plus EOS) and output tokens (plus BOS).
-        self.max_tokens = min(m.config.max_len for m in self.models.values()) - 1
+        self.max_source_len = self.max_output_len = min(m.config.max_len for m in self.models.values()) - 1
         self.m_drafts = self.registry.counter("drafter_drafts", "drafts made, by kind")
         self.model_info = make_model_info(
             first.config,
             tokenizer_fingerprint=bundle.tokenizer.fingerprint,
             bundle_fingerprint=bundle.fingerprint,
-            max_source_len=self.max_tokens,
-            max_target_len=self.max_tokens,
+            max_source_len=self.max_source_len,
+            max_target_len=self.max_output_len,
             backend=_backend_name(drafter, first.embed.weight.device.type),
             roles=[_ROLE_ENUM[r] for r in self.models],
             max_draft_len=limits.max_draft_len,
@@ -99,13 +95,9 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
 
     Draft = ModelService.serve_sessions
 
-    async def _open(self, request: drafter_pb2.DraftOpen) -> tuple[DrafterSession, drafter_pb2.DraftResponse]:
-        source = list(request.source_ids)
-        check_source_ids(source, self.model_info.vocab_size, self.max_tokens)
+    def open_session(self, source: list[int], request: drafter_pb2.DraftOpen) -> DrafterSession:
         seed = request.seed if request.HasField("seed") else secrets.randbits(63)
-        session = await self.executor.run(self.drafter.open, source, seed)
-        opened = drafter_pb2.DraftOpened(source_len=len(source), max_output_len=self.max_tokens)
-        return session, drafter_pb2.DraftResponse(opened=opened)
+        return self.drafter.open(source, seed)
 
     async def _step(self, session: DrafterSession, step: drafter_pb2.DraftStep) -> drafter_pb2.DraftResponse:
         method = step.WhichOneof("method")

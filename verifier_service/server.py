@@ -10,14 +10,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.checks import check_draft_len, check_ids, check_source_ids, check_wire_top_k
+from core.checks import check_draft_len, check_ids, check_wire_top_k
 from core.wire import sends_candidates, session_top_k
 from protos.specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, load_bundle
 from serving.model_service import ModelService, make_model_info
 from verifier_service.session import VerifierSession, make_verifier
 
-SERVICE_NAME = verifier_pb2.DESCRIPTOR.services_by_name["VerifierService"].full_name
+SERVICE = verifier_pb2.DESCRIPTOR.services_by_name["VerifierService"]
 
 
 @dataclass(frozen=True)
@@ -37,24 +37,22 @@ async def start_verifier(
     """Load the bundle's verifier on `backend`, start serving on `address`, warm up, then report SERVING."""
     if not isinstance(bundle, ModelBundle):
         bundle = load_bundle(bundle, roles=["verifier"])
-    server = VerifierServer(bundle, limits or VerifierLimits(), backend)
-    await server.start(address, metrics_address)
-    return server
+    return await VerifierServer(bundle, limits or VerifierLimits(), backend).start(address, metrics_address)
 
 
 class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
-    info_response = verifier_pb2.VerifierServiceGetModelInfoResponse
     step_seconds_help = "time spent in verify steps"
     draft_tokens_help = "draft tokens scored"
 
     def __init__(self, bundle: ModelBundle, limits: VerifierLimits, backend: str = "torch") -> None:
-        super().__init__("verifier", SERVICE_NAME, "Verify", limits.max_sessions,
-                         verifier_pb2_grpc.add_VerifierServiceServicer_to_server)
+        add_to_server = verifier_pb2_grpc.add_VerifierServiceServicer_to_server
+        super().__init__("verifier", SERVICE, limits.max_sessions, add_to_server)
         self.bundle = bundle
         self.limits = limits
         self.verifier = make_verifier(bundle, backend)
         cfg = bundle.verifier.config
         self.max_source_len = min(limits.max_source_len or self.verifier.max_source_len, self.verifier.max_source_len)
+        self.max_output_len = self.verifier.max_target_len
         r = self.registry
         self.m_steps = r.counter("verifier_steps", "verify steps (one forward each)")
         self.m_scored = r.counter("verifier_scored_tokens", "tokens scored (append + draft)")
@@ -65,7 +63,7 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
             tokenizer_fingerprint=bundle.tokenizer.fingerprint,
             bundle_fingerprint=bundle.fingerprint,
             max_source_len=self.max_source_len,
-            max_target_len=self.verifier.max_target_len,
+            max_target_len=self.max_output_len,
             backend=f"{backend}-{bundle.verifier.embed.weight.device.type}",
             roles=[common_pb2.MODEL_ROLE_VERIFIER],
             max_draft_len=limits.max_draft_len,
@@ -87,12 +85,8 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
 
     Verify = ModelService.serve_sessions
 
-    async def _open(self, request: verifier_pb2.VerifyOpen) -> tuple[VerifierSession, verifier_pb2.VerifyResponse]:
-        source = list(request.source_ids)
-        check_source_ids(source, self.model_info.vocab_size, self.max_source_len)
-        session = await self.executor.run(self.verifier.open, source)
-        opened = verifier_pb2.VerifyOpened(source_len=len(source), max_output_len=self.verifier.max_target_len)
-        return session, verifier_pb2.VerifyResponse(opened=opened)
+    def open_session(self, source: list[int], request: verifier_pb2.VerifyOpen) -> VerifierSession:
+        return self.verifier.open(source)
 
     async def _step(self, session: VerifierSession, step: verifier_pb2.VerifyStep) -> verifier_pb2.VerifyResponse:
         vocab = self.model_info.vocab_size
