@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from core.sampling import SamplingParams
 
-# The ModelInfo fields that say how token ids are numbered; a drafter and a verifier (and the
-# gateway's tokenizer, by tokenizer_fingerprint) must agree on all of them to be combined.
-TOKEN_ID_FIELDS = ("vocab_size", "pad_id", "unk_id", "bos_id", "eos_id", "mask_id")
+# The ModelInfo fields (and model config attributes) of the special token ids. With vocab_size and
+# tokenizer_fingerprint they say how ids are numbered: a drafter and a verifier must agree on all.
+SPECIAL_ID_FIELDS = ("pad_id", "unk_id", "bos_id", "eos_id", "mask_id")
 
 # VerifyStep.top_k that asks for no candidate lists (only top1 and draft_logprob).
 TOP1_ONLY = 0

@@ -19,7 +19,7 @@ import grpc
 import structlog
 
 from core.errors import SpecdecError, StatusCode, invalid
-from core.wire import TOKEN_ID_FIELDS, target_len_from_wire
+from core.wire import SPECIAL_ID_FIELDS, target_len_from_wire
 from gateway.config import GatewayConfig
 from gateway.decoding_config import DRAFTER_MODES, DecodingConfig, Mode, validate
 from gateway.policies import DecodeResult, decode
@@ -103,7 +103,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         assert v is not None
         mismatch = [
             name
-            for name in ("tokenizer_fingerprint", *TOKEN_ID_FIELDS)
+            for name in ("vocab_size", "tokenizer_fingerprint", *SPECIAL_ID_FIELDS)
             if getattr(info, name) != getattr(v, name)
         ]
         if mismatch:

@@ -15,7 +15,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message_factory import GetMessageClass
 
 from core.checks import check_source_ids
-from core.wire import TOKEN_ID_FIELDS, source_len_to_wire, target_len_to_wire
+from core.wire import SPECIAL_ID_FIELDS, source_len_to_wire, target_len_to_wire
 from protos.specdec.v1 import common_pb2
 from serving.host import ServiceHost
 from serving.metrics import Registry
@@ -24,7 +24,7 @@ from serving.sessions import SessionStreams, StepExecutor
 
 class ModelIds(Protocol):
     """The part of a model config that ModelInfo reports (seq2seq_models.config.ModelConfig):
-    core.wire.TOKEN_ID_FIELDS."""
+    vocab_size and core.wire.SPECIAL_ID_FIELDS."""
 
     vocab_size: int
     pad_id: int
@@ -134,7 +134,8 @@ def make_model_info(
 ) -> common_pb2.ModelInfo:
     """ModelInfo for a service; the lengths are the interface's (without EOS / BOS, core.wire)."""
     return common_pb2.ModelInfo(
-        **{name: getattr(config, name) for name in TOKEN_ID_FIELDS},
+        vocab_size=config.vocab_size,
+        **{name: getattr(config, name) for name in SPECIAL_ID_FIELDS},
         tokenizer_fingerprint=tokenizer_fingerprint,
         bundle_fingerprint=bundle_fingerprint,
         max_source_len=source_len_to_wire(max_source_len),
