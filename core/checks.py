@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from core.errors import invalid, out_of_range, out_of_step
+from core.wire import TOP1_ONLY
 
 
 class ModelLimits(Protocol):
@@ -18,11 +19,16 @@ class ModelLimits(Protocol):
 
 
 def check_source(source_ids: list[int], config: ModelLimits) -> None:
-    check_ids(source_ids, config.vocab_size, "source")
+    check_source_ids(source_ids, config.vocab_size, config.max_len - 1)
+
+
+def check_source_ids(source_ids: list[int], vocab_size: int, max_source_len: int) -> None:
+    """A non-empty source of known ids, at most `max_source_len` long (not counting its EOS)."""
+    check_ids(source_ids, vocab_size, "source")
     if not source_ids:
         raise invalid("source is empty")
-    if len(source_ids) + 1 > config.max_len:
-        raise out_of_range(f"source has {len(source_ids)} tokens; the limit is {config.max_len - 1}")
+    if len(source_ids) > max_source_len:
+        raise out_of_range(f"source has {len(source_ids)} tokens; the limit is {max_source_len}")
 
 
 def check_sync(committed_len: int, held: int, append_ids: list[int], lookahead: int, config: ModelLimits) -> None:
@@ -39,6 +45,23 @@ def check_draft(draft_ids: list[int], top_k: int, config: ModelLimits) -> None:
     if not 1 <= top_k <= config.vocab_size:
         raise invalid(f"top_k must be in [1, {config.vocab_size}], got {top_k}")
     check_ids(draft_ids, config.vocab_size, "draft_ids")
+
+
+def check_wire_top_k(top_k: int, vocab_size: int) -> None:
+    """A VerifyStep.top_k: TOP1_ONLY (no candidate lists, see core.wire) up to the vocabulary."""
+    if not TOP1_ONLY <= top_k <= vocab_size:
+        raise invalid(f"top_k must be in [{TOP1_ONLY}, {vocab_size}], got {top_k}")
+
+
+def check_draft_len(draft_len: int, max_draft_len: int) -> None:
+    """A draft asked for or sent in one step, against a server's configured limit."""
+    if draft_len > max_draft_len:
+        raise out_of_range(f"draft has {draft_len} tokens; the limit is {max_draft_len}")
+
+
+def check_positive(value: int, name: str) -> None:
+    if value < 1:
+        raise invalid(f"{name} must be >= 1, got {value}")
 
 
 def check_ids(ids: list[int], vocab_size: int, what: str) -> None:

@@ -6,9 +6,12 @@ function, so both sides import this one.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from core.errors import invalid
 
 
 @dataclass(frozen=True)
@@ -16,6 +19,16 @@ class SamplingParams:
     temperature: float = 1.0  # 0 means argmax
     top_k: int = 0  # 0 means off
     top_p: float = 1.0  # 1 means off
+
+
+def check_sampling(params: SamplingParams) -> None:
+    """INVALID_ARGUMENT for parameters `warp` cannot honour; every edge that takes them calls this."""
+    if not (math.isfinite(params.temperature) and params.temperature >= 0):
+        raise invalid(f"temperature must be a finite number >= 0, got {params.temperature}")
+    if params.top_k < 0:
+        raise invalid(f"top_k must be >= 0 (0 = off), got {params.top_k}")
+    if not (0 < params.top_p <= 1):
+        raise invalid(f"top_p must be in (0, 1], got {params.top_p}")
 
 
 def warp(logprobs: np.ndarray, params: SamplingParams) -> np.ndarray:

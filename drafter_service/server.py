@@ -9,19 +9,20 @@ import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
-from core.errors import invalid, out_of_range
+from core.checks import check_draft_len, check_ids, check_positive
+from core.errors import invalid
 from core.interfaces import Draft
-from core.sampling import SamplingParams
+from core.sampling import check_sampling
+from core.wire import sampling_from_wire
 from drafter_service.session import DRAFTER_ROLES, DrafterSession, LocalDrafter, make_drafter
 from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, bundle_roles, load_bundle
-from serving.host import ServiceHost
-from serving.metrics import Registry
-from serving.sessions import SessionStreams, StepExecutor
+from serving.model_service import ModelService, make_model_info
 
-SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"].full_name
+SERVICE = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"]
 
 _ROLE_ENUM = {"nar_drafter": common_pb2.MODEL_ROLE_NAR_DRAFTER, "ar_drafter": common_pb2.MODEL_ROLE_AR_DRAFTER}
 
@@ -44,51 +45,37 @@ async def start_drafter(
     then report SERVING."""
     if not isinstance(bundle, ModelBundle):
         bundle = _load_drafters(Path(bundle), roles)
-    server = DrafterServer(bundle, limits or DrafterLimits(), backend)
-    await server.host.start(address, metrics_address)
-    await server.warm_up()
-    await server.host.set_serving(backend=server.model_info.backend, bundle=server.model_info.bundle_fingerprint[:16])
-    return server
+    return await DrafterServer(bundle, limits or DrafterLimits(), backend).start(address, metrics_address)
 
 
-class DrafterServer(drafter_pb2_grpc.DrafterServiceServicer):
+class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
+    step_seconds_help = "time spent drafting, by kind"
+    draft_tokens_help = "draft tokens made, by kind"
+
     def __init__(self, bundle: ModelBundle, limits: DrafterLimits, backend: str = "torch") -> None:
-        self.bundle = bundle
-        self.limits = limits
         drafter = make_drafter(bundle, backend)
         if drafter is None:
             raise ValueError(f"bundle {bundle.path} has no drafter model")
+        super().__init__("drafter", SERVICE, limits.max_sessions, drafter_pb2_grpc.add_DrafterServiceServicer_to_server)
+        self.bundle = bundle
+        self.limits = limits
         self.drafter = drafter
         self.models = drafter.models
-        cfg = next(iter(self.models.values())).config
-        self.max_len = min(m.config.max_len for m in self.models.values())
-        self.executor = StepExecutor("drafter")
-        self.registry = Registry()
-        self.host = ServiceHost("drafter", [SERVICE_NAME], self.registry)
-        self.streams = SessionStreams(self.host, self.executor, self.registry, "Draft", limits.max_sessions)
-        self._define_metrics()
-        drafter_pb2_grpc.add_DrafterServiceServicer_to_server(self, self.host.server)
-        device = next(iter(self.models.values())).embed.weight.device
-        self.model_info = common_pb2.ModelInfo(
-            vocab_size=cfg.vocab_size,
-            pad_id=cfg.pad_id,
-            unk_id=cfg.unk_id,
-            bos_id=cfg.bos_id,
-            eos_id=cfg.eos_id,
-            mask_id=cfg.mask_id,
+        first = next(iter(self.models.values()))
+        # Sessions hold max_len - 1 source tokens (plus EOS) and output tokens (plus BOS).
+        self.max_source_len = self.max_output_len = min(m.config.max_len for m in self.models.values()) - 1
+        self.m_drafts = self.registry.counter("drafter_drafts", "drafts made, by kind")
+        self.model_info = make_model_info(
+            first.config,
             tokenizer_fingerprint=bundle.tokenizer.fingerprint,
             bundle_fingerprint=bundle.fingerprint,
-            max_source_len=self.max_len,
-            max_target_len=self.max_len,
-            backend=_backend_name(self.drafter, device.type),
+            max_source_len=self.max_source_len,
+            max_target_len=self.max_output_len,
+            backend=_backend_name(drafter, first.embed.weight.device.type),
             roles=[_ROLE_ENUM[r] for r in self.models],
             max_draft_len=limits.max_draft_len,
             max_top_k=0,
         )
-
-    @property
-    def active_sessions(self) -> int:
-        return len(self.streams.sessions)
 
     async def warm_up(self) -> None:
         eos = self.model_info.eos_id
@@ -104,45 +91,36 @@ class DrafterServer(drafter_pb2_grpc.DrafterServiceServicer):
 
         await self.executor.run(run)
 
-    async def stop(self, grace: float = 10.0) -> None:
-        await self.host.drain(grace)
-        self.executor.shutdown()
-
     # ---- RPCs ----------------------------------------------------------------------------------
 
-    async def GetModelInfo(self, request, context):
-        return drafter_pb2.DrafterServiceGetModelInfoResponse(model_info=self.model_info)
+    Draft = ModelService.serve_sessions
 
-    async def Draft(self, request_iterator, context):
-        async for response in self.streams.serve(request_iterator, context, self._open, self._step):
-            yield response
-
-    async def _open(self, request: drafter_pb2.DraftOpen) -> tuple[DrafterSession, drafter_pb2.DraftResponse]:
-        source = list(request.source_ids)
-        if len(source) >= self.max_len:
-            raise out_of_range(f"source has {len(source)} tokens; the limit is {self.max_len - 1}")
+    def open_session(self, source: list[int], request: drafter_pb2.DraftOpen) -> DrafterSession:
         seed = request.seed if request.HasField("seed") else secrets.randbits(63)
-        session = await self.executor.run(self.drafter.open, source, seed)
-        opened = drafter_pb2.DraftOpened(source_len=len(source), max_output_len=self.max_len - 1)
-        return session, drafter_pb2.DraftResponse(opened=opened)
+        return self.drafter.open(source, seed)
 
     async def _step(self, session: DrafterSession, step: drafter_pb2.DraftStep) -> drafter_pb2.DraftResponse:
         method = step.WhichOneof("method")
         committed, append = step.committed_len, list(step.append_ids)
+        check_ids(append, self.model_info.vocab_size, "append_ids")
         if method == "block":
-            n, call = step.block.k, lambda: session.draft_block(committed, append, step.block.k)
+            n = step.block.k
+            check_positive(n, "k")
+            call = partial(session.draft_block, committed, append, n)
         elif method == "beam":
-            beam = step.beam
-            n, call = beam.gamma, lambda: session.draft_beam(committed, append, beam.gamma, beam.num_beams)
+            n, num_beams = step.beam.gamma, step.beam.num_beams
+            check_positive(n, "gamma")
+            check_positive(num_beams, "num_beams")
+            call = partial(session.draft_beam, committed, append, n, num_beams)
         elif method == "sample":
             s = step.sample
-            params = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p or 1.0)
-            _check_sampling(params)
-            n, call = s.gamma, lambda: session.draft_sample(committed, append, s.gamma, params)
+            n, params = s.gamma, sampling_from_wire(s.temperature, s.top_k, s.top_p)
+            check_positive(n, "gamma")
+            check_sampling(params)
+            call = partial(session.draft_sample, committed, append, n, params)
         else:
             raise invalid("a DraftStep needs one of block, beam or sample")
-        if n > self.limits.max_draft_len:
-            raise out_of_range(f"draft length {n} is over the limit {self.limits.max_draft_len}")
+        check_draft_len(n, self.limits.max_draft_len)
         started = time.perf_counter()
         draft: Draft = await self.executor.run(call)
         self.m_step_s.inc(time.perf_counter() - started, kind=method)
@@ -152,14 +130,6 @@ class DrafterServer(drafter_pb2_grpc.DrafterServiceServicer):
         for ids, probs in draft.q_rows:
             result.q_rows.add(ids=ids, probs=probs)
         return drafter_pb2.DraftResponse(result=result)
-
-    def _define_metrics(self) -> None:
-        r = self.registry
-        self.m_drafts = r.counter("drafter_drafts", "drafts made, by kind")
-        self.m_draft_tokens = r.counter("drafter_draft_tokens", "draft tokens made, by kind")
-        self.m_step_s = r.counter("drafter_step_seconds", "time spent drafting, by kind")
-        self.m_kv = r.gauge("drafter_kv_cache_bytes", "KV cache bytes held by open sessions")
-        r.on_collect(lambda: self.m_kv.set(sum(_cache_bytes(s) for s in list(self.streams.sessions))))
 
 
 def _load_drafters(path: Path, roles: Iterable[str] | None) -> ModelBundle:
@@ -177,19 +147,3 @@ def _backend_name(drafter: LocalDrafter, device: str) -> str:
     if len(set(names.values())) == 1:
         return next(iter(names.values()))
     return ",".join(f"{r}:{n}" for r, n in names.items())
-
-
-def _check_sampling(params: SamplingParams) -> None:
-    if not params.temperature >= 0:
-        raise invalid(f"temperature must be >= 0, got {params.temperature}")
-    if params.top_k < 0:
-        raise invalid(f"top_k must be >= 0, got {params.top_k}")
-    if not 0 < params.top_p <= 1:
-        raise invalid(f"top_p must be in (0, 1], got {params.top_p}")
-
-
-def _cache_bytes(session: DrafterSession) -> int:
-    try:
-        return session.cache_bytes
-    except AttributeError:
-        return 0

@@ -8,7 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from core.errors import invalid, out_of_range
-from core.sampling import SamplingParams
+from core.sampling import SamplingParams, check_sampling
 
 
 class Mode(StrEnum):
@@ -91,12 +91,7 @@ def validate(cfg: DecodingConfig, limits: DecodingLimits, max_target_len: int) -
         raise invalid(f"beam_delta must be >= 0, got {cfg.beam_delta}")
     if cfg.beam_max_candidates is not None and cfg.beam_max_candidates < 1:
         raise invalid(f"beam_max_candidates must be >= 1, got {cfg.beam_max_candidates}")
-    if not (math.isfinite(cfg.temperature) and cfg.temperature >= 0):
-        raise invalid(f"temperature must be a finite number >= 0, got {cfg.temperature}")
-    if cfg.top_k < 0:
-        raise invalid(f"top_k must be >= 0 (0 = off), got {cfg.top_k}")
-    if not (0 < cfg.top_p <= 1):
-        raise invalid(f"top_p must be in (0, 1], got {cfg.top_p}")
+    check_sampling(cfg.sampling)
     if cfg.seed < 0:
         raise invalid(f"seed must be >= 0, got {cfg.seed}")
 

@@ -19,6 +19,7 @@ import grpc
 from core.errors import SpecdecError, StatusCode
 from core.interfaces import Draft, VerifyResult
 from core.sampling import SamplingParams
+from core.wire import source_len_from_wire, target_len_from_wire
 from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from serving.status import REQUEST_ID_KEY, specdec_code
 
@@ -78,9 +79,8 @@ class RemoteVerifier:
         self.vocab_size = info.vocab_size
         self.bos_id = info.bos_id
         self.eos_id = info.eos_id
-        # The interface counts neither the source's EOS nor the decoder start token; the wire does.
-        self.max_source_len = info.max_source_len - 1
-        self.max_target_len = info.max_target_len - 1
+        self.max_source_len = source_len_from_wire(info.max_source_len)
+        self.max_target_len = target_len_from_wire(info.max_target_len)
 
     def open(self, source_ids: list[int]) -> RemoteVerifierSession:
         stream = _Stream("verifier", self._stub.Verify, self.options.timeout(), self.options.metadata())

@@ -13,13 +13,13 @@ import dataclasses
 import secrets
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import structlog
 
 from core.errors import SpecdecError, StatusCode, invalid
+from core.wire import SPECIAL_ID_FIELDS, target_len_from_wire
 from gateway.config import GatewayConfig
 from gateway.decoding_config import DRAFTER_MODES, DecodingConfig, Mode, validate
 from gateway.policies import DecodeResult, decode
@@ -39,7 +39,7 @@ from seq2seq_models.tokenizer import Tokenizer
 from serving.channels import channel_options
 from serving.host import ServiceHost
 from serving.metrics import Registry
-from serving.status import REQUEST_ID_KEY, grpc_code
+from serving.status import grpc_code, request_id_of
 
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name
 
@@ -103,7 +103,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         assert v is not None
         mismatch = [
             name
-            for name in ("vocab_size", "tokenizer_fingerprint", "pad_id", "unk_id", "bos_id", "eos_id", "mask_id")
+            for name in ("vocab_size", "tokenizer_fingerprint", *SPECIAL_ID_FIELDS)
             if getattr(info, name) != getattr(v, name)
         ]
         if mismatch:
@@ -212,7 +212,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
     # ---- one request -----------------------------------------------------------------------------
 
     async def _run(self, request, context, on_tokens: OnTokens) -> tuple[DecodeResult, Mode, float]:
-        request_id = _request_id(context)
+        request_id = request_id_of(context)
         structlog.contextvars.bind_contextvars(request_id=request_id)
         log = self.log.bind(request_id=request_id)
         started = time.perf_counter()
@@ -267,7 +267,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             overrides["seed"] = secrets.randbits(63)  # unset seed: a fresh one per request
         config = self.config.defaults.with_overrides(overrides)
         assert self.verifier_info is not None
-        validate(config, self.config.limits, self.verifier_info.max_target_len - 1)
+        validate(config, self.config.limits, target_len_from_wire(self.verifier_info.max_target_len))
         return source, config
 
     def _decode(self, source, config: DecodingConfig, options: CallOptions, on_tokens: OnTokens, log) -> DecodeResult:
@@ -339,10 +339,3 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
 def _wait_info(fetch, channel: grpc.Channel, timeout: float) -> common_pb2.ModelInfo:
     grpc.channel_ready_future(channel).result(timeout=timeout)
     return fetch(channel, timeout=timeout)
-
-
-def _request_id(context) -> str:
-    for key, value in context.invocation_metadata() or ():
-        if key == REQUEST_ID_KEY:
-            return str(value)
-    return uuid.uuid4().hex

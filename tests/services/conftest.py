@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import queue
 import socket
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import grpc
@@ -66,10 +67,20 @@ def spawn_specdec(*args: str) -> subprocess.Popen:
 
 
 def wait_ready_line(proc: subprocess.Popen, timeout: float = 60.0) -> str:
-    """The address a `specdec serve` prints once everything is SERVING."""
-    deadline = time.monotonic() + timeout
+    """The address a `specdec serve` prints once everything is SERVING.
+
+    The line is read on a daemon thread: `readline()` on the pipe blocks for as long as a hung
+    server keeps it open, so waiting for it here would hang the whole suite. On a timeout the
+    process is killed (which closes the pipe and ends the reader) and the test fails.
+    """
     assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line, f"server exited with {proc.poll()}"
-    assert time.monotonic() < deadline
+    lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+    threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()
+    try:
+        line = lines.get(timeout=timeout)
+    except queue.Empty:
+        proc.kill()
+        proc.wait(10)
+        raise AssertionError(f"`specdec serve` printed no ready line within {timeout:.0f}s; killed it") from None
+    assert line, f"server closed its stdout (exit status {proc.poll()}) before printing its ready line"
     return line.strip()

@@ -1,0 +1,154 @@
+"""What the verifier and the drafter services share: one host, one model worker, the session
+streams, the ModelInfo they report, the KV-cache gauge, and the start / warm-up / drain order.
+
+This layer sits below the model packages, so it takes what it needs from them as plain values: a
+model config is anything with the token ids and `vocab_size` (`ModelIds`), limits are numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, Self
+
+import grpc
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message_factory import GetMessageClass
+
+from core.checks import check_source_ids
+from core.wire import SPECIAL_ID_FIELDS, source_len_to_wire, target_len_to_wire
+from protos.specdec.v1 import common_pb2
+from serving.host import ServiceHost
+from serving.metrics import Registry
+from serving.sessions import SessionStreams, StepExecutor
+
+
+class ModelIds(Protocol):
+    """The part of a model config that ModelInfo reports (seq2seq_models.config.ModelConfig):
+    vocab_size and core.wire.SPECIAL_ID_FIELDS."""
+
+    vocab_size: int
+    pad_id: int
+    unk_id: int
+    bos_id: int
+    eos_id: int
+    mask_id: int
+
+
+class ModelService:
+    """Base of a servicer that hosts model sessions behind one bidi "one stream = one session" RPC.
+
+    A subclass also derives from its generated servicer, passes its service's descriptor, sets its
+    limits and `model_info` (`make_model_info`), and implements `warm_up`, `open_session` and
+    `_step(session, step_msg)`, validating what the client controls there, at the RPC boundary.
+    Its stream RPC is `serve_sessions`, e.g. `Verify = ModelService.serve_sessions`.
+    """
+
+    model_info: common_pb2.ModelInfo
+    # Interface limits (without the source's EOS / the decoder start token; core.wire converts).
+    max_source_len: int
+    max_output_len: int
+    # Help texts of the metrics every model service has; subclasses say what their steps are.
+    step_seconds_help = "time spent in steps"
+    draft_tokens_help = "draft tokens"
+
+    def __init__(
+        self,
+        name: str,
+        service: ServiceDescriptor,
+        max_sessions: int,
+        add_to_server: Callable[[Any, grpc.aio.Server], None],
+    ) -> None:
+        # The messages come from the proto: GetModelInfo's response, and the one bidi RPC's response
+        # message with its `opened` variant.
+        stream = next(m for m in service.methods if m.client_streaming and m.server_streaming)
+        self._info_response = GetMessageClass(service.methods_by_name["GetModelInfo"].output_type)
+        self._response = GetMessageClass(stream.output_type)
+        self._opened = GetMessageClass(stream.output_type.fields_by_name["opened"].message_type)
+        # The seam for the batching scheduler (DESIGN section 4): every model call goes through it.
+        self.executor = StepExecutor(name)
+        self.registry = Registry()
+        self.host = ServiceHost(name, [service.full_name], self.registry)
+        self.streams = SessionStreams(self.host, self.executor, self.registry, stream.name, max_sessions)
+        r = self.registry
+        self.m_draft_tokens = r.counter(f"{name}_draft_tokens", self.draft_tokens_help)
+        self.m_step_s = r.counter(f"{name}_step_seconds", self.step_seconds_help)
+        self.m_kv = r.gauge(f"{name}_kv_cache_bytes", "KV cache bytes held by open sessions")
+        r.on_collect(lambda: self.m_kv.set(sum(_cache_bytes(s) for s in list(self.streams.sessions))))
+        add_to_server(self, self.host.server)
+
+    async def start(self, address: str, metrics_address: str | None = None) -> Self:
+        """Listen, warm up, then report SERVING (health says NOT_SERVING until the model is warm)."""
+        await self.host.start(address, metrics_address)
+        await self.warm_up()
+        await self.host.set_serving(backend=self.model_info.backend, bundle=self.model_info.bundle_fingerprint[:16])
+        return self
+
+    async def warm_up(self) -> None:
+        """One session and one step, so the first real request does not pay for lazy init."""
+        raise NotImplementedError
+
+    async def stop(self, grace: float = 10.0) -> None:
+        await self.host.drain(grace)
+        self.executor.shutdown()
+
+    @property
+    def active_sessions(self) -> int:
+        return len(self.streams.sessions)
+
+    # ---- RPCs ----------------------------------------------------------------------------------
+
+    async def GetModelInfo(self, request, context):
+        return self._info_response(model_info=self.model_info)
+
+    async def serve_sessions(self, request_iterator, context):
+        async for response in self.streams.serve(request_iterator, context, self._open, self._step):
+            yield response
+
+    async def _open(self, request) -> tuple[Any, Any]:
+        """The `open` message: the source checked here, at the edge, then a session on the worker."""
+        source = list(request.source_ids)
+        check_source_ids(source, self.model_info.vocab_size, self.max_source_len)
+        session = await self.executor.run(self.open_session, source, request)
+        opened = self._opened(source_len=len(source), max_output_len=self.max_output_len)
+        return session, self._response(opened=opened)
+
+    def open_session(self, source: list[int], request) -> Any:
+        """Worker thread: a session over a checked source; `request` is the `open` message."""
+        raise NotImplementedError
+
+    async def _step(self, session, step) -> Any:
+        raise NotImplementedError
+
+
+def make_model_info(
+    config: ModelIds,
+    *,
+    tokenizer_fingerprint: str,
+    bundle_fingerprint: str,
+    max_source_len: int,
+    max_target_len: int,
+    backend: str,
+    roles: Iterable[int],
+    max_draft_len: int,
+    max_top_k: int,
+) -> common_pb2.ModelInfo:
+    """ModelInfo for a service; the lengths are the interface's (without EOS / BOS, core.wire)."""
+    return common_pb2.ModelInfo(
+        vocab_size=config.vocab_size,
+        **{name: getattr(config, name) for name in SPECIAL_ID_FIELDS},
+        tokenizer_fingerprint=tokenizer_fingerprint,
+        bundle_fingerprint=bundle_fingerprint,
+        max_source_len=source_len_to_wire(max_source_len),
+        max_target_len=target_len_to_wire(max_target_len),
+        backend=backend,
+        roles=list(roles),
+        max_draft_len=max_draft_len,
+        max_top_k=max_top_k,
+    )
+
+
+def _cache_bytes(session: Any) -> int:
+    try:
+        return session.cache_bytes
+    except AttributeError:  # closed meanwhile
+        return 0

@@ -1,0 +1,124 @@
+"""The wire conventions (core.wire) and the request checks every edge shares (core.checks,
+core.sampling.check_sampling): one rule, one status code, one message."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from core.checks import check_draft_len, check_positive, check_source, check_source_ids, check_wire_top_k
+from core.errors import SpecdecError, StatusCode
+from core.sampling import SamplingParams, check_sampling
+from core.wire import (
+    SPECIAL_ID_FIELDS,
+    TOP1_ONLY,
+    sampling_from_wire,
+    sends_candidates,
+    session_top_k,
+    source_len_from_wire,
+    source_len_to_wire,
+    target_len_from_wire,
+    target_len_to_wire,
+)
+
+
+class _Config:
+    vocab_size = 50
+    max_len = 10  # a model config: 9 source tokens plus EOS, 9 output tokens plus BOS
+
+
+@given(st.integers(min_value=0, max_value=1 << 20))
+def test_length_conversions_round_trip(n: int) -> None:
+    assert source_len_from_wire(source_len_to_wire(n)) == n
+    assert target_len_from_wire(target_len_to_wire(n)) == n
+
+
+def test_a_model_configs_max_len_is_the_wire_value() -> None:
+    # The wire counts the source's EOS and the decoder start token; a config's max_len does too.
+    assert source_len_to_wire(_Config.max_len - 1) == _Config.max_len
+    assert target_len_to_wire(_Config.max_len - 1) == _Config.max_len
+    assert source_len_from_wire(_Config.max_len) == _Config.max_len - 1
+
+
+def test_top_k_zero_on_the_wire_is_top1_without_lists() -> None:
+    assert TOP1_ONLY == 0
+    assert session_top_k(TOP1_ONLY) == 1 and not sends_candidates(TOP1_ONLY)
+    assert session_top_k(7) == 7 and sends_candidates(7)
+
+
+def test_top_p_zero_on_the_wire_is_off() -> None:
+    assert sampling_from_wire(0.7, 5, 0.0) == SamplingParams(temperature=0.7, top_k=5, top_p=1.0)
+    assert sampling_from_wire(1.0, 0, 0.9).top_p == 0.9
+
+
+def _refused(fn, *args) -> SpecdecError:
+    with pytest.raises(SpecdecError) as info:
+        fn(*args)
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        (SamplingParams(temperature=-0.5), "temperature must be a finite number >= 0, got -0.5"),
+        (SamplingParams(temperature=math.inf), "temperature must be a finite number >= 0, got inf"),
+        (SamplingParams(temperature=math.nan), "temperature must be a finite number >= 0, got nan"),
+        (SamplingParams(top_k=-1), "top_k must be >= 0 (0 = off), got -1"),
+        (SamplingParams(top_p=0.0), "top_p must be in (0, 1], got 0.0"),
+        (SamplingParams(top_p=1.5), "top_p must be in (0, 1], got 1.5"),
+    ],
+)
+def test_check_sampling_refuses(params: SamplingParams, message: str) -> None:
+    error = _refused(check_sampling, params)
+    assert error.code == StatusCode.INVALID_ARGUMENT and error.message == message
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(0.0, 0, 1.0), SamplingParams(2.0, 40, 0.01)])
+def test_check_sampling_accepts(params: SamplingParams) -> None:
+    check_sampling(params)
+
+
+def test_source_checks_agree_on_config_and_explicit_limits() -> None:
+    for source in ([1] * 9, [1] * 10, [], [1, 50], [-1]):
+        try:
+            check_source(source, _Config)
+            expected = None
+        except SpecdecError as exc:
+            expected = (exc.code, exc.message)
+        try:
+            check_source_ids(source, _Config.vocab_size, _Config.max_len - 1)
+            got = None
+        except SpecdecError as exc:
+            got = (exc.code, exc.message)
+        assert got == expected, source
+    assert _refused(check_source_ids, [1] * 10, 50, 9).message == "source has 10 tokens; the limit is 9"
+    assert _refused(check_source_ids, [1] * 10, 50, 9).code == StatusCode.OUT_OF_RANGE
+    assert _refused(check_source_ids, [], 50, 9).code == StatusCode.INVALID_ARGUMENT
+
+
+def test_wire_top_k_range() -> None:
+    check_wire_top_k(0, 50)
+    check_wire_top_k(50, 50)
+    for bad in (-1, 51):
+        error = _refused(check_wire_top_k, bad, 50)
+        assert error.code == StatusCode.INVALID_ARGUMENT and error.message == f"top_k must be in [0, 50], got {bad}"
+
+
+def test_draft_len_and_positive() -> None:
+    check_draft_len(4, 4)
+    assert _refused(check_draft_len, 5, 4).code == StatusCode.OUT_OF_RANGE
+    check_positive(1, "k")
+    assert _refused(check_positive, 0, "k").message == "k must be >= 1, got 0"
+
+
+def test_special_id_fields_are_model_info_and_config_fields() -> None:
+    from protos.specdec.v1 import common_pb2
+    from seq2seq_models.config import ModelConfig
+
+    config = ModelConfig(vocab_size=50)
+    for name in SPECIAL_ID_FIELDS:
+        assert name in common_pb2.ModelInfo.DESCRIPTOR.fields_by_name
+        assert isinstance(getattr(config, name), int)
