@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import Field, dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
@@ -12,6 +12,8 @@ from core.sampling import SamplingParams, check_sampling
 
 
 class Mode(StrEnum):
+    """The decoding modes; each is described once, by its module in `gateway.modes`."""
+
     AR = "ar"
     BEAM = "beam"
     IAD = "iad"
@@ -21,27 +23,31 @@ class Mode(StrEnum):
     SPECULATIVE = "spec"
 
 
-# Modes whose output is, by construction, exactly the verifier's greedy output.
-LOSSLESS_MODES = frozenset({Mode.AR, Mode.IAD, Mode.GAD})
-DRAFTER_MODES = frozenset({Mode.GAD, Mode.GAD_PLUS_PLUS, Mode.MJSD, Mode.SPECULATIVE})
+def about(help_text: str, *, flag: str | None = None, wire: str | None = None) -> dict[str, Any]:
+    """A DecodingConfig field's metadata, from which its CLI flag and wire field are derived:
+    `flag` where the flag is not --name-with-dashes, `wire` where the gateway.proto DecodingConfig
+    field is named otherwise."""
+    return {"help": help_text, "flag": flag, "wire": wire}
 
 
 @dataclass(frozen=True)
 class DecodingConfig:
-    mode: Mode = Mode.GAD
-    k: int = 10  # GAD block size; IAD copy cap
-    beta: int = 3  # GAD++ top-beta
-    tau: float = 1.0  # GAD++ log-prob gap
-    num_beams: int = 4  # AR beam width; MJSD drafter beams
-    gamma: int = 4  # MJSD / speculative sampling draft length
-    threshold: float = 0.1  # MJSD joint likelihood-ratio threshold
-    beam_delta: float | None = None  # variable-width beam: absolute score threshold
-    beam_max_candidates: int | None = None  # variable-width beam: candidates per parent
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    max_new_tokens: int = 128
+    mode: Mode = field(default=Mode.GAD, metadata=about("decoding mode (default: gad)"))
+    k: int = field(default=10, metadata=about("GAD block size / IAD copy cap", wire="block_size"))
+    beta: int = field(default=3, metadata=about("GAD++ top-beta", wire="top_beta"))
+    tau: float = field(default=1.0, metadata=about("GAD++ log-prob gap"))
+    num_beams: int = field(default=4, metadata=about("beam width (beam) / drafter beams (mjsd)", flag="--beams"))
+    gamma: int = field(default=4, metadata=about("draft length (mjsd, spec)"))
+    threshold: float = field(
+        default=0.1, metadata=about("MJSD joint likelihood-ratio threshold in (0, 1]", wire="mjsd_threshold")
+    )
+    beam_delta: float | None = field(default=None, metadata=about("variable-width beam: absolute score threshold"))
+    beam_max_candidates: int | None = field(default=None, metadata=about("variable-width beam: candidates per parent"))
+    temperature: float = field(default=1.0, metadata=about("sampling temperature (spec); 0 = argmax"))
+    top_k: int = field(default=0, metadata=about("sampling top-k (spec); 0 = off"))
+    top_p: float = field(default=1.0, metadata=about("sampling top-p (spec); 1 = off"))
+    seed: int = field(default=0, metadata=about("sampling seed"))
+    max_new_tokens: int = field(default=128, metadata=about("output length limit"))
 
     @property
     def sampling(self) -> SamplingParams:
@@ -66,6 +72,16 @@ class DecodingLimits:
     max_beams: int = 16
     max_gamma: int = 32
     max_new_tokens: int = 256
+
+
+def cli_flag(f: Field) -> str:
+    """The command-line flag of a DecodingConfig field (`specdec decode`, `specdec generate`)."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def wire_name(f: Field) -> str:
+    """The name of a DecodingConfig field in gateway.proto's DecodingConfig message."""
+    return f.metadata.get("wire") or f.name
 
 
 def parse_mode(value: str | Mode) -> Mode:

@@ -21,7 +21,8 @@ import structlog
 from core.errors import SpecdecError, StatusCode, invalid
 from core.wire import SPECIAL_ID_FIELDS, target_len_from_wire
 from gateway.config import GatewayConfig
-from gateway.decoding_config import DRAFTER_MODES, DecodingConfig, Mode, validate
+from gateway.decoding_config import DecodingConfig, Mode, validate
+from gateway.modes import DRAFTER_MODES
 from gateway.policies import DecodeResult, decode
 from gateway.policies.loop import OnTokens
 from gateway.remote import (

@@ -2,40 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from core.errors import invalid
-from gateway.decoding_config import Mode
+from gateway.decoding_config import DecodingConfig, Mode, wire_name
+from gateway.modes import MODES
 from gateway.policies.loop import DecodeStats
 from protos.specdec.v1 import gateway_pb2
 
-MODE_TO_WIRE = {
-    Mode.AR: gateway_pb2.MODE_AR_GREEDY,
-    Mode.BEAM: gateway_pb2.MODE_AR_BEAM,
-    Mode.IAD: gateway_pb2.MODE_IAD,
-    Mode.GAD: gateway_pb2.MODE_GAD,
-    Mode.GAD_PLUS_PLUS: gateway_pb2.MODE_GAD_PLUS_PLUS,
-    Mode.MJSD: gateway_pb2.MODE_MJSD,
-    Mode.SPECULATIVE: gateway_pb2.MODE_SPECULATIVE_SAMPLING,
-}
+# Both derived from the mode registry and DecodingConfig's field metadata; nothing is listed here.
+MODE_TO_WIRE = {mode: gateway_pb2.Mode.Value(spec.wire) for mode, spec in MODES.items()}
 WIRE_TO_MODE = {v: k for k, v in MODE_TO_WIRE.items()}
-
-# DecodingConfig (proto) field -> gateway.decoding_config.DecodingConfig field.
-_FIELDS = {
-    "block_size": "k",
-    "top_beta": "beta",
-    "tau": "tau",
-    "num_beams": "num_beams",
-    "gamma": "gamma",
-    "mjsd_threshold": "threshold",
-    "beam_delta": "beam_delta",
-    "beam_max_candidates": "beam_max_candidates",
-    "temperature": "temperature",
-    "top_k": "top_k",
-    "top_p": "top_p",
-    "seed": "seed",
-    "max_new_tokens": "max_new_tokens",
-}
+# gateway.proto DecodingConfig field -> DecodingConfig field; the mode travels as an enum, apart.
+_FIELDS = {wire_name(f): f.name for f in fields(DecodingConfig) if f.name != "mode"}
 
 
 def overrides_from_wire(config: gateway_pb2.DecodingConfig) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.backends import BACKENDS
 from specdec.bench_report import cpu_name, start_services, write_section
 from specdec.gec_metrics import exact_match, gleu
 
@@ -114,7 +115,7 @@ def add_arguments(p) -> None:
     p.add_argument("--sample", type=int, help=f"first N test sentences in corpus order (default {DEFAULT_SAMPLE}; "
                    f"{QUICK_SAMPLE} with --quick; 0 = all)")
     p.add_argument("--through", choices=list(STACKS), default="in-process", help="which stack decodes")
-    p.add_argument("--backend", choices=["torch", "onnxruntime"],
+    p.add_argument("--backend", choices=BACKENDS,
                    help="verifier and NAR drafter backend (default: onnxruntime)")
     p.add_argument("--max-new-tokens", type=int, help=f"output limit (default {DEFAULT_MAX_NEW_TOKENS}; "
                    f"{QUICK_MAX_NEW_TOKENS} with --quick)")

@@ -6,17 +6,20 @@ import argparse
 import json
 import os
 import sys
+import typing
 from collections.abc import Sequence
+from dataclasses import Field, fields
 from pathlib import Path
 
+from core.backends import BACKENDS, DEFAULT_BACKEND
+from core.config import DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS
 from core.errors import SpecdecError
 
 # Where `decode` looks for a bundle when --bundle is not given.
 DEFAULT_BUNDLE_ENV = "SPECDEC_BUNDLE"
 DEFAULT_BUNDLE_DIR = Path(__file__).resolve().parent.parent / "bundles" / "ua-gec"
-BACKENDS = ["torch", "onnxruntime"]
 BACKEND_HELP = (
-    "backend of the verifier and the NAR drafter (default: onnxruntime, or the [verifier] and [drafter] "
+    f"backend of the verifier and the NAR drafter (default: {DEFAULT_BACKEND}, or the [verifier] and [drafter] "
     "backend keys of the config)"
 )
 
@@ -37,34 +40,35 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
-    """The per-request decoding flags shared by `decode` and `generate` (unset = default)."""
-    from gateway.decoding_config import Mode
+    """The per-request decoding flags shared by `decode` and `generate` (unset = default): one per
+    DecodingConfig field, named and explained by the field's metadata."""
+    from gateway.decoding_config import Mode, cli_flag
+    from gateway.modes import mode_names
 
     g = parser.add_argument_group("decoding")
-    g.add_argument("--mode", choices=[m.value for m in Mode], help="decoding mode (default: gad)")
-    g.add_argument("--k", type=int, help="GAD block size / IAD copy cap")
-    g.add_argument("--beta", type=int, help="GAD++ top-beta")
-    g.add_argument("--tau", type=float, help="GAD++ log-prob gap")
-    g.add_argument("--beams", type=int, dest="num_beams", help="beam width (beam) / drafter beams (mjsd)")
-    g.add_argument("--gamma", type=int, help="draft length (mjsd, spec)")
-    g.add_argument("--threshold", type=float, help="MJSD joint likelihood-ratio threshold in (0, 1]")
-    g.add_argument("--beam-delta", type=float, help="variable-width beam: absolute score threshold")
-    g.add_argument("--beam-max-candidates", type=int, help="variable-width beam: candidates per parent")
-    g.add_argument("--temperature", type=float, help="sampling temperature (spec); 0 = argmax")
-    g.add_argument("--top-k", type=int, help="sampling top-k (spec); 0 = off")
-    g.add_argument("--top-p", type=float, help="sampling top-p (spec); 1 = off")
-    g.add_argument("--seed", type=int, help="sampling seed")
-    g.add_argument("--max-new-tokens", type=int, help="output length limit")
-
-
-DECODING_FLAGS = (
-    "mode", "k", "beta", "tau", "num_beams", "gamma", "threshold", "beam_delta", "beam_max_candidates",
-    "temperature", "top_k", "top_p", "seed", "max_new_tokens",
-)
+    for f, kind in _decoding_fields():
+        help_text = f.metadata["help"]
+        if kind is Mode:
+            g.add_argument(cli_flag(f), dest=f.name, choices=mode_names(), help=help_text)
+        else:
+            g.add_argument(cli_flag(f), dest=f.name, type=kind, help=help_text)
 
 
 def decoding_overrides(args: argparse.Namespace) -> dict:
-    return {name: getattr(args, name) for name in DECODING_FLAGS}
+    """The decoding flags as DecodingConfig overrides (None: not given)."""
+    return {f.name: getattr(args, f.name) for f, _ in _decoding_fields()}
+
+
+def _decoding_fields() -> list[tuple[Field, type]]:
+    """DecodingConfig's fields with the scalar type a flag parses (`float | None` -> float)."""
+    from gateway.decoding_config import DecodingConfig
+
+    hints = typing.get_type_hints(DecodingConfig)
+    out = []
+    for f in fields(DecodingConfig):
+        kinds = [k for k in typing.get_args(hints[f.name]) or (hints[f.name],) if k is not type(None)]
+        out.append((f, kinds[0]))
+    return out
 
 
 def resolve_bundle(path: str | None) -> Path:
@@ -95,10 +99,11 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     import torch
 
     from drafter_service.session import make_drafter
-    from gateway.decoding_config import DRAFTER_MODES, DecodingConfig, DecodingLimits, validate
+    from gateway.decoding_config import DecodingConfig, DecodingLimits, validate
+    from gateway.modes import DRAFTER_MODES
     from gateway.policies import decode
     from seq2seq_models.bundle import load_bundle
-    from verifier_service.session import DEFAULT_BACKEND, make_verifier
+    from verifier_service.session import make_verifier
 
     config = DecodingConfig().with_overrides(decoding_overrides(args))
     bundle = load_bundle(resolve_bundle(args.bundle), dtype=getattr(torch, args.dtype))
@@ -125,7 +130,7 @@ def _cmd_decode(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from gateway.config import load_sections
+    from core.config import load_sections
     from specdec.serve import serve_forever
 
     overrides = {
@@ -135,7 +140,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         "drafter": {"address": args.drafter_addr, "backend": args.backend},
     }
     sections = load_sections(args.config, overrides=overrides)
-    sections["gateway"].setdefault("address", "127.0.0.1:50051")
     bundle = None if args.role == "gateway" and not args.bundle else resolve_bundle(args.bundle)
 
     def ready(running) -> None:
@@ -225,15 +229,15 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("role", choices=["verifier", "drafter", "gateway", "all"])
     p.add_argument("--bundle", help=f"model bundle directory (default: ${DEFAULT_BUNDLE_ENV} or bundles/ua-gec)")
     p.add_argument("--config", help="TOML config file (see config/specdec.example.toml)")
-    p.add_argument("--gateway-addr", help="gateway listen address (default 127.0.0.1:50051)")
-    p.add_argument("--verifier-addr", help="verifier address (default 127.0.0.1:50052)")
-    p.add_argument("--drafter-addr", help="drafter address (default 127.0.0.1:50053)")
+    p.add_argument("--gateway-addr", help=f"gateway listen address (default {GATEWAY_ADDRESS})")
+    p.add_argument("--verifier-addr", help=f"verifier address (default {VERIFIER_ADDRESS})")
+    p.add_argument("--drafter-addr", help=f"drafter address (default {DRAFTER_ADDRESS})")
     p.add_argument("--backend", choices=BACKENDS, default=None, help=BACKEND_HELP)
     p.set_defaults(run=_cmd_serve)
 
     p = sub.add_parser("generate", help="decode one text through a running gateway")
     p.add_argument("text")
-    p.add_argument("--addr", default="127.0.0.1:50051", help="gateway address")
+    p.add_argument("--addr", default=GATEWAY_ADDRESS, help="gateway address")
     p.add_argument("--json", action="store_true", help="print the same JSON object as `specdec decode`")
     p.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
     add_decoding_flags(p)

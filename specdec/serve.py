@@ -8,15 +8,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from core.config import SERVICE_ADDRESSES, ModelService, parse_section
 from serving.logs import configure_logging
 
 ROLES = ("verifier", "drafter", "gateway", "all")
-DEFAULT_VERIFIER_ADDR = "127.0.0.1:50052"
-DEFAULT_DRAFTER_ADDR = "127.0.0.1:50053"
 
 
 @dataclass
@@ -33,54 +32,68 @@ class Running:
         return [s for s in (self.gateway, self.drafter, self.verifier) if s is not None]
 
 
+@dataclass(frozen=True)
+class ServeConfig:
+    """Every section of the merged configuration, checked and typed."""
+
+    gateway: Any  # gateway.config.GatewayConfig
+    verifier: ModelService
+    verifier_limits: Any  # verifier_service.server.VerifierLimits
+    drafter: ModelService
+    drafter_limits: Any  # drafter_service.server.DrafterLimits
+
+
+def serve_config(sections: Mapping[str, Mapping[str, Any]]) -> ServeConfig:
+    """Check every section the same way (`core.config.parse_section`): an unknown key or a value of
+    the wrong type is a one-line ValueError naming section and key, before any server starts."""
+    from drafter_service.server import DrafterLimits
+    from gateway.config import gateway_config
+    from verifier_service.server import VerifierLimits
+
+    verifier, verifier_limits = _model_service("verifier", sections.get("verifier", {}), VerifierLimits)
+    drafter, drafter_limits = _model_service("drafter", sections.get("drafter", {}), DrafterLimits)
+    return ServeConfig(gateway_config(sections), verifier, verifier_limits, drafter, drafter_limits)
+
+
 async def start_services(
     role: str,
     bundle: Path | None,
     sections: Mapping[str, Mapping[str, Any]],
 ) -> Running:
-    """Start `role`'s server(s) from merged config sections (see gateway.config)."""
-    from drafter_service.server import DrafterLimits, start_drafter
-    from gateway.config import gateway_config
+    """Start `role`'s server(s) from merged config sections (see core.config)."""
+    from drafter_service.server import start_drafter
     from gateway.server import start_gateway
     from seq2seq_models.bundle import load_bundle
-    from verifier_service.server import VerifierLimits, start_verifier
+    from verifier_service.server import start_verifier
 
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; choose one of {ROLES}")
+    config = serve_config(sections)
     running = Running()
-    v_section = dict(sections.get("verifier", {}))
-    d_section = dict(sections.get("drafter", {}))
-    g_section = dict(sections.get("gateway", {}))
-    v_addr = v_section.pop("address", DEFAULT_VERIFIER_ADDR)
-    d_addr = d_section.pop("address", DEFAULT_DRAFTER_ADDR)
     loaded = load_bundle(bundle) if bundle is not None and role == "all" else None
     if role in ("verifier", "all"):
-        from verifier_service.session import DEFAULT_BACKEND
-
-        metrics = v_section.pop("metrics_address", None)
-        backend = v_section.pop("backend", None) or DEFAULT_BACKEND
-        limits = VerifierLimits(**v_section)
-        running.verifier = await start_verifier(loaded or _need(bundle), v_addr, limits, metrics, backend)
-        running.addresses["verifier"] = _with_port(v_addr, running.verifier.host.port)
-    if role in ("drafter", "all"):
-        from drafter_service.session import DEFAULT_BACKEND as DEFAULT_DRAFTER_BACKEND
-
-        metrics = d_section.pop("metrics_address", None)
-        backend = d_section.pop("backend", None) or DEFAULT_DRAFTER_BACKEND
-        running.drafter = await start_drafter(
-            loaded or _need(bundle), d_addr, DrafterLimits(**d_section), metrics, backend=backend
+        v = config.verifier
+        running.verifier = await start_verifier(
+            loaded or _need(bundle), v.address, config.verifier_limits, v.metrics_address, v.backend
         )
-        running.addresses["drafter"] = _with_port(d_addr, running.drafter.host.port)
+        running.addresses["verifier"] = _with_port(v.address, running.verifier.host.port)
+    if role in ("drafter", "all"):
+        d = config.drafter
+        running.drafter = await start_drafter(
+            loaded or _need(bundle), d.address, config.drafter_limits, d.metrics_address, backend=d.backend
+        )
+        running.addresses["drafter"] = _with_port(d.address, running.drafter.host.port)
     if role in ("gateway", "all"):
         from seq2seq_models.tokenizer import Tokenizer
 
+        gateway = config.gateway
         if role == "all":  # talk to the servers just started, on the ports they actually bound
-            g_section["verifier_address"] = running.addresses["verifier"]
-            g_section["drafter_address"] = running.addresses["drafter"]
-        config = gateway_config({**sections, "gateway": g_section})
+            gateway = replace(
+                gateway, verifier_address=running.addresses["verifier"], drafter_address=running.addresses["drafter"]
+            )
         tokenizer = loaded.tokenizer if loaded is not None else Tokenizer.load(_need(bundle) / "tokenizer.model")
-        running.gateway = await start_gateway(config, tokenizer)
-        running.addresses["gateway"] = _with_port(config.address, running.gateway.host.port)
+        running.gateway = await start_gateway(gateway, tokenizer)
+        running.addresses["gateway"] = _with_port(gateway.address, running.gateway.host.port)
     return running
 
 
@@ -146,6 +159,13 @@ class ServiceStack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _model_service(section: str, table: Mapping[str, Any], limits_cls: type) -> tuple[ModelService, Any]:
+    """[verifier] or [drafter]: the keys both share, then the service's own limits."""
+    service, limits = parse_section(section, table, ModelService, limits_cls)
+    service.setdefault("address", SERVICE_ADDRESSES[section])
+    return ModelService(**service), limits_cls(**limits)
 
 
 def _need(bundle: Path | None) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ from drafter_service.session import LocalDrafter
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.policies import decode
 from seq2seq_models.bundle import load_bundle
+from specdec.cli import add_decoding_flags, decoding_overrides
 from verifier_service.session import DEFAULT_BACKEND, make_verifier
 
 TEXTS = ["Я хочу подякувати вам за вашу допомогу.", "We have been living in this city."]
@@ -119,3 +121,26 @@ def test_missing_bundle_is_a_clear_error(tmp_path):
     proc = _specdec("decode", "--bundle", str(tmp_path / "nowhere"), stdin="x\n")
     assert proc.returncode == 2
     assert "is not a model bundle" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# The decoding flags as they have always been named; add_decoding_flags derives them from DecodingConfig.
+FLAGS = {
+    "--mode": ("mode", None), "--k": ("k", int), "--beta": ("beta", int), "--tau": ("tau", float),
+    "--beams": ("num_beams", int), "--gamma": ("gamma", int), "--threshold": ("threshold", float),
+    "--beam-delta": ("beam_delta", float), "--beam-max-candidates": ("beam_max_candidates", int),
+    "--temperature": ("temperature", float), "--top-k": ("top_k", int), "--top-p": ("top_p", float),
+    "--seed": ("seed", int), "--max-new-tokens": ("max_new_tokens", int),
+}
+
+
+def test_decoding_flags_keep_their_names_types_and_choices():
+    parser = argparse.ArgumentParser()
+    add_decoding_flags(parser)
+    actions = {a.option_strings[0]: a for a in parser._actions if a.option_strings and a.dest != "help"}
+    assert {flag: (a.dest, a.type) for flag, a in actions.items()} == FLAGS
+    assert actions["--mode"].choices == ["ar", "beam", "iad", "gad", "gad++", "mjsd", "spec"]
+    assert all(a.help for a in actions.values())
+    args = parser.parse_args(["--mode", "gad++", "--beams", "3", "--top-p", "0.5"])
+    overrides = decoding_overrides(args)
+    assert {k: v for k, v in overrides.items() if v is not None} == {"mode": "gad++", "num_beams": 3, "top_p": 0.5}
+    assert DecodingConfig().with_overrides(overrides) == DecodingConfig(mode=Mode.GAD_PLUS_PLUS, num_beams=3, top_p=0.5)

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from core.interfaces import VerifyResult
+from core.interfaces import Draft, VerifyResult
 from core.sampling import SamplingParams, sample_index, warp
 
 
@@ -19,6 +19,11 @@ def accept_exact(draft: list[int], res: VerifyResult) -> tuple[int, int]:
     while a < len(draft) and draft[a] == res.top1[a]:
         a += 1
     return a, res.top1[a]
+
+
+def exact(ids: list[int], draft: Draft, res: VerifyResult) -> tuple[int, int]:
+    """`accept_exact` in the loop's Accept shape (AR greedy, IAD, GAD)."""
+    return accept_exact(ids, res)
 
 
 def accept_gad_plus_plus(draft: list[int], res: VerifyResult, beta: int, tau: float) -> tuple[int, int]:

@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 
 from core.checks import check_ids
 from core.errors import SpecdecError, StatusCode, invalid, out_of_range
-from core.interfaces import Draft, Drafter, DrafterSession, Verifier, VerifyResult
-from core.sampling import SamplingParams
-from gateway.decoding_config import DRAFTER_MODES, DecodingConfig, Mode
-from gateway.policies.accept import accept_exact, accept_gad_plus_plus, accept_mjsd, accept_speculative
-from gateway.policies.beam import beam_search
-from gateway.policies.iad import CopyDrafter
-from gateway.policies.loop import (
-    Accept,
-    DecodeResult,
-    DecodeStats,
-    OnTokens,
-    PrefixSync,
-    Propose,
-    draft_verify_loop,
-)
+from core.interfaces import Drafter, DrafterSession, Verifier
+
+# The module, not its names: gateway.modes imports this package's submodules, so whichever of the
+# two is imported first, the other is still half-initialised here. `modes.MODES` is read per call.
+from gateway import modes
+from gateway.decoding_config import DecodingConfig
+from gateway.policies.drafter_sync import DrafterSync
+from gateway.policies.loop import DecodeResult, DecodeStats, OnTokens, draft_verify_loop
 
 
 def decode(
@@ -39,38 +30,33 @@ def decode(
     an output already committed (a fallback after the drafter failed mid-request); the result
     includes it."""
     _check_source(source_ids, verifier)
-    if prefix and config.mode == Mode.BEAM:
-        raise invalid("beam search cannot continue a committed prefix")
+    spec = modes.MODES[config.mode]
+    if prefix and spec.run is not None:
+        raise invalid(f"{spec.name} cannot continue a committed prefix")
     check_ids(prefix or [], verifier.vocab_size, "prefix")
     if prefix and len(prefix) >= config.max_new_tokens:
         raise out_of_range(f"prefix has {len(prefix)} tokens; max_new_tokens is {config.max_new_tokens}")
     stats = DecodeStats()
-    mode = config.mode
-    if mode == Mode.BEAM:
-        out = beam_search(
-            verifier,
-            source_ids,
-            config.num_beams,
-            config.max_new_tokens,
-            stats,
-            delta=config.beam_delta,
-            max_candidates=config.beam_max_candidates,
-        )
+    if spec.run is not None:
+        out = spec.run(source_ids, config, verifier, stats)
         if on_tokens is not None and out:
             on_tokens(out)
         return DecodeResult(out, stats)
-    if mode in DRAFTER_MODES and drafter is None:
-        raise SpecdecError(StatusCode.FAILED_PRECONDITION, f"mode {mode.value} needs a drafter")
+    assert spec.build is not None
+    if spec.needs_drafter and drafter is None:
+        raise SpecdecError(StatusCode.FAILED_PRECONDITION, f"mode {config.mode.value} needs a drafter")
     if rng is None:
         rng = np.random.default_rng([config.seed, 0])
     session = verifier.open(source_ids)
     drafter_session: DrafterSession | None = None
     try:
-        if mode in DRAFTER_MODES:
+        if spec.needs_drafter:
             assert drafter is not None
             drafter_seed = int(np.random.SeedSequence([config.seed, 1]).generate_state(1)[0])
             drafter_session = drafter.open(source_ids, seed=drafter_seed)
-        propose, accept, top_k = _policy(config, source_ids, verifier, drafter_session, rng)
+        sync = DrafterSync(drafter_session) if drafter_session is not None else None
+        propose, accept = spec.build(modes.PolicyInputs(config, source_ids, verifier, sync, rng))
+        top_k = spec.top_k(config, verifier.vocab_size)
         out = draft_verify_loop(
             session, propose, accept, top_k, config.max_new_tokens, verifier.eos_id, stats, on_tokens, prefix
         )
@@ -79,77 +65,6 @@ def decode(
         session.close()
         if drafter_session is not None:
             drafter_session.close()
-
-
-def _policy(
-    config: DecodingConfig,
-    source_ids: list[int],
-    verifier: Verifier,
-    drafter_session: DrafterSession | None,
-    rng: np.random.Generator,
-) -> tuple[Propose, Accept, int]:
-    """(propose, accept, top_k) for a draft-verify mode."""
-    mode = config.mode
-    if mode == Mode.AR:
-        return _no_draft, _exact, 1
-    if mode == Mode.IAD:
-        copier = CopyDrafter(source_ids, verifier.bos_id, verifier.eos_id, cap=config.k)
-        return copier.propose, _exact, 1
-    assert drafter_session is not None
-    sync = _DrafterSync(drafter_session)
-    if mode == Mode.GAD:
-        return partial(sync.block, k=config.k), _exact, 1
-    if mode == Mode.GAD_PLUS_PLUS:
-
-        def gad_plus_plus(ids: list[int], draft: Draft, res: VerifyResult) -> tuple[int, int]:
-            return accept_gad_plus_plus(ids, res, config.beta, config.tau)
-
-        return partial(sync.block, k=config.k), gad_plus_plus, config.beta
-    if mode == Mode.MJSD:
-
-        def mjsd(ids: list[int], draft: Draft, res: VerifyResult) -> tuple[int, int]:
-            return accept_mjsd(ids, draft.cum_logq, res, config.threshold)
-
-        return partial(sync.beam, gamma=config.gamma, num_beams=config.num_beams), mjsd, 1
-    if mode == Mode.SPECULATIVE:
-        params = config.sampling
-
-        def speculative(ids: list[int], draft: Draft, res: VerifyResult) -> tuple[int, int]:
-            return accept_speculative(ids, draft.q_rows, res, params, verifier.vocab_size, rng)
-
-        # The residual max(0, p - q) needs p over the whole vocabulary.
-        return partial(sync.sample, gamma=config.gamma, params=params), speculative, verifier.vocab_size
-    raise invalid(f"mode {mode.value} is not a draft-verify mode")
-
-
-def _no_draft(output: list[int], room: int) -> Draft:
-    return Draft(ids=[])
-
-
-def _exact(ids: list[int], draft: Draft, res: VerifyResult) -> tuple[int, int]:
-    return accept_exact(ids, res)
-
-
-class _DrafterSync:
-    """Sends the drafter only the delta of the committed output at every step."""
-
-    def __init__(self, session: DrafterSession) -> None:
-        self.session = session
-        self.sync = PrefixSync()
-
-    def _delta(self, output: list[int]) -> tuple[int, list[int]]:
-        committed, append = self.sync.delta(output)
-        self.sync.seen = list(output)
-        return committed, append
-
-    def block(self, output: list[int], room: int, k: int) -> Draft:
-        return self.session.draft_block(*self._delta(output), min(k, room))
-
-    def beam(self, output: list[int], room: int, gamma: int, num_beams: int) -> Draft:
-        return self.session.draft_beam(*self._delta(output), min(gamma, room), num_beams)
-
-    def sample(self, output: list[int], room: int, gamma: int, params: SamplingParams) -> Draft:
-        return self.session.draft_sample(*self._delta(output), min(gamma, room), params)
 
 
 def _check_source(source_ids: list[int], verifier: Verifier) -> None:

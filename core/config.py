@@ -1,0 +1,160 @@
+"""Service configuration: a TOML file, overridden by environment variables, overridden by flags.
+
+One file configures all three services (see config/specdec.example.toml):
+
+    [gateway]   address, verifier_address, drafter_address, metrics_address, workers,
+                request_timeout_s, drafter_timeout_s, startup_timeout_s, drafter_retry_s,
+                fallback ("ar": run plain AR through the verifier when the drafter fails;
+                "fail": answer UNAVAILABLE)
+    [defaults]  DecodingConfig fields (mode, k, beta, tau, ...): used for unset request fields
+    [limits]    DecodingLimits fields (max_k, max_beta, ...): per-request bounds
+    [verifier]  address, backend (torch | onnxruntime), metrics_address, max_sessions, max_draft_len,
+                max_source_len
+    [drafter]   address, backend, metrics_address, max_sessions, max_draft_len
+
+Environment: SPECDEC__<SECTION>__<KEY>=value (e.g. SPECDEC__GATEWAY__FALLBACK=fail,
+SPECDEC__DEFAULTS__MODE=iad); values are parsed as TOML scalars, falling back to strings.
+
+Every section is checked the same way, by `parse_section`, against the dataclasses that declare its
+keys: an unknown key or a value of the wrong type is a one-line ValueError naming section and key.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from core.backends import BACKENDS, DEFAULT_BACKEND
+
+ENV_PREFIX = "SPECDEC__"
+SECTIONS = ("gateway", "defaults", "limits", "verifier", "drafter")
+
+# The default listen addresses, held here only: the gateway, the CLI and serve all read them.
+GATEWAY_ADDRESS = "127.0.0.1:50051"
+VERIFIER_ADDRESS = "127.0.0.1:50052"
+DRAFTER_ADDRESS = "127.0.0.1:50053"
+SERVICE_ADDRESSES = {"verifier": VERIFIER_ADDRESS, "drafter": DRAFTER_ADDRESS}
+
+
+@dataclass(frozen=True)
+class ModelService:
+    """The keys [verifier] and [drafter] share; the rest of each section is the service's limits."""
+
+    address: str
+    backend: str = field(default=DEFAULT_BACKEND, metadata={"choices": BACKENDS})
+    metrics_address: str | None = None  # host:port of the Prometheus endpoint; None: off
+
+
+def load_sections(
+    path: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """The merged configuration: file, then environment, then `overrides` (flags; None ignored).
+    Section names are checked here; keys and values by `parse_section`."""
+    sections: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    if path:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+        unknown = set(data) - set(SECTIONS)
+        if unknown:
+            raise ValueError(f"{path}: unknown sections {sorted(unknown)}; known: {list(SECTIONS)}")
+        for name, table in data.items():
+            if not isinstance(table, dict):
+                raise ValueError(f"{path}: [{name}] must be a table, got {table!r}")
+            sections[name].update(table)
+    for key, value in (os.environ if environ is None else environ).items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        section, _, name = key[len(ENV_PREFIX) :].lower().partition("__")
+        if section in sections and name:
+            sections[section][name] = _parse_scalar(value)
+    for section, table in (overrides or {}).items():
+        sections[section].update({k: v for k, v in table.items() if v is not None})
+    return sections
+
+
+def parse_section(
+    section: str, table: Mapping[str, Any], *schemas: type, exclude: Collection[str] = ()
+) -> list[dict[str, Any]]:
+    """`table` split by the dataclass among `schemas` that declares each key (one kwargs dict per
+    schema, in order), every value type-checked against its field. `exclude` names fields that
+    the file may not set (ones the caller fills in)."""
+    owners: dict[str, tuple[int, Any, Any]] = {}
+    for index, schema in enumerate(schemas):
+        hints = typing.get_type_hints(schema)
+        for f in fields(schema):
+            if f.name not in exclude:
+                owners.setdefault(f.name, (index, hints[f.name], f.metadata.get("choices")))
+    out: list[dict[str, Any]] = [{} for _ in schemas]
+    for key, value in table.items():
+        if key not in owners:
+            raise ValueError(f"[{section}] unknown key {key!r}; known: {', '.join(sorted(owners))}")
+        index, hint, choices = owners[key]
+        out[index][key] = check_value(f"[{section}] {key}", value, hint, choices)
+    return out
+
+
+def check_value(where: str, value: Any, hint: Any, choices: tuple | None = None) -> Any:
+    """`value` converted to `hint` (int -> float, str -> an Enum), or a ValueError naming `where`."""
+    allowed = _union_members(hint)
+    if value is None and type(None) in allowed:
+        return None
+    for kind in allowed:
+        converted = _convert(value, kind)
+        if converted is not _NO:
+            if choices is not None and converted not in choices:
+                raise ValueError(f"{where}: must be one of {', '.join(map(str, choices))}; got {value!r}")
+            return converted
+    names = " or ".join(getattr(k, "__name__", str(k)) for k in allowed if k is not type(None))
+    if any(isinstance(k, type) and issubclass(k, Enum) for k in allowed):
+        options = ", ".join(str(m.value) for k in allowed if issubclass(k, Enum) for m in k)
+        raise ValueError(f"{where}: must be one of {options}; got {value!r}")
+    raise ValueError(f"{where}: expected {names}, got {type(value).__name__} {value!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+
+_NO = object()  # "does not convert" (None is a legal value)
+
+
+def _union_members(hint: Any) -> tuple:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return typing.get_args(hint)
+    return (hint,)
+
+
+def _convert(value: Any, kind: Any) -> Any:
+    if kind is type(None):
+        return _NO  # None itself was let through before
+    # bool is an int subclass: `workers = true` must not pass as 1.
+    if kind is bool:
+        return value if isinstance(value, bool) else _NO
+    if kind is int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else _NO
+    if kind is float:
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else _NO
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        try:
+            return kind(value)
+        except ValueError:
+            return _NO
+    if kind is str:
+        return value if isinstance(value, str) else _NO
+    return value  # a type this checker does not know: the dataclass takes it as it is
+
+
+def _parse_scalar(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text

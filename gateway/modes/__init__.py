@@ -1,0 +1,38 @@
+"""The mode registry: every decoding mode, declared once by a `ModeSpec` in its own module here.
+
+`decode()`, the wire maps (gateway.wire), the gateway's fallback and the CLI's --mode choices all
+read `MODES`; nothing else lists the modes.
+
+Adding a mode:
+1. Add its value to the `Mode` enum in gateway/decoding_config.py, and a `MODE_<NAME>` value to
+   the `Mode` enum in protos/specdec/v1/gateway.proto (stubs regenerate on import, or
+   `python -m protos.build`).
+2. Write gateway/modes/<name>.py declaring `SPEC = ModeSpec(Mode.X, wire="MODE_<NAME>", lossless=...,
+   drafter=DrafterMethod.NONE | BLOCK | BEAM | SAMPLE, build=..., top_k=...)`: `build(inputs)` returns
+   (propose, accept) for the draft-verify loop; a mode outside that loop gives `run=` instead.
+3. Put its accept rule, if new, in gateway/policies/accept.py, as a pure function with a test.
+4. Add `<name>.SPEC` to `_SPECS` below. New decoding parameters are DecodingConfig fields (with
+   `param(...)`) and gateway.proto fields; the CLI flags and wire maps follow from them.
+5. tests/test_mode_registry.py checks that every Mode and wire value has a spec.
+"""
+
+from __future__ import annotations
+
+from gateway.decoding_config import Mode
+from gateway.modes import ar, beam, gad, gad_plus_plus, iad, mjsd, speculative
+from gateway.modes.mode_spec import DrafterMethod, ModeSpec, PolicyInputs
+
+_SPECS = (ar.SPEC, beam.SPEC, iad.SPEC, gad.SPEC, gad_plus_plus.SPEC, mjsd.SPEC, speculative.SPEC)
+
+MODES: dict[Mode, ModeSpec] = {spec.mode: spec for spec in _SPECS}
+# Modes whose output is, by construction, exactly the verifier's greedy output.
+LOSSLESS_MODES = frozenset(mode for mode, spec in MODES.items() if spec.lossless)
+# Modes that need the drafter service (the gateway falls back to AR without it).
+DRAFTER_MODES = frozenset(mode for mode, spec in MODES.items() if spec.needs_drafter)
+
+__all__ = ["DRAFTER_MODES", "LOSSLESS_MODES", "MODES", "DrafterMethod", "ModeSpec", "PolicyInputs", "mode_names"]
+
+
+def mode_names() -> list[str]:
+    """The modes' names as users type them (--mode, [defaults] mode), in declaration order."""
+    return [mode.value for mode in MODES]

@@ -1,0 +1,26 @@
+"""AR beam search with the verifier: its own loop (`gateway.policies.beam`), not draft-verify."""
+
+from __future__ import annotations
+
+from core.interfaces import Verifier
+from gateway.decoding_config import DecodingConfig, Mode
+from gateway.modes.mode_spec import DrafterMethod, ModeSpec
+from gateway.policies.beam import beam_search
+from gateway.policies.loop import DecodeStats
+
+
+def run(source_ids: list[int], config: DecodingConfig, verifier: Verifier, stats: DecodeStats) -> list[int]:
+    return beam_search(
+        verifier,
+        source_ids,
+        config.num_beams,
+        config.max_new_tokens,
+        stats,
+        delta=config.beam_delta,
+        max_candidates=config.beam_max_candidates,
+    )
+
+
+SPEC = ModeSpec(
+    Mode.BEAM, wire="MODE_AR_BEAM", lossless=False, drafter=DrafterMethod.NONE, run=run, title="beam search"
+)

@@ -1,0 +1,35 @@
+"""GAD++: GAD's drafts, accepted while in the verifier's top-beta and within tau of its top-1."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from core.interfaces import Draft, VerifyResult
+from gateway.decoding_config import DecodingConfig, Mode
+from gateway.modes.mode_spec import DrafterMethod, ModeSpec, PolicyInputs
+from gateway.policies.accept import accept_gad_plus_plus
+from gateway.policies.loop import Accept, Propose
+
+
+def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:
+    assert inputs.drafter is not None
+    config = inputs.config
+
+    def accept(ids: list[int], draft: Draft, res: VerifyResult) -> tuple[int, int]:
+        return accept_gad_plus_plus(ids, res, config.beta, config.tau)
+
+    return partial(inputs.drafter.block, k=config.k), accept
+
+
+def top_beta(config: DecodingConfig, vocab_size: int) -> int:
+    return config.beta  # the accept rule looks a draft token up among the top-beta
+
+
+SPEC = ModeSpec(
+    Mode.GAD_PLUS_PLUS,
+    wire="MODE_GAD_PLUS_PLUS",
+    lossless=False,
+    drafter=DrafterMethod.BLOCK,
+    build=build,
+    top_k=top_beta,
+)

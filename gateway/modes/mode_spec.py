@@ -1,0 +1,75 @@
+"""What one mode declares: its names, whether it is lossless, what it needs of the drafter, how it runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from core.interfaces import Verifier
+from gateway.decoding_config import DecodingConfig, Mode
+from gateway.policies.drafter_sync import DrafterSync
+from gateway.policies.loop import Accept, DecodeStats, Propose
+
+
+class DrafterMethod(StrEnum):
+    """The DrafterSession call a mode drafts with; NONE: the mode needs no drafter service."""
+
+    NONE = "none"
+    BLOCK = "block"  # draft_block: k tokens at once (the NAR drafter)
+    BEAM = "beam"  # draft_beam: gamma tokens by beam search (the AR drafter)
+    SAMPLE = "sample"  # draft_sample: gamma sampled tokens and their q rows (the AR drafter)
+
+
+@dataclass(frozen=True)
+class PolicyInputs:
+    """Everything a draft-verify mode's factory may build its policy from, for one request."""
+
+    config: DecodingConfig
+    source_ids: list[int]
+    verifier: Verifier
+    drafter: DrafterSync | None  # set exactly when the spec's drafter method is not NONE
+    rng: np.random.Generator  # the request's stream, for modes that sample
+
+
+# build(inputs) -> (propose, accept) for the draft-verify loop.
+BuildPolicy = Callable[[PolicyInputs], tuple[Propose, Accept]]
+# top_k(config, vocabulary size) -> candidates per position the verifier must return.
+TopK = Callable[[DecodingConfig, int], int]
+# run(source_ids, config, verifier, stats) -> output ids, for a mode outside the draft-verify loop.
+RunMode = Callable[[list[int], DecodingConfig, Verifier, DecodeStats], list[int]]
+
+
+def top_1(config: DecodingConfig, vocab_size: int) -> int:
+    """The top_k rule of the modes that only compare drafts with the verifier's argmax."""
+    return 1
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    """One mode, declared once: `build` (draft-verify modes) or `run` (beam search), never both."""
+
+    mode: Mode
+    wire: str  # the value's name in gateway.proto's Mode enum, e.g. "MODE_GAD"
+    lossless: bool  # the output is, by construction, exactly the verifier's greedy output
+    drafter: DrafterMethod
+    build: BuildPolicy | None = None
+    top_k: TopK = top_1
+    run: RunMode | None = None
+    title: str = ""  # how error messages name the mode; default: "mode <value>"
+
+    def __post_init__(self) -> None:
+        if (self.build is None) == (self.run is None):
+            raise TypeError(f"mode {self.mode.value}: declare exactly one of build and run")
+        if self.run is not None and self.drafter != DrafterMethod.NONE:
+            raise TypeError(f"mode {self.mode.value}: a run function gets no drafter")
+
+    @property
+    def needs_drafter(self) -> bool:
+        return self.drafter != DrafterMethod.NONE
+
+    @property
+    def name(self) -> str:
+        return self.title or f"mode {self.mode.value}"

@@ -1,0 +1,244 @@
+"""The service configuration (core.config): file, then environment, then flags; every section
+checked the same way; the defaults held once. Real files, real subprocesses, real servers."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from core.backends import BACKENDS, DEFAULT_BACKEND
+from core.config import DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS, load_sections
+from core.errors import SpecdecError, StatusCode
+from gateway.config import GatewayConfig
+from gateway.decoding_config import DecodingConfig, Mode
+from gateway.wire import overrides_to_wire
+from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
+from seq2seq_models.bundle import make_tiny_bundle
+from specdec.cli import _build_parser
+from specdec.serve import ServiceStack, serve_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FILE = """
+[gateway]
+workers = 3
+fallback = "fail"
+drafter_address = ""
+
+[defaults]
+mode = "iad"
+tau = 2          # an int where a float is declared: taken as 2.0
+seed = 7
+
+[limits]
+max_k = 20
+
+[verifier]
+address = "127.0.0.1:6000"
+backend = "torch"
+max_sessions = 5
+max_source_len = 40
+
+[drafter]
+max_draft_len = 9
+"""
+
+
+@pytest.fixture()
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "specdec.toml"
+    path.write_text(FILE)
+    return path
+
+
+def test_a_file_configures_every_section(config_file: Path) -> None:
+    config = serve_config(load_sections(config_file, environ={}))
+    g = config.gateway
+    assert (g.workers, g.fallback, g.drafter_address) == (3, "fail", None)
+    assert g.defaults == DecodingConfig(mode=Mode.IAD, tau=2.0, seed=7) and isinstance(g.defaults.tau, float)
+    assert g.seed_from_defaults
+    assert g.limits.max_k == 20 and g.limits.max_beta == 64
+    assert (config.verifier.address, config.verifier.backend) == ("127.0.0.1:6000", "torch")
+    assert (config.verifier_limits.max_sessions, config.verifier_limits.max_source_len) == (5, 40)
+    assert (config.drafter.address, config.drafter.backend) == (DRAFTER_ADDRESS, DEFAULT_BACKEND)
+    assert config.drafter_limits.max_draft_len == 9
+
+
+def test_environment_beats_the_file_and_flags_beat_the_environment(config_file: Path) -> None:
+    environ = {
+        "SPECDEC__GATEWAY__WORKERS": "4",
+        "SPECDEC__DEFAULTS__MODE": "gad++",  # not a TOML scalar: taken as a string
+        "SPECDEC__VERIFIER__MAX_SESSIONS": "6",
+        "SPECDEC__DRAFTER__ADDRESS": "127.0.0.1:7000",
+        "UNRELATED": "x",
+    }
+    by_env = serve_config(load_sections(config_file, environ=environ))
+    assert by_env.gateway.workers == 4 and by_env.gateway.defaults.mode == Mode.GAD_PLUS_PLUS
+    assert by_env.verifier_limits.max_sessions == 6 and by_env.drafter.address == "127.0.0.1:7000"
+
+    flags = {"gateway": {"workers": 5, "address": None}, "drafter": {"address": "127.0.0.1:7001"}}
+    by_flags = serve_config(load_sections(config_file, environ=environ, overrides=flags))
+    assert by_flags.gateway.workers == 5
+    assert by_flags.gateway.address == GATEWAY_ADDRESS  # a None flag is "not given"
+    assert by_flags.drafter.address == "127.0.0.1:7001"
+
+
+UNKNOWN = [("gateway", "fallbak"), ("defaults", "block_size"), ("limits", "max_tau"), ("verifier", "max_sesions"),
+           ("drafter", "max_source_len")]  # max_source_len is a verifier key, not a drafter one
+
+
+@pytest.mark.parametrize(("section", "key"), UNKNOWN)
+def test_an_unknown_key_is_a_one_line_error_naming_it(section: str, key: str) -> None:
+    with pytest.raises(ValueError) as exc:
+        serve_config(load_sections(environ={}, overrides={section: {key: 1}}))
+    message = str(exc.value)
+    assert f"[{section}] unknown key {key!r}" in message and "\n" not in message
+
+
+BAD_VALUES = [
+    ("gateway", "workers", "eight", "expected int, got str 'eight'"),
+    ("gateway", "request_timeout_s", True, "expected float, got bool True"),
+    ("gateway", "fallback", "retry", "must be one of ar, fail"),
+    ("defaults", "k", 2.5, "expected int, got float 2.5"),
+    ("defaults", "mode", "fast", "must be one of ar, beam, iad, gad, gad++, mjsd, spec"),
+    ("limits", "max_new_tokens", "256", "expected int, got str '256'"),
+    ("verifier", "max_sessions", "64", "expected int, got str '64'"),
+    ("verifier", "backend", "tensorflow", "must be one of torch, onnxruntime"),
+    ("drafter", "max_draft_len", [8], "expected int, got list [8]"),
+    ("drafter", "address", 50053, "expected str, got int 50053"),
+]
+
+
+@pytest.mark.parametrize(("section", "key", "value", "message"), BAD_VALUES, ids=[f"{b[0]}.{b[1]}" for b in BAD_VALUES])
+def test_a_bad_value_is_a_one_line_error_naming_the_key(section: str, key: str, value, message: str) -> None:
+    with pytest.raises(ValueError) as exc:
+        serve_config(load_sections(environ={}, overrides={section: {key: value}}))
+    assert str(exc.value).startswith(f"[{section}] {key}: {message}")
+    assert "\n" not in str(exc.value)
+
+
+def test_a_bad_environment_value_names_its_key() -> None:
+    with pytest.raises(ValueError, match=r"^\[verifier\] max_draft_len: expected int, got str 'many'$"):
+        serve_config(load_sections(environ={"SPECDEC__VERIFIER__MAX_DRAFT_LEN": "many"}))
+
+
+def test_an_unknown_section_or_broken_file_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[gatway]\nworkers = 2\n")
+    with pytest.raises(ValueError, match="unknown sections"):
+        load_sections(path, environ={})
+    path.write_text("[gateway\n")
+    with pytest.raises(ValueError, match=str(path)):
+        load_sections(path, environ={})
+
+
+SERVE_ERRORS = [
+    ("[verifier]\nmax_sesions = 3\n", "[verifier] unknown key 'max_sesions'"),
+    ("[drafter]\nmax_sessions = \"many\"\n", "[drafter] max_sessions: expected int, got str 'many'"),
+    ("[gateway]\nworkers = 1.5\n", "[gateway] workers: expected int, got float 1.5"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), SERVE_ERRORS, ids=["unknown-key", "bad-type", "other-section"])
+def test_specdec_serve_reports_a_bad_config_in_one_line(tmp_path: Path, text: str, message: str) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdec", "serve", "verifier", "--config", str(bad), "--bundle", str(tmp_path)],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"specdec serve: error: {message}")
+    assert proc.stdout == ""
+
+
+def test_the_defaults_are_held_once() -> None:
+    assert (GatewayConfig().address, GatewayConfig().verifier_address, GatewayConfig().drafter_address) == (
+        GATEWAY_ADDRESS, VERIFIER_ADDRESS, DRAFTER_ADDRESS,
+    )
+    config = serve_config({})
+    assert (config.verifier.address, config.drafter.address) == (VERIFIER_ADDRESS, DRAFTER_ADDRESS)
+    assert config.verifier.backend == config.drafter.backend == DEFAULT_BACKEND
+    parser = _build_parser()
+    assert parser.parse_args(["generate", "x"]).addr == GATEWAY_ADDRESS
+    # Nothing besides core/config.py spells an address or the backend list out.
+    spelled = re.compile(r"127\.0\.0\.1:5005[123]|\[\"torch\", \"onnxruntime\"\]")
+    sources = [p for package in ("core", "gateway", "specdec") for p in (ROOT / package).rglob("*.py")]
+    offenders = [
+        str(p.relative_to(ROOT))
+        for p in sources
+        if p != ROOT / "core" / "config.py" and spelled.search(p.read_text(encoding="utf-8"))
+    ]
+    assert offenders == []
+    assert BACKENDS == ("torch", "onnxruntime")
+
+
+# ---- fallback = "fail": no degrading to AR when the drafter is gone ---------------------------
+
+TEXT = "We have been living in this city."
+GAD = {"mode": "gad", "k": 4, "max_new_tokens": 12}
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(tmp_path_factory) -> Path:
+    return make_tiny_bundle(tmp_path_factory.mktemp("config-bundle"), seed=3)
+
+
+def test_fallback_fail_refuses_to_start_without_the_drafter(bundle_dir: Path) -> None:
+    with ServiceStack("verifier", bundle_dir, {"verifier": {"address": "127.0.0.1:0"}}) as verifier:
+        gateway = ServiceStack("gateway", bundle_dir, _gateway_sections(verifier, _dead_address(), "fail"))
+        try:
+            with pytest.raises(SpecdecError) as exc:
+                gateway.start()
+            assert exc.value.code == StatusCode.UNAVAILABLE and "drafter at" in exc.value.message
+        finally:
+            gateway.stop()
+
+
+def test_fallback_fail_answers_unavailable_once_the_drafter_is_gone(bundle_dir: Path) -> None:
+    loopback = {"address": "127.0.0.1:0"}
+    with ServiceStack("verifier", bundle_dir, {"verifier": loopback}) as verifier:
+        drafter = ServiceStack("drafter", bundle_dir, {"drafter": loopback}).start()
+        address = drafter.running.addresses["drafter"]
+        gateway = ServiceStack("gateway", bundle_dir, _gateway_sections(verifier, address, "fail"))
+        with gateway as g, grpc.insecure_channel(g.running.addresses["gateway"]) as channel:
+            stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+            request = gateway_pb2.GenerateRequest(text=TEXT, config=overrides_to_wire(GAD))
+            assert not stub.Generate(request, timeout=60).stats.degraded  # the drafter is up
+            drafter.stop()  # now nothing listens at its address
+            with pytest.raises(grpc.RpcError) as exc:
+                stub.Generate(request, timeout=60)
+            assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "no fallback configured" in exc.value.details()
+            # Modes that need no drafter still run.
+            ar = gateway_pb2.GenerateRequest(text=TEXT, config=overrides_to_wire({**GAD, "mode": "ar"}))
+            assert stub.Generate(ar, timeout=60).output_ids
+
+
+def _gateway_sections(verifier: ServiceStack, drafter_address: str, fallback: str) -> dict:
+    return {
+        "gateway": {
+            "address": "127.0.0.1:0",
+            "verifier_address": verifier.running.addresses["verifier"],
+            "drafter_address": drafter_address,
+            "fallback": fallback,
+            "startup_timeout_s": 1.0,
+        }
+    }
+
+
+def _dead_address() -> str:
+    import socket
+
+    with socket.socket() as s:  # bound then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
