@@ -21,10 +21,10 @@ import structlog
 from core.errors import SpecdecError, StatusCode, invalid
 from core.wire import SPECIAL_ID_FIELDS, target_len_from_wire
 from gateway.config import GatewayConfig
+from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode, validate
 from gateway.modes import DRAFTER_MODES
-from gateway.policies import DecodeResult, decode
-from gateway.policies.loop import OnTokens
+from gateway.policies.loop import DecodeResult, OnTokens
 from gateway.remote import (
     CallOptions,
     DrafterFailure,

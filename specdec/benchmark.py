@@ -358,7 +358,7 @@ def _overrides(config: BenchConfig, max_new_tokens: int) -> dict[str, Any]:
 
 
 def _run_in_process(verifier, drafter, sentences, configs, max_new_tokens, progress, warmup) -> list[Run]:
-    from gateway.policies import decode
+    from gateway.decode import decode
 
     def decoder(config: BenchConfig) -> Decode:
         cfg = _decoding_config(config, max_new_tokens)

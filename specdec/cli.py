@@ -99,9 +99,9 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     import torch
 
     from drafter_service.session import make_drafter
+    from gateway.decode import decode
     from gateway.decoding_config import DecodingConfig, DecodingLimits, validate
     from gateway.modes import DRAFTER_MODES
-    from gateway.policies import decode
     from seq2seq_models.bundle import load_bundle
     from verifier_service.session import make_verifier
 

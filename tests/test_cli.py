@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from drafter_service.session import LocalDrafter
+from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
-from gateway.policies import decode
 from seq2seq_models.bundle import load_bundle
 from specdec.cli import add_decoding_flags, decoding_overrides
 from verifier_service.session import DEFAULT_BACKEND, make_verifier

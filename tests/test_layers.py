@@ -88,3 +88,39 @@ def test_the_gateway_side_never_imports_torch(module: str) -> None:
     code = f"import sys, {module}; print(sorted(m for m in ('torch', 'onnxruntime') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_no_import_cycles_between_modules() -> None:
+    """Module-level imports (lazy imports inside functions aside) form no cycle, inside a package too."""
+    modules = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+        for package in ALLOWED
+        for path in (ROOT / package).rglob("*.py")
+        if "_pb2" not in path.name
+    }
+    edges: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:  # module level only
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                # `from pkg import name` imports pkg (its __init__), or pkg.name when that is a module.
+                targets = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+            else:
+                continue
+            edges[name].update(t for t in targets if t in modules and t != name)
+
+    def on_cycle(start: str) -> bool:
+        seen: set[str] = set()
+        stack = [start]
+        while stack:
+            for nxt in edges[stack.pop()]:
+                if nxt == start:
+                    return True
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        return False
+
+    cyclic = sorted(m for m in edges if on_cycle(m))
+    assert not cyclic, f"modules on an import cycle: {cyclic}"

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from drafter_service.session import LocalDrafter
+from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
-from gateway.policies import decode
 from tests.zoo import FIRST_WORD, MAX_LEN, VOCAB, model_pool, random_source
 from verifier_service.session import LocalVerifier
 

@@ -12,8 +12,8 @@ import torch
 from core.errors import SpecdecError, StatusCode
 from core.interfaces import Draft
 from drafter_service.session import LocalDrafter
+from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
-from gateway.policies import decode
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
 from seq2seq_models.onnx_export import ensure_export
 from seq2seq_models.transformer import Seq2SeqTransformer

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from core.errors import SpecdecError, StatusCode
 from drafter_service.onnx_nar import OnnxNarDrafter
 from drafter_service.session import LocalDrafter, make_drafter
+from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
-from gateway.policies import decode
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
 from seq2seq_models.onnx_export import ensure_export
 from tests.zoo import FIRST_WORD, MAX_LEN, VOCAB, model_pool, random_source

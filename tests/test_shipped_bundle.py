@@ -13,8 +13,8 @@ import grpc
 import pytest
 
 from drafter_service.session import LocalDrafter
+from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
-from gateway.policies import decode
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.bundle import load_bundle
 from specdec.cli import DEFAULT_BUNDLE_DIR

@@ -15,8 +15,8 @@ import torch
 
 from core.interfaces import Draft, VerifyResult
 from core.sampling import SamplingParams, sample_index, warp
+from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
-from gateway.policies import decode
 from gateway.policies.accept import accept_speculative
 
 V = 8

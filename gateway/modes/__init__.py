@@ -1,6 +1,6 @@
 """The mode registry: every decoding mode, declared once by a `ModeSpec` in its own module here.
 
-`decode()`, the wire maps (gateway.wire), the gateway's fallback and the CLI's --mode choices all
+`gateway.decode.decode()`, the wire maps (gateway.wire), the gateway's fallback and the CLI's --mode choices all
 read `MODES`; nothing else lists the modes.
 
 Adding a mode:
@@ -12,7 +12,8 @@ Adding a mode:
    (propose, accept) for the draft-verify loop; a mode outside that loop gives `run=` instead.
 3. Put its accept rule, if new, in gateway/policies/accept.py, as a pure function with a test.
 4. Add `<name>.SPEC` to `_SPECS` below. New decoding parameters are DecodingConfig fields (with
-   `param(...)`) and gateway.proto fields; the CLI flags and wire maps follow from them.
+   `field(default=..., metadata=about(help, flag=..., wire=...))`) and gateway.proto fields; the
+   CLI flags and wire maps follow from them.
 5. tests/test_mode_registry.py checks that every Mode and wire value has a spec.
 """
 

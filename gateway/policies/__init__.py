@@ -1,6 +1,2 @@
-"""The accept-loop policies, written once against `core.interfaces` (DESIGN sections 1, 3)."""
-
-from gateway.policies.decode import decode
-from gateway.policies.loop import DecodeResult, DecodeStats
-
-__all__ = ["DecodeResult", "DecodeStats", "decode"]
+"""The pieces the modes are built from, written once against `core.interfaces`: the draft-verify
+loop and its stats, the accept rules, IAD's copy drafter, beam search, the drafter delta sync."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from drafter_service.session import LocalDrafter
+from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
-from gateway.policies import decode
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2
 from specdec.client import generate

@@ -1,4 +1,7 @@
-"""One entry point for every mode: `decode(source_ids, config, verifier, drafter)`."""
+"""One entry point for every mode: `decode(source_ids, config, verifier, drafter)`.
+
+It looks the mode up in the registry (`gateway.modes`) and runs its policy, built from the pieces
+in `gateway.policies`, against the `Drafter` / `Verifier` interfaces."""
 
 from __future__ import annotations
 
@@ -7,11 +10,8 @@ import numpy as np
 from core.checks import check_ids
 from core.errors import SpecdecError, StatusCode, invalid, out_of_range
 from core.interfaces import Drafter, DrafterSession, Verifier
-
-# The module, not its names: gateway.modes imports this package's submodules, so whichever of the
-# two is imported first, the other is still half-initialised here. `modes.MODES` is read per call.
-from gateway import modes
 from gateway.decoding_config import DecodingConfig
+from gateway.modes import MODES, PolicyInputs
 from gateway.policies.drafter_sync import DrafterSync
 from gateway.policies.loop import DecodeResult, DecodeStats, OnTokens, draft_verify_loop
 
@@ -30,7 +30,7 @@ def decode(
     an output already committed (a fallback after the drafter failed mid-request); the result
     includes it."""
     _check_source(source_ids, verifier)
-    spec = modes.MODES[config.mode]
+    spec = MODES[config.mode]
     if prefix and spec.run is not None:
         raise invalid(f"{spec.name} cannot continue a committed prefix")
     check_ids(prefix or [], verifier.vocab_size, "prefix")
@@ -55,7 +55,7 @@ def decode(
             drafter_seed = int(np.random.SeedSequence([config.seed, 1]).generate_state(1)[0])
             drafter_session = drafter.open(source_ids, seed=drafter_seed)
         sync = DrafterSync(drafter_session) if drafter_session is not None else None
-        propose, accept = spec.build(modes.PolicyInputs(config, source_ids, verifier, sync, rng))
+        propose, accept = spec.build(PolicyInputs(config, source_ids, verifier, sync, rng))
         top_k = spec.top_k(config, verifier.vocab_size)
         out = draft_verify_loop(
             session, propose, accept, top_k, config.max_new_tokens, verifier.eos_id, stats, on_tokens, prefix
