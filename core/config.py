@@ -44,7 +44,7 @@ SERVICE_ADDRESSES = {"verifier": VERIFIER_ADDRESS, "drafter": DRAFTER_ADDRESS}
 
 
 @dataclass(frozen=True)
-class ModelService:
+class ServiceSection:
     """The keys [verifier] and [drafter] share; the rest of each section is the service's limits."""
 
     address: str

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from core.config import SERVICE_ADDRESSES, ModelService, parse_section
+from core.config import SERVICE_ADDRESSES, ServiceSection, parse_section
 from serving.logs import configure_logging
 
 ROLES = ("verifier", "drafter", "gateway", "all")
@@ -37,9 +37,9 @@ class ServeConfig:
     """Every section of the merged configuration, checked and typed."""
 
     gateway: Any  # gateway.config.GatewayConfig
-    verifier: ModelService
+    verifier: ServiceSection
     verifier_limits: Any  # verifier_service.server.VerifierLimits
-    drafter: ModelService
+    drafter: ServiceSection
     drafter_limits: Any  # drafter_service.server.DrafterLimits
 
 
@@ -161,11 +161,11 @@ class ServiceStack:
         self.stop()
 
 
-def _model_service(section: str, table: Mapping[str, Any], limits_cls: type) -> tuple[ModelService, Any]:
+def _model_service(section: str, table: Mapping[str, Any], limits_cls: type) -> tuple[ServiceSection, Any]:
     """[verifier] or [drafter]: the keys both share, then the service's own limits."""
-    service, limits = parse_section(section, table, ModelService, limits_cls)
+    service, limits = parse_section(section, table, ServiceSection, limits_cls)
     service.setdefault("address", SERVICE_ADDRESSES[section])
-    return ModelService(**service), limits_cls(**limits)
+    return ServiceSection(**service), limits_cls(**limits)
 
 
 def _need(bundle: Path | None) -> Path:
