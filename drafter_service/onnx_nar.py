@@ -9,8 +9,9 @@ decides whether GAD beats greedy (BENCHMARKS.md, "where the time goes").
 
 The past K/V are kept as the last call returned them, masks included; the graph slices the past to
 `past_len`, so the masks' K/V are simply never counted again, and a rollback is a smaller
-`past_len` with no copy. Only the CPU execution provider is used: on a GPU machine the drafter's
-torch backend already keeps its cache on the device.
+`past_len` with no copy. The graphs run through `seq2seq_models.ort_runner`, the verifier's runner,
+on the CPU execution provider only: on a GPU machine the drafter's torch backend already keeps its
+cache on the device.
 """
 
 from __future__ import annotations
@@ -18,11 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from core.checks import check_source, check_sync
 from seq2seq_models.onnx_export import OnnxExport, bundle_cache_root, export_model
-from seq2seq_models.ort_session import inference_session
+from seq2seq_models.ort_runner import open_runner
 from seq2seq_models.transformer import Seq2SeqTransformer
 
 
@@ -40,9 +39,7 @@ class OnnxNarDrafter:
     ) -> None:
         self.config = model.config
         self.export: OnnxExport = export_model(model, "nar_drafter", fingerprint, cache_root)
-        providers = ["CPUExecutionProvider"]
-        self._encoder = inference_session(self.export.encoder, intra_op_threads, providers)
-        self._decoder = inference_session(self.export.decoder, intra_op_threads, providers)
+        self.runner = open_runner(self.export, "cpu", intra_op_threads)
 
     @classmethod
     def from_bundle(cls, bundle: Any, cache_root: str | Path | None = None, **kwargs: Any) -> OnnxNarDrafter:
@@ -51,25 +48,6 @@ class OnnxNarDrafter:
 
     def open(self, source_ids: list[int]) -> OnnxNarState:
         return OnnxNarState(self, source_ids)
-
-    def encode(self, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        k, v = self._encoder.run(None, {"src": src})
-        return k, v
-
-    def decode(
-        self, tokens: np.ndarray, past_len: int, past: tuple[np.ndarray, np.ndarray],
-        cross: tuple[np.ndarray, np.ndarray], mask_from: int,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        present_k, present_v, ids = self._decoder.run(None, {
-            "tokens": tokens,
-            "past_len": np.array(past_len, dtype=np.int64),
-            "past_k": past[0],
-            "past_v": past[1],
-            "cross_k": cross[0],
-            "cross_v": cross[1],
-            "mask_from": np.array(mask_from, dtype=np.int64),
-        })
-        return present_k, present_v, ids
 
 
 class OnnxNarState:
@@ -83,12 +61,11 @@ class OnnxNarState:
     def __init__(self, drafter: OnnxNarDrafter, source_ids: list[int]) -> None:
         cfg = drafter.config
         check_source(source_ids, cfg)
-        self._drafter = drafter
+        self._runner = drafter.runner
         self._config = cfg
         self.tokens: list[int] = []  # the client's output prefix after BOS
-        self._cross = drafter.encode(np.array([[*source_ids, cfg.eos_id]], dtype=np.int64))
-        shape = (cfg.decoder_layers, 1, cfg.n_heads, 0, cfg.d_model // cfg.n_heads)
-        self._past = (np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+        self._cross = self._runner.encode(source_ids, cfg.eos_id)
+        self._past = self._runner.empty_past(cfg)
         self._valid = 0  # leading positions (BOS first) whose K/V in the past are of real tokens
 
     @property
@@ -97,7 +74,7 @@ class OnnxNarState:
 
     @property
     def cache_bytes(self) -> int:
-        return sum(int(t.nbytes) for t in (*self._past, *self._cross))
+        return sum(self._runner.nbytes(t) for t in (*self._past, *self._cross))
 
     def sync(self, committed_len: int, append_ids: list[int]) -> None:
         check_sync(committed_len, len(self.tokens), append_ids, 0, self._config)
@@ -107,8 +84,9 @@ class OnnxNarState:
     def draft_block(self, k: int) -> list[int]:
         cfg = self._config
         fed = [cfg.bos_id, *self.tokens][self._valid :]
-        block = np.array([[*fed, *([cfg.mask_id] * k)]], dtype=np.int64)
-        present_k, present_v, ids = self._drafter.decode(block, self._valid, self._past, self._cross, len(fed))
+        present_k, present_v, ids = self._runner.decode(
+            self._past, self._cross, tokens=[[*fed, *([cfg.mask_id] * k)]], past_len=self._valid, mask_from=len(fed)
+        )
         self._past = (present_k, present_v)
         self._valid = 1 + len(self.tokens)
         return ids.tolist()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+# DEFAULT_BACKEND is re-exported: specdec and the tests still import it from here.
+from core.backends import BACKENDS, DEFAULT_BACKEND  # noqa: F401
 from core.checks import check_source
 from core.errors import SpecdecError, StatusCode, invalid, out_of_step
 from core.interfaces import Draft
@@ -20,10 +22,6 @@ from seq2seq_models.prefix_state import PrefixState
 from seq2seq_models.transformer import Seq2SeqTransformer
 
 DRAFTER_ROLES = ("nar_drafter", "ar_drafter")
-BACKENDS = ("torch", "onnxruntime")
-# The NAR drafter's default for `specdec decode` and `specdec serve`: one ORT call per draft is
-# ~4.7x cheaper than torch eager's two passes on CPU (README: "Model backends").
-DEFAULT_BACKEND = "onnxruntime"
 
 
 class DrafterSession:

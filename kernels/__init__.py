@@ -1,6 +1,16 @@
-"""The verifier's output head: bias + log-softmax + top-k + drafted-token log-prob.
+"""The verifier's output head (bias + log-softmax + top-k + drafted-token log-prob), and the
+model's attention kernels.
 
-`output_head` picks a backend; every backend honours the contract in `kernels.reference`.
+Four implementations of the head honour the contract in `kernels.reference`:
+
+* `reference.py`: plain torch, the definition the others are tested against;
+* `cpu.py`: the fast CPU path (oneDNN projection, fused in-place epilogue);
+* `triton_head.py`: a fused Triton kernel for CUDA tensors;
+* `graph_head.py`: the version traced into the verifier's ONNX decoder (`seq2seq_models.onnx_export`),
+  written with a tensor `k` and standard ONNX ops; it runs inside ONNX Runtime, not through `output_head`.
+
+`output_head` picks among the first three at run time. `attention.py` holds the two attention
+kernels the layers take as a parameter: SDPA for eager torch, matmul-softmax for the ONNX export.
 """
 
 from __future__ import annotations
@@ -10,6 +20,7 @@ from typing import Literal
 from torch import Tensor
 
 from kernels.cpu import output_head_cpu
+from kernels.graph_head import output_head_graph
 from kernels.reference import HeadOutput, output_head_reference
 from kernels.triton_head import MAX_K as TRITON_MAX_K
 from kernels.triton_head import output_head_triton, triton_available
@@ -19,6 +30,7 @@ __all__ = [
     "HeadOutput",
     "output_head",
     "output_head_cpu",
+    "output_head_graph",
     "output_head_reference",
     "output_head_triton",
     "triton_available",

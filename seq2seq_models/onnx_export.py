@@ -20,9 +20,9 @@ its mask positions.
   whole prefix and the whole block. So catching up on the committed tokens and drafting is one
   call, where the torch drafter makes two passes (append, then masks).
 
-The head runs inside the graph (logits -> log-softmax -> TopK + gather) so a step is one ORT call
-and only top-k rows cross back to Python; ONNX TopK breaks ties by lower index, as the
-`kernels.reference` contract asks.
+The head runs inside the graph (`kernels.graph_head`: logits -> log-softmax -> TopK + gather) so a
+step is one ORT call and only top-k rows cross back to Python. The layers are the model's own
+(`seq2seq_models.layers`), traced with the GRAPH attention kernel (`kernels.attention`).
 
 The legacy TorchScript exporter (`dynamo=False`) is used: the dynamo exporter needs onnxscript,
 which this project does not depend on, and the traced graph here has no data-dependent control flow.
@@ -31,7 +31,6 @@ which this project does not depend on, and the traced graph here has no data-dep
 from __future__ import annotations
 
 import json
-import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -41,7 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seq2seq_models.transformer import Attention, Seq2SeqTransformer
+from kernels.attention import GRAPH
+from kernels.graph_head import output_head_graph
+from seq2seq_models.transformer import Seq2SeqTransformer
 
 OPSET = 17
 EXPORT_FORMAT = 2  # bump when the graphs' interface changes, so stale caches are not reused
@@ -227,8 +228,9 @@ def _example_cache(cfg) -> tuple[Tensor, Tensor]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Export-only modules: the same weights as Seq2SeqTransformer, written without in-place cache
-# writes so that the traced graph is a pure function of its inputs.
+# Export modules: the model's own stacks (`encode`, `cross_kv`, `run_decoder`) run with the GRAPH
+# attention kernel, and the past joined by concatenation instead of the KV cache's in-place
+# writes, so that the traced graph is a pure function of its inputs.
 # ----------------------------------------------------------------------------------------------
 
 
@@ -239,14 +241,8 @@ class _Encoder(nn.Module):
 
     def forward(self, src: Tensor) -> tuple[Tensor, Tensor]:
         m = self.model
-        positions = torch.arange(src.shape[1])[None, :]
-        x = m.embed(src) * m.embed_scale + m.src_pos(positions)
-        for layer in m.encoder_layers:  # one unpadded source: no mask needed
-            h = layer.attn_norm(x)
-            x = x + _attend(layer.attn, h, *_project_kv(layer.attn, h), None)
-            x = x + layer.ffn(layer.ffn_norm(x))
-        memory = m.encoder_norm(x)
-        ks, vs = zip(*(_project_kv(layer.cross_attn, memory) for layer in m.decoder_layers), strict=True)
+        memory = m.encode(src, None, GRAPH)  # one unpadded source: no mask needed
+        ks, vs = m.cross_kv(memory, GRAPH)
         return torch.stack(ks), torch.stack(vs)
 
 
@@ -267,11 +263,8 @@ class _DecoderStep(nn.Module):
             m, tokens, past_len, positions, past_k, past_v, cross_k, cross_v, causal
         )
         rows = hidden.index_select(0, torch.arange(head_from, t))
-        logprobs = F.log_softmax(F.linear(rows, m.embed.weight, m.out_bias), dim=-1)
-        topk_lp, topk_ids = torch.topk(logprobs, top_k, dim=-1)
-        gathered = logprobs.gather(1, targets.clamp(min=0)[:, None])[:, 0]
-        target_lp = torch.where(targets >= 0, gathered, torch.full_like(gathered, float("nan")))
-        return present_k, present_v, topk_lp, topk_ids, target_lp
+        head = output_head_graph(rows, m.embed.weight, m.out_bias, top_k, targets)
+        return present_k, present_v, head.topk_logprobs, head.topk_ids, head.target_logprobs
 
 
 class _NarDecoderStep(nn.Module):
@@ -304,40 +297,22 @@ def _decode_block(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Final-layer states [T, D] of a block after the first `past_len` cached positions, and
     the present K/V (the kept past plus the block's own) of every layer, stacked."""
+    # `embed_target` with the batch axis added after the position lookup, as the graph always had it.
     x = m.embed(tokens) * m.embed_scale + m.tgt_pos(positions)[None]
     # Index tensors rather than Python slices: a slice bound would be traced as a constant.
     kept = torch.arange(past_len)
-    present_k, present_v = [], []
-    for i, layer in enumerate(m.decoder_layers):
-        h = layer.self_norm(x)
-        k, v = _project_kv(layer.self_attn, h)
+    present_k: list[Tensor] = []
+    present_v: list[Tensor] = []
+
+    def join_past(i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         k = torch.cat([past_k[i].index_select(2, kept), k], dim=2)
         v = torch.cat([past_v[i].index_select(2, kept), v], dim=2)
         present_k.append(k)
         present_v.append(v)
-        x = x + _attend(layer.self_attn, h, k, v, visible)
-        x = x + _attend(layer.cross_attn, layer.cross_norm(x), cross_k[i], cross_v[i], None)
-        x = x + layer.ffn(layer.ffn_norm(x))
-    return m.decoder_norm(x)[0], torch.stack(present_k), torch.stack(present_v)
+        return k, v
 
-
-def _project_kv(attn: Attention, x: Tensor) -> tuple[Tensor, Tensor]:
-    return _split(attn, attn.k_proj(x)), _split(attn, attn.v_proj(x))
-
-
-def _split(attn: Attention, x: Tensor) -> Tensor:
-    # reshape with -1 rather than the module's view(b, t, ...): keeps the traced length symbolic.
-    return x.reshape(1, -1, attn.n_heads, attn.head_dim).transpose(1, 2)
-
-
-def _attend(attn: Attention, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-    # Plain matmul-softmax attention: exports to standard ops that ORT fuses on its own.
-    q = _split(attn, attn.q_proj(x))
-    scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(attn.head_dim))
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), v)
-    return attn.out_proj(out.transpose(1, 2).reshape(1, -1, attn.n_heads * attn.head_dim))
+    hidden = m.run_decoder(x, visible, cross_k, cross_v, None, GRAPH, join_past)
+    return hidden[0], torch.stack(present_k), torch.stack(present_v)
 
 
 def _float32_copy(model: Seq2SeqTransformer) -> Seq2SeqTransformer:

@@ -5,25 +5,37 @@ One class serves all three roles of a bundle:
 * the AR verifier: `start` encodes the source once (cross-attention K/V are cached per layer),
   `extend`/`score` append a block of any length to the self-attention KV cache in one forward,
   `truncate` rolls the cache back in O(1) (it only moves the per-row length);
-* the small AR drafter: the same, with a small config (its beam search lives in `ar_search`);
+* the small AR drafter: the same, with a small config (its beam search is
+  `seq2seq_models.drafting.beam_draft`);
 * the NAR block drafter: `extend(..., bidirectional=True)` over `k x [MASK]` after a causal
   prefix; every mask position sees the whole prefix and the whole block, then the block is
   truncated away again.
 
 Batches are right-padded: every row has its own cache length, and a block of tokens carries its
 own per-row length; masks keep padding out of every valid position.
+
+The layer math lives in `seq2seq_models.layers`; `encode`, `cross_kv` and `run_decoder` are the
+stacks every path shares (training, the KV cache here, and the ONNX export, which passes its own
+attention kernel and K/V joining).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from kernels.attention import EAGER, AttentionKernel
 from seq2seq_models.config import ModelConfig
+from seq2seq_models.layers import DecoderLayer, EncoderLayer
+
+# (layer index, block K, block V) -> the keys and values the block attends over in that layer.
+LayerJoinPast = Callable[[int, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 @dataclass
@@ -105,11 +117,7 @@ class Seq2SeqTransformer(nn.Module):
         cfg = self.config
         head_dim = cfg.d_model // cfg.n_heads
         capacity = min(capacity, cfg.max_len)
-        cross_k, cross_v = [], []
-        for layer in self.decoder_layers:
-            k, v = layer.cross_attn.project_kv(memory)
-            cross_k.append(k)
-            cross_v.append(v)
+        cross_k, cross_v = self.cross_kv(memory)
 
         def empty() -> Tensor:
             return memory.new_zeros(b, cfg.n_heads, capacity, head_dim)
@@ -157,11 +165,9 @@ class Seq2SeqTransformer(nn.Module):
         self_mask = self_mask[:, None]  # [B, 1, T, L]
         cross_mask = cache.src_mask[:, None, None, :]  # [B, 1, 1, S]
 
-        x = self.embed(tokens) * self.embed_scale + self.tgt_pos(positions.clamp(max=self.config.max_len - 1))
-        x = self.dropout(x)
-        for i, layer in enumerate(self.decoder_layers):
-            x = layer.forward_cached(x, cache, i, positions, needed, self_mask, cross_mask)
-        hidden = self.decoder_norm(x)
+        x = self.dropout(self.embed_target(tokens, positions.clamp(max=self.config.max_len - 1)))
+        join_past = partial(_write_cache, cache, positions, needed)
+        hidden = self.run_decoder(x, self_mask, cache.cross_k, cache.cross_v, cross_mask, join_past=join_past)
         cache.hidden.scatter_(1, positions[:, :, None].expand_as(hidden), hidden)
         cache.lengths = start + block_lengths
         return hidden
@@ -190,15 +196,6 @@ class Seq2SeqTransformer(nn.Module):
     # Full (non-incremental) passes: training, and the reference the cache is tested against
     # ----------------------------------------------------------------------------------------
 
-    def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
-        positions = torch.arange(src.shape[1], device=src.device)[None, :]
-        x = self.embed(src) * self.embed_scale + self.src_pos(positions)
-        x = self.dropout(x)
-        attn_mask = src_mask[:, None, None, :]
-        for layer in self.encoder_layers:
-            x = layer(x, attn_mask)
-        return self.encoder_norm(x)
-
     def forward(
         self,
         src: Tensor,
@@ -209,16 +206,53 @@ class Seq2SeqTransformer(nn.Module):
         """Logits [B, T, V] for a whole target; `self_mask` [B, T, T] (True = may attend)
         defaults to causal."""
         memory = self.encode(src, src_mask)
+        cross_k, cross_v = self.cross_kv(memory)
         t = tgt.shape[1]
         if self_mask is None:
             self_mask = torch.ones(t, t, dtype=torch.bool, device=tgt.device).tril()[None]
         positions = torch.arange(t, device=tgt.device)[None, :]
-        x = self.embed(tgt) * self.embed_scale + self.tgt_pos(positions)
-        x = self.dropout(x)
+        x = self.dropout(self.embed_target(tgt, positions))
         cross_mask = src_mask[:, None, None, :]
-        for layer in self.decoder_layers:
-            x = layer(x, memory, self_mask[:, None], cross_mask)
-        return self.logits(self.decoder_norm(x))
+        return self.logits(self.run_decoder(x, self_mask[:, None], cross_k, cross_v, cross_mask))
+
+    # ----------------------------------------------------------------------------------------
+    # The stacks every path shares (above, and the ONNX export with the GRAPH kernel)
+    # ----------------------------------------------------------------------------------------
+
+    def encode(self, src: Tensor, src_mask: Tensor | None, kernel: AttentionKernel = EAGER) -> Tensor:
+        """Encoder output [B, S, D]; `src_mask` None = every source position is real."""
+        positions = torch.arange(src.shape[1], device=src.device)[None, :]
+        x = self.embed(src) * self.embed_scale + self.src_pos(positions)
+        x = self.dropout(x)
+        attn_mask = None if src_mask is None else src_mask[:, None, None, :]
+        for layer in self.encoder_layers:
+            x = layer(x, attn_mask, kernel)
+        return self.encoder_norm(x)
+
+    def cross_kv(self, memory: Tensor, kernel: AttentionKernel = EAGER) -> tuple[list[Tensor], list[Tensor]]:
+        """Every decoder layer's cross-attention K and V [B, H, S, hd] of the encoder output."""
+        ks, vs = zip(*(layer.cross_attn.project_kv(memory, kernel) for layer in self.decoder_layers), strict=True)
+        return list(ks), list(vs)
+
+    def embed_target(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        return self.embed(tokens) * self.embed_scale + self.tgt_pos(positions)
+
+    def run_decoder(
+        self,
+        x: Tensor,
+        self_mask: Tensor | None,
+        cross_k: list[Tensor] | Tensor,
+        cross_v: list[Tensor] | Tensor,
+        cross_mask: Tensor | None,
+        kernel: AttentionKernel = EAGER,
+        join_past: LayerJoinPast | None = None,
+    ) -> Tensor:
+        """Final-layer states [B, T, D] of the embedded block `x`; `cross_k[i]`/`cross_v[i]` are
+        layer i's, and `join_past` (None: the block attends only to itself) adds what is cached."""
+        for i, layer in enumerate(self.decoder_layers):
+            join = None if join_past is None else partial(join_past, i)
+            x = layer(x, self_mask, cross_k[i], cross_v[i], cross_mask, kernel, join)
+        return self.decoder_norm(x)
 
     # ----------------------------------------------------------------------------------------
 
@@ -238,101 +272,15 @@ class Seq2SeqTransformer(nn.Module):
         cache.hidden = grow(cache.hidden, 1)
 
 
-class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        d = config.d_model
-        self.n_heads = config.n_heads
-        self.head_dim = d // config.n_heads
-        self.q_proj = nn.Linear(d, d)
-        self.k_proj = nn.Linear(d, d)
-        self.v_proj = nn.Linear(d, d)
-        self.out_proj = nn.Linear(d, d)
-        self.dropout_p = config.dropout
-
-    def split(self, x: Tensor) -> Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-
-    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        return self.split(self.k_proj(x)), self.split(self.v_proj(x))
-
-    def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-        q = self.split(self.q_proj(x))
-        p = self.dropout_p if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-        b, _, t, _ = out.shape
-        return self.out_proj(out.transpose(1, 2).reshape(b, t, -1))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.up = nn.Linear(config.d_model, config.ffn_dim)
-        self.down = nn.Linear(config.ffn_dim, config.d_model)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down(self.dropout(F.gelu(self.up(x))))
-
-
-class EncoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.attn_norm = nn.LayerNorm(config.d_model)
-        self.attn = Attention(config)
-        self.ffn_norm = nn.LayerNorm(config.d_model)
-        self.ffn = FeedForward(config)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        h = self.attn_norm(x)
-        k, v = self.attn.project_kv(h)
-        x = x + self.dropout(self.attn.attend(h, k, v, mask))
-        return x + self.dropout(self.ffn(self.ffn_norm(x)))
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.self_norm = nn.LayerNorm(config.d_model)
-        self.self_attn = Attention(config)
-        self.cross_norm = nn.LayerNorm(config.d_model)
-        self.cross_attn = Attention(config)
-        self.ffn_norm = nn.LayerNorm(config.d_model)
-        self.ffn = FeedForward(config)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: Tensor, memory: Tensor, self_mask: Tensor, cross_mask: Tensor) -> Tensor:
-        h = self.self_norm(x)
-        k, v = self.self_attn.project_kv(h)
-        x = x + self.dropout(self.self_attn.attend(h, k, v, self_mask))
-        ck, cv = self.cross_attn.project_kv(memory)
-        x = x + self.dropout(self.cross_attn.attend(self.cross_norm(x), ck, cv, cross_mask))
-        return x + self.dropout(self.ffn(self.ffn_norm(x)))
-
-    def forward_cached(
-        self,
-        x: Tensor,
-        cache: DecoderCache,
-        index: int,
-        positions: Tensor,
-        key_len: int,
-        self_mask: Tensor,
-        cross_mask: Tensor,
-    ) -> Tensor:
-        h = self.self_norm(x)
-        k, v = self.self_attn.project_kv(h)  # [B, H, T, hd]
-        write = positions[:, None, :, None].expand_as(k)
-        cache.self_k[index].scatter_(2, write, k)
-        cache.self_v[index].scatter_(2, write, v)
-        keys = cache.self_k[index][:, :, :key_len]
-        values = cache.self_v[index][:, :, :key_len]
-        x = x + self.self_attn.attend(h, keys, values, self_mask)
-        x = x + self.cross_attn.attend(
-            self.cross_norm(x), cache.cross_k[index], cache.cross_v[index], cross_mask
-        )
-        return x + self.ffn(self.ffn_norm(x))
+def _write_cache(
+    cache: DecoderCache, positions: Tensor, key_len: int, index: int, k: Tensor, v: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Store a block's K/V [B, H, T, hd] at its rows' positions in layer `index`'s cache; returns
+    the first `key_len` cached positions, which the block attends over."""
+    write = positions[:, None, :, None].expand_as(k)
+    cache.self_k[index].scatter_(2, write, k)
+    cache.self_v[index].scatter_(2, write, v)
+    return cache.self_k[index][:, :, :key_len], cache.self_v[index][:, :, :key_len]
 
 
 def sinusoid_table(length: int, dim: int) -> Tensor:

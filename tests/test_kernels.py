@@ -24,7 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor
 
-from kernels import HeadOutput, output_head, output_head_cpu, output_head_reference
+from kernels import HeadOutput, output_head, output_head_cpu, output_head_graph, output_head_reference
+from kernels.attention import EAGER, GRAPH
 from kernels.cpu import topk_lowest_id_first
 from kernels.reference import _topk_lowest_id_first as _reference_topk
 
@@ -246,6 +247,30 @@ def test_dispatcher_backends_agree_on_cpu(backend: str) -> None:
     hidden, weight, bias, targets = make_inputs(case_generator("dispatch", backend), 6, 777, 24)
     out = output_head(hidden, weight, bias, 7, targets, backend=backend)  # type: ignore[arg-type]
     assert_head_matches(out, hidden, weight, bias, 7, targets, exact_ids=False, context=backend)
+
+
+def test_graph_head_matches_reference_in_eager_torch() -> None:
+    # The head traced into the verifier's ONNX decoder, run here in eager torch with a tensor k as
+    # the graph gets it (ids compared loosely: eager torch.topk does not promise the tie order).
+    hidden, weight, bias, targets = make_inputs(case_generator("graph"), 5, 777, 24)
+    out = output_head_graph(hidden, weight, bias, torch.tensor([6]), targets)
+    assert_head_matches(out, hidden, weight, bias, 6, targets, exact_ids=False, context="graph")
+
+
+def test_attention_kernels_agree_on_one_sequence() -> None:
+    # The eager (SDPA) and export (matmul-softmax) kernels compute the same attention for batch 1.
+    gen = case_generator("attention")
+    heads, head_dim = 4, 8
+    x = torch.randn(1, 5, heads * head_dim, generator=gen)
+    k = torch.randn(1, heads, 7, head_dim, generator=gen)
+    v = torch.randn(1, heads, 7, head_dim, generator=gen)
+    mask = torch.arange(7)[None, :] <= torch.arange(5)[:, None] + 2
+    outs = []
+    for kernel in (EAGER, GRAPH):
+        q = kernel.split_heads(x, heads, head_dim)
+        outs.append(kernel.merge_heads(kernel.attend(q, k, v, mask, head_dim, 0.0), heads, head_dim))
+    assert outs[0].shape == outs[1].shape == x.shape
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
 
 
 def test_dispatcher_rejects_unknown_backend() -> None:

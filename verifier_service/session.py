@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+# DEFAULT_BACKEND is re-exported: specdec and the tests still import it from here.
+from core.backends import BACKENDS, DEFAULT_BACKEND  # noqa: F401
 from core.checks import check_draft
 from core.errors import invalid
 from core.interfaces import VerifyResult
@@ -71,11 +73,6 @@ class LocalVerifier:
 
     def open(self, source_ids: list[int]) -> VerifierSession:
         return VerifierSession(self.model, source_ids, self.head)
-
-
-BACKENDS = ("torch", "onnxruntime")
-# The configured default for `specdec decode` and `specdec serve` (see README: "Verifier backends").
-DEFAULT_BACKEND = "onnxruntime"
 
 
 def make_verifier(bundle, backend: str = "torch", head=output_head, **onnx_options):

@@ -1,0 +1,139 @@
+"""ONNX Runtime as every backend of this project runs an export (verifier and NAR drafter alike).
+
+A runner holds the encoder and decoder sessions of one role's export (`onnx_export.OnnxExport`)
+and calls them: `encode` a source into cross-attention K/V, `empty_past` for a fresh session,
+`decode` with named feeds. K/V tensors are the runner's own type (numpy arrays on CPU, device
+OrtValues on CUDA), so callers only pass them back in; `nbytes` sizes them.
+
+`OrtRunner` uses the CPU execution provider. `CudaOrtRunner` uses the CUDA provider with I/O
+binding: past and cross-attention K/V stay on the device between steps and only the decoder's
+other outputs come back to the host.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+if TYPE_CHECKING:  # onnx_export imports torch; a runner itself needs only onnxruntime
+    from seq2seq_models.config import ModelConfig
+    from seq2seq_models.onnx_export import OnnxExport
+
+Device = Literal["auto", "cpu", "cuda"]
+# The decoder inputs that are K/V tensors (runner-native); every other input of these graphs is int64.
+KV_INPUTS = ("past_k", "past_v", "cross_k", "cross_v")
+
+
+def open_runner(export: OnnxExport, device: Device = "cpu", intra_op_threads: int | None = None) -> OrtRunner:
+    """A runner for `export`: "cpu", "cuda" (onnxruntime-gpu and a visible GPU), or "auto" (CUDA when usable)."""
+    if device == "cuda" and not cuda_available():
+        raise RuntimeError("device 'cuda' needs onnxruntime-gpu and a visible GPU")
+    if device == "cuda" or (device == "auto" and cuda_available()):
+        return CudaOrtRunner(export, intra_op_threads, ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    return OrtRunner(export, intra_op_threads, ["CPUExecutionProvider"])
+
+
+class OrtRunner:
+    device = "cpu"
+
+    def __init__(self, export: OnnxExport, intra_op_threads: int | None, providers: list[str]) -> None:
+        self.encoder = inference_session(export.encoder, intra_op_threads, providers)
+        self.decoder = inference_session(export.decoder, intra_op_threads, providers)
+
+    def encode(self, source_ids: list[int], eos_id: int) -> tuple[Any, Any]:
+        """Cross-attention K and V [L, 1, H, S, hd] of one source (EOS appended here)."""
+        k, v = self.encoder.run(None, {"src": _source(source_ids, eos_id)})
+        return k, v
+
+    def empty_past(self, cfg: ModelConfig) -> tuple[Any, Any]:
+        """Past K and V holding no position yet."""
+        shape = (cfg.decoder_layers, 1, cfg.n_heads, 0, cfg.d_model // cfg.n_heads)
+        return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+
+    def nbytes(self, t: Any) -> int:
+        return int(t.nbytes)
+
+    def decode(self, past: tuple[Any, Any], cross: tuple[Any, Any], **feeds: Any) -> tuple[Any, ...]:
+        """One decoder call: `past`/`cross` K and V plus the graph's other inputs by name (ints,
+        lists or arrays, all int64); the outputs in the graph's order, K/V runner-native."""
+        inputs = {**_kv_feeds(past, cross), **{name: np.asarray(value, np.int64) for name, value in feeds.items()}}
+        return tuple(self.decoder.run(None, inputs))
+
+
+class CudaOrtRunner(OrtRunner):
+    """CUDA provider with I/O binding: K/V live as device OrtValues between steps.
+
+    Untested here (no GPU on the development machine); guarded by `open_runner`.
+    """
+
+    device = "cuda"
+
+    def encode(self, source_ids: list[int], eos_id: int) -> tuple[Any, Any]:
+        binding = self.encoder.io_binding()
+        binding.bind_cpu_input("src", _source(source_ids, eos_id))
+        binding.bind_output("cross_k", "cuda")
+        binding.bind_output("cross_v", "cuda")
+        self.encoder.run_with_iobinding(binding)
+        k, v = binding.get_outputs()
+        return k, v
+
+    def empty_past(self, cfg: ModelConfig) -> tuple[Any, Any]:
+        import onnxruntime as ort
+
+        k, v = super().empty_past(cfg)
+        return ort.OrtValue.ortvalue_from_numpy(k, "cuda", 0), ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0)
+
+    def nbytes(self, t: Any) -> int:
+        return int(np.prod(t.shape())) * 4
+
+    def decode(self, past: tuple[Any, Any], cross: tuple[Any, Any], **feeds: Any) -> tuple[Any, ...]:
+        binding = self.decoder.io_binding()
+        for name, value in _kv_feeds(past, cross).items():
+            binding.bind_ortvalue_input(name, value)
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, np.asarray(value, np.int64))
+        names = [o.name for o in self.decoder.get_outputs()]
+        for name in names:
+            # The present K/V stay on the device for the next step; only the rest crosses to the host.
+            binding.bind_output(name, "cuda" if name.startswith("present_") else "cpu")
+        self.decoder.run_with_iobinding(binding)
+        outputs = binding.get_outputs()
+        return tuple(o if n.startswith("present_") else o.numpy() for n, o in zip(names, outputs, strict=True))
+
+
+def inference_session(path: Path, intra_op_threads: int | None, providers: list[str]) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    # One step is a chain of small ops: parallelism only pays inside ops, and more threads
+    # than cores makes ORT's spinning pool fight the Python thread.
+    opts.intra_op_num_threads = intra_op_threads or max(1, min(os.cpu_count() or 1, 8))
+    opts.inter_op_num_threads = 1
+    # Idle ORT workers would otherwise spin between steps and steal the cores the Python side
+    # (accept loop, the other model, torch) needs; a step is long enough that waking them is cheap.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), opts, providers=providers)
+
+
+def cuda_available() -> bool:
+    """onnxruntime-gpu with the CUDA provider, and a GPU torch can see."""
+    try:
+        import onnxruntime as ort
+        import torch
+    except ImportError:
+        return False
+    return "CUDAExecutionProvider" in ort.get_available_providers() and torch.cuda.is_available()
+
+
+def _source(source_ids: list[int], eos_id: int) -> np.ndarray:
+    return np.array([[*source_ids, eos_id]], dtype=np.int64)
+
+
+def _kv_feeds(past: tuple[Any, Any], cross: tuple[Any, Any]) -> dict[str, Any]:
+    return dict(zip(KV_INPUTS, (*past, *cross), strict=True))
