@@ -27,6 +27,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from core.backends import BACKENDS, DEFAULT_BACKEND
 from drafter_service.session import make_drafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
@@ -34,7 +35,7 @@ from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
 from specdec.bench_report import cpu_name, start_services, write_section
-from verifier_service.session import DEFAULT_BACKEND, make_verifier
+from verifier_service.session import make_verifier
 
 SECTION = "## Services round trip (CPU)"
 TEXTS = [
@@ -57,7 +58,7 @@ MODES = {
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundle", help="bundle directory (default: a tiny random bundle, seed 0)")
-    parser.add_argument("--backend", default=DEFAULT_BACKEND, choices=["torch", "onnxruntime"])
+    parser.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=5, help="passes over the inputs per mode (median taken)")
     parser.add_argument("--write", action="store_true")

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-# DEFAULT_BACKEND is re-exported: specdec and the tests still import it from here.
-from core.backends import BACKENDS, DEFAULT_BACKEND  # noqa: F401
+from core.backends import BACKENDS
 from core.checks import check_source
 from core.errors import SpecdecError, StatusCode, invalid, out_of_step
 from core.interfaces import Draft

@@ -129,8 +129,8 @@ def add_arguments(p) -> None:
 
 def run_from_args(args, bundle_dir: Path, command: str) -> int:
     """Run the benchmark for parsed `specdec bench` flags; 1 when a lossless mode lost."""
+    from core.backends import DEFAULT_BACKEND
     from training.data import load_test_set
-    from verifier_service.session import DEFAULT_BACKEND
 
     backend = args.backend or DEFAULT_BACKEND
     sample = args.sample if args.sample is not None else QUICK_SAMPLE if args.quick else DEFAULT_SAMPLE
@@ -192,8 +192,8 @@ def run_benchmark(
 ) -> BenchResult:
     """Decode the first `limit` usable `items` (anything with .source and .references) with every
     config on every stack."""
+    from core.backends import DEFAULT_BACKEND
     from seq2seq_models.bundle import load_bundle
-    from verifier_service.session import DEFAULT_BACKEND
 
     backend = backend or DEFAULT_BACKEND
     if threads:

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from core.backends import DEFAULT_BACKEND
 from drafter_service.session import LocalDrafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from seq2seq_models.bundle import load_bundle
 from specdec.cli import add_decoding_flags, decoding_overrides
-from verifier_service.session import DEFAULT_BACKEND, make_verifier
+from verifier_service.session import make_verifier
 
 TEXTS = ["Я хочу подякувати вам за вашу допомогу.", "We have been living in this city."]
 

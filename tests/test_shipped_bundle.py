@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from core.backends import DEFAULT_BACKEND
 from drafter_service.session import LocalDrafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
@@ -20,7 +21,7 @@ from seq2seq_models.bundle import load_bundle
 from specdec.cli import DEFAULT_BUNDLE_DIR
 from tests.services.conftest import wait_ready_line
 from training.data import load_test_set
-from verifier_service.session import DEFAULT_BACKEND, make_verifier
+from verifier_service.session import make_verifier
 
 REPO = Path(__file__).resolve().parents[1]
 BUDGET_BYTES = 80 * 1024 * 1024

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import torch
 
-# DEFAULT_BACKEND is re-exported: specdec and the tests still import it from here.
-from core.backends import BACKENDS, DEFAULT_BACKEND  # noqa: F401
+from core.backends import BACKENDS
 from core.checks import check_draft
 from core.errors import invalid
 from core.interfaces import VerifyResult

@@ -6,7 +6,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from drafter_service.session import DEFAULT_BACKEND as DEFAULT_DRAFTER_BACKEND
+from core.backends import DEFAULT_BACKEND
+from core.backends import DEFAULT_BACKEND as DEFAULT_DRAFTER_BACKEND
 from gateway.decoding_config import Mode
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import (
@@ -18,7 +19,6 @@ from protos.specdec.v1 import (
     verifier_pb2_grpc,
 )
 from specdec.serve import ServiceStack
-from verifier_service.session import DEFAULT_BACKEND
 
 TEXT = "We have been living in this city."
 

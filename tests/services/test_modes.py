@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from core.backends import DEFAULT_BACKEND
 from drafter_service.session import LocalDrafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2
 from specdec.client import generate
-from verifier_service.session import DEFAULT_BACKEND, make_verifier
+from verifier_service.session import make_verifier
 
 TEXTS = ["We have been living in this city.", "Я хочу подякувати вам за вашу допомогу."]
 MODES = {
