@@ -16,35 +16,15 @@ cache on the device.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 from core.checks import check_source, check_sync
-from seq2seq_models.onnx_export import OnnxExport, bundle_cache_root, export_model
-from seq2seq_models.ort_runner import open_runner
-from seq2seq_models.transformer import Seq2SeqTransformer
+from seq2seq_models.onnx_model import OnnxModel
 
 
-class OnnxNarDrafter:
-    """The exported NAR drafter; `open` gives the per-source state a `DrafterSession` drafts with."""
+class OnnxNarDrafter(OnnxModel):
+    """The exported NAR drafter, on the CPU execution provider; `open` gives the per-source state a
+    `DrafterSession` drafts with."""
 
-    backend = "onnxruntime"
-
-    def __init__(
-        self,
-        model: Seq2SeqTransformer,
-        fingerprint: str | None = None,
-        cache_root: str | Path | None = None,
-        intra_op_threads: int | None = None,
-    ) -> None:
-        self.config = model.config
-        self.export: OnnxExport = export_model(model, "nar_drafter", fingerprint, cache_root)
-        self.runner = open_runner(self.export, "cpu", intra_op_threads)
-
-    @classmethod
-    def from_bundle(cls, bundle: Any, cache_root: str | Path | None = None, **kwargs: Any) -> OnnxNarDrafter:
-        root = cache_root if cache_root is not None else bundle_cache_root(bundle.path)
-        return cls(bundle.nar_drafter, fingerprint=bundle.fingerprint, cache_root=root, **kwargs)
+    role = "nar_drafter"
 
     def open(self, source_ids: list[int]) -> OnnxNarState:
         return OnnxNarState(self, source_ids)

@@ -17,50 +17,30 @@ stay on the device between steps and only the top-k rows come back to the host).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from core.checks import check_draft, check_source, check_sync
 from core.interfaces import VerifyResult
 from seq2seq_models.config import ModelConfig
-from seq2seq_models.onnx_export import OnnxExport, bundle_cache_root, export_model
-from seq2seq_models.ort_runner import Device, OrtRunner, open_runner
+from seq2seq_models.onnx_model import OnnxModel
+from seq2seq_models.ort_runner import OrtRunner
 from seq2seq_models.transformer import Seq2SeqTransformer
+from verifier_service.session import ModelVerifier
 
 
-class OnnxVerifier:
+class OnnxVerifier(OnnxModel, ModelVerifier):
     """In-process verifier running the exported graphs on ONNX Runtime."""
 
-    backend = "onnxruntime"
+    role = "verifier"
+    default_device = "auto"  # the CUDA provider when onnxruntime-gpu sees a GPU
 
-    def __init__(
-        self,
-        model: Seq2SeqTransformer,
-        fingerprint: str | None = None,
-        cache_root: str | Path | None = None,
-        device: Device = "auto",
-        intra_op_threads: int | None = None,
-    ) -> None:
-        cfg = model.config
-        self.config = cfg
-        self.vocab_size = cfg.vocab_size
-        self.bos_id = cfg.bos_id
-        self.eos_id = cfg.eos_id
-        self.max_source_len = cfg.max_len - 1
-        self.max_target_len = cfg.max_len - 1
-        self.export: OnnxExport = export_model(model, "verifier", fingerprint, cache_root)
-        self._runner = open_runner(self.export, device, intra_op_threads)
-        self.device = self._runner.device
-
-    @classmethod
-    def from_bundle(cls, bundle: Any, cache_root: str | Path | None = None, **kwargs: Any) -> OnnxVerifier:
-        """The bundle's verifier; exports go to `cache_root`, else `<bundle>/onnx` when writable."""
-        if cache_root is None:
-            cache_root = bundle_cache_root(bundle.path)
-        return cls(bundle.verifier, fingerprint=bundle.fingerprint, cache_root=cache_root, **kwargs)
+    def __init__(self, model: Seq2SeqTransformer, **options: Any) -> None:
+        """`options`: those of `OnnxModel` (fingerprint, cache_root, device, intra_op_threads)."""
+        OnnxModel.__init__(self, model, **options)
+        ModelVerifier.__init__(self, model.config)
 
     def open(self, source_ids: list[int]) -> OnnxVerifierSession:
-        return OnnxVerifierSession(self._runner, self.config, source_ids)
+        return OnnxVerifierSession(self.runner, self.config, source_ids)
 
 
 class OnnxVerifierSession:

@@ -12,6 +12,7 @@ from core.checks import check_draft
 from core.errors import invalid
 from core.interfaces import VerifyResult
 from kernels import output_head
+from seq2seq_models.config import ModelConfig
 from seq2seq_models.prefix_state import PrefixState
 from seq2seq_models.transformer import Seq2SeqTransformer
 
@@ -55,20 +56,27 @@ class VerifierSession:
         self._state = None  # type: ignore[assignment]
 
 
-class LocalVerifier:
+class ModelVerifier:
+    """The `core.interfaces.Verifier` attributes, read off the model's config (both backends)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.vocab_size = config.vocab_size
+        self.bos_id = config.bos_id
+        self.eos_id = config.eos_id
+        # The model's max_len counts the source's EOS and the target's BOS; the interface does not.
+        self.max_source_len = config.max_len - 1
+        self.max_target_len = config.max_len - 1
+
+
+class LocalVerifier(ModelVerifier):
     """In-process verifier over one AR model."""
 
     backend = "torch"
 
     def __init__(self, model: Seq2SeqTransformer, head=output_head) -> None:
-        cfg = model.config
+        super().__init__(model.config)
         self.model = model
         self.head = head
-        self.vocab_size = cfg.vocab_size
-        self.bos_id = cfg.bos_id
-        self.eos_id = cfg.eos_id
-        self.max_source_len = cfg.max_len - 1
-        self.max_target_len = cfg.max_len - 1
 
     def open(self, source_ids: list[int]) -> VerifierSession:
         return VerifierSession(self.model, source_ids, self.head)

@@ -29,10 +29,6 @@ def whole_vocabulary(config: DecodingConfig, vocab_size: int) -> int:
 
 
 SPEC = ModeSpec(
-    Mode.SPECULATIVE,
-    wire="MODE_SPECULATIVE_SAMPLING",
-    lossless=False,
-    drafter=DrafterMethod.SAMPLE,
-    build=build,
+    Mode.SPECULATIVE, wire="MODE_SPECULATIVE_SAMPLING", lossless=False, drafter=DrafterMethod.SAMPLE, build=build,
     top_k=whole_vocabulary,
 )
