@@ -1,8 +1,11 @@
-"""The id and length checks of the session protocol (`core.interfaces`), written once so every
-backend and every edge refuses the same requests with the same status code and message.
+"""The checks of the session protocol (`core.interfaces`), written once so every edge refuses the
+same requests with the same status code and message.
 
-`limits` is anything with `vocab_size` and `max_len` (a model config: the longest source including
-its EOS, and the longest target including BOS).
+What a client controls is checked once, where it enters (ARCHITECTURE.md, "Validation once, at the
+edge"): the servers' RPC boundaries, the gateway, and `gateway.decode.decode()` for in-process
+callers. The sessions below trust their input and keep only `check_session_step`, the one check
+that needs a session's state. `config` is anything with `vocab_size` and `max_len` (a model config:
+the longest source including its EOS, and the longest target including BOS).
 """
 
 from __future__ import annotations
@@ -18,33 +21,26 @@ class ModelLimits(Protocol):
     max_len: int
 
 
-def check_source(source_ids: list[int], config: ModelLimits) -> None:
-    check_source_ids(source_ids, config.vocab_size, config.max_len - 1)
-
-
-def check_source_ids(source_ids: list[int], vocab_size: int, max_source_len: int) -> None:
-    """A non-empty source of known ids, at most `max_source_len` long (not counting its EOS)."""
-    check_ids(source_ids, vocab_size, "source")
+def check_source_ids(
+    source_ids: list[int], vocab_size: int, max_source_len: int, what: str = "source", ids_name: str = "source"
+) -> None:
+    """A non-empty source of known ids, at most `max_source_len` long (not counting its EOS).
+    `what` / `ids_name` name it in messages (the gateway says "input" / "input_ids")."""
+    check_ids(source_ids, vocab_size, ids_name)
     if not source_ids:
-        raise invalid("source is empty")
+        raise invalid(f"{what} is empty")
     if len(source_ids) > max_source_len:
-        raise out_of_range(f"source has {len(source_ids)} tokens; the limit is {max_source_len}")
+        raise out_of_range(f"{what} has {len(source_ids)} tokens; the limit is {max_source_len}")
 
 
-def check_sync(committed_len: int, held: int, append_ids: list[int], lookahead: int, config: ModelLimits) -> None:
-    """A step may keep at most the `held` tokens the session has seen, and must fit max_len."""
+def check_session_step(committed_len: int, held: int, appended: int, lookahead: int, config: ModelLimits) -> None:
+    """A step may keep at most the `held` tokens the session has seen, and the output it leads to
+    (`appended` final tokens, then `lookahead` drafted ones) must fit the model's max_len."""
     if not 0 <= committed_len <= held:
         raise out_of_step(f"committed_len {committed_len} but the session holds {held} output tokens")
-    check_ids(append_ids, config.vocab_size, "append_ids")
-    total = committed_len + len(append_ids) + lookahead
+    total = committed_len + appended + lookahead
     if total > config.max_len - 1:
         raise out_of_range(f"output would reach {total} tokens; the limit is {config.max_len - 1}")
-
-
-def check_draft(draft_ids: list[int], top_k: int, config: ModelLimits) -> None:
-    if not 1 <= top_k <= config.vocab_size:
-        raise invalid(f"top_k must be in [1, {config.vocab_size}], got {top_k}")
-    check_ids(draft_ids, config.vocab_size, "draft_ids")
 
 
 def check_wire_top_k(top_k: int, vocab_size: int) -> None:

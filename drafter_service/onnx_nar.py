@@ -16,7 +16,7 @@ cache on the device.
 
 from __future__ import annotations
 
-from core.checks import check_source, check_sync
+from core.checks import check_session_step
 from seq2seq_models.onnx_model import OnnxModel
 
 
@@ -40,7 +40,6 @@ class OnnxNarState:
 
     def __init__(self, drafter: OnnxNarDrafter, source_ids: list[int]) -> None:
         cfg = drafter.config
-        check_source(source_ids, cfg)
         self._runner = drafter.runner
         self._config = cfg
         self.tokens: list[int] = []  # the client's output prefix after BOS
@@ -57,7 +56,7 @@ class OnnxNarState:
         return sum(self._runner.nbytes(t) for t in (*self._past, *self._cross))
 
     def sync(self, committed_len: int, append_ids: list[int]) -> None:
-        check_sync(committed_len, len(self.tokens), append_ids, 0, self._config)
+        check_session_step(committed_len, len(self.tokens), len(append_ids), 0, self._config)
         self.tokens = [*self.tokens[:committed_len], *append_ids]
         self._valid = min(self._valid, 1 + committed_len)
 

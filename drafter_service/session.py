@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 from core.backends import BACKENDS
-from core.checks import check_source
 from core.errors import SpecdecError, StatusCode, invalid, out_of_step
 from core.interfaces import Draft
 from core.sampling import SamplingParams
@@ -39,15 +38,12 @@ class DrafterSession:
         self._state: PrefixState | OnnxNarState | None = None
         if not models:
             raise SpecdecError(StatusCode.FAILED_PRECONDITION, "this drafter hosts no model")
-        # Validate the source now rather than on the first step.
-        check_source(self._source, next(iter(models.values())).config)
 
     @property
     def cache_bytes(self) -> int:
         return self._state.cache_bytes if self._state is not None else 0
 
     def draft_block(self, committed_len: int, append_ids: list[int], k: int) -> Draft:
-        _check_positive(k, "k")
         state, room = self._sync("nar_drafter", committed_len, append_ids)
         k = min(k, room)
         if not k:
@@ -57,8 +53,6 @@ class DrafterSession:
         return Draft(ids=nar_block_draft(state.model, state.cache, k))
 
     def draft_beam(self, committed_len: int, append_ids: list[int], gamma: int, num_beams: int) -> Draft:
-        _check_positive(gamma, "gamma")
-        _check_positive(num_beams, "num_beams")
         state, room = self._sync("ar_drafter", committed_len, append_ids)
         if min(gamma, room) == 0:
             return Draft(ids=[])
@@ -68,7 +62,6 @@ class DrafterSession:
     def draft_sample(
         self, committed_len: int, append_ids: list[int], gamma: int, params: SamplingParams
     ) -> Draft:
-        _check_positive(gamma, "gamma")
         state, room = self._sync("ar_drafter", committed_len, append_ids)
         if min(gamma, room) == 0:
             return Draft(ids=[])
@@ -132,8 +125,3 @@ def make_drafter(bundle, backend: str = "torch", **onnx_options) -> LocalDrafter
     if backend == "onnxruntime" and "nar_drafter" in models:
         onnx_nar = OnnxNarDrafter.from_bundle(bundle, **onnx_options)
     return LocalDrafter(models, onnx_nar)
-
-
-def _check_positive(value: int, name: str) -> None:
-    if value < 1:
-        raise invalid(f"{name} must be >= 1, got {value}")

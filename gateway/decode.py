@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.checks import check_ids
+from core.checks import check_ids, check_source_ids
 from core.errors import SpecdecError, StatusCode, invalid, out_of_range
 from core.interfaces import Drafter, DrafterSession, Verifier
 from gateway.decoding_config import DecodingConfig
@@ -29,7 +29,8 @@ def decode(
     from `config.seed`; pass one in to draw many samples from a single stream. `prefix` continues
     an output already committed (a fallback after the drafter failed mid-request); the result
     includes it."""
-    _check_source(source_ids, verifier)
+    # The in-process edge: what a caller controls is checked here; the sessions below trust it.
+    check_source_ids(source_ids, verifier.vocab_size, verifier.max_source_len, what="input", ids_name="input_ids")
     spec = MODES[config.mode]
     if prefix and spec.run is not None:
         raise invalid(f"{spec.name} cannot continue a committed prefix")
@@ -65,11 +66,3 @@ def decode(
         session.close()
         if drafter_session is not None:
             drafter_session.close()
-
-
-def _check_source(source_ids: list[int], verifier: Verifier) -> None:
-    if not source_ids:
-        raise invalid("input is empty")
-    check_ids(source_ids, verifier.vocab_size, "input_ids")
-    if len(source_ids) > verifier.max_source_len:
-        raise out_of_range(f"input has {len(source_ids)} tokens; the limit is {verifier.max_source_len}")

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from core.checks import check_source, check_sync
+from core.checks import check_session_step
 from seq2seq_models.transformer import Seq2SeqTransformer
 
 
 class PrefixState:
     def __init__(self, model: Seq2SeqTransformer, source_ids: list[int]) -> None:
         cfg = model.config
-        check_source(source_ids, cfg)
         self.model = model
         self.device = model.embed.weight.device
         self.tokens: list[int] = []  # output tokens after BOS that the cache holds
@@ -34,7 +33,7 @@ class PrefixState:
 
     def sync(self, committed_len: int, append_ids: list[int], lookahead: int = 0) -> None:
         """Keep `committed_len` tokens, append `append_ids`; `lookahead` more must still fit."""
-        check_sync(committed_len, len(self.tokens), append_ids, lookahead, self.model.config)
+        check_session_step(committed_len, len(self.tokens), len(append_ids), lookahead, self.model.config)
         self.model.truncate(self.cache, 1 + committed_len)
         del self.tokens[committed_len:]
         if append_ids:

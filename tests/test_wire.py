@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.checks import check_draft_len, check_positive, check_source, check_source_ids, check_wire_top_k
+from core.checks import check_draft_len, check_positive, check_session_step, check_source_ids, check_wire_top_k
 from core.errors import SpecdecError, StatusCode
 from core.sampling import SamplingParams, check_sampling
 from core.wire import (
@@ -54,9 +54,9 @@ def test_top_p_zero_on_the_wire_is_off() -> None:
     assert sampling_from_wire(1.0, 0, 0.9).top_p == 0.9
 
 
-def _refused(fn, *args) -> SpecdecError:
+def _refused(fn, *args, **kwargs) -> SpecdecError:
     with pytest.raises(SpecdecError) as info:
-        fn(*args)
+        fn(*args, **kwargs)
     return info.value
 
 
@@ -81,19 +81,20 @@ def test_check_sampling_accepts(params: SamplingParams) -> None:
     check_sampling(params)
 
 
-def test_source_checks_agree_on_config_and_explicit_limits() -> None:
-    for source in ([1] * 9, [1] * 10, [], [1, 50], [-1]):
-        try:
-            check_source(source, _Config)
-            expected = None
-        except SpecdecError as exc:
-            expected = (exc.code, exc.message)
-        try:
-            check_source_ids(source, _Config.vocab_size, _Config.max_len - 1)
-            got = None
-        except SpecdecError as exc:
-            got = (exc.code, exc.message)
-        assert got == expected, source
+def test_source_check_names_what_it_checks() -> None:
+    assert _refused(check_source_ids, [1] * 10, 50, 9).message == "source has 10 tokens; the limit is 9"
+    assert _refused(check_source_ids, [], 50, 9, what="input").message == "input is empty"
+    assert _refused(check_source_ids, [1, 50], 50, 9, ids_name="input_ids").message.startswith("input_ids has ids")
+    check_source_ids([1] * 9, 50, 9)
+
+
+def test_the_session_state_check() -> None:
+    """The one check a session keeps: what it holds, and the model's length (max_len 10: 9 outputs)."""
+    check_session_step(3, 3, 2, 4, _Config)
+    assert _refused(check_session_step, 4, 3, 0, 0, _Config).code == StatusCode.FAILED_PRECONDITION
+    assert _refused(check_session_step, -1, 3, 0, 0, _Config).code == StatusCode.FAILED_PRECONDITION
+    refused = _refused(check_session_step, 3, 3, 2, 5, _Config)
+    assert (refused.code, refused.message) == (StatusCode.OUT_OF_RANGE, "output would reach 10 tokens; the limit is 9")
     assert _refused(check_source_ids, [1] * 10, 50, 9).message == "source has 10 tokens; the limit is 9"
     assert _refused(check_source_ids, [1] * 10, 50, 9).code == StatusCode.OUT_OF_RANGE
     assert _refused(check_source_ids, [], 50, 9).code == StatusCode.INVALID_ARGUMENT

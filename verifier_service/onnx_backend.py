@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.checks import check_draft, check_source, check_sync
+from core.checks import check_session_step
 from core.interfaces import VerifyResult
 from seq2seq_models.config import ModelConfig
 from seq2seq_models.onnx_model import OnnxModel
@@ -45,7 +45,6 @@ class OnnxVerifier(OnnxModel, ModelVerifier):
 
 class OnnxVerifierSession:
     def __init__(self, runner: OrtRunner, config: ModelConfig, source_ids: list[int]) -> None:
-        check_source(source_ids, config)  # the torch backend's checks, so both refuse alike
         self._runner = runner
         self._config = config
         self.tokens: list[int] = []  # output tokens after BOS the past holds K/V for (drafts included)
@@ -61,8 +60,7 @@ class OnnxVerifierSession:
         self, committed_len: int, append_ids: list[int], draft_ids: list[int], top_k: int
     ) -> VerifyResult:
         cfg = self._config
-        check_draft(draft_ids, top_k, cfg)
-        check_sync(committed_len, len(self.tokens), append_ids, len(draft_ids), cfg)
+        check_session_step(committed_len, len(self.tokens), len(append_ids), len(draft_ids), cfg)
 
         # Position 0 is BOS. Reuse the cached K/V of the kept positions, except the one whose state
         # predicts d_1 when nothing is appended (it is re-fed, see the module docstring); a fresh

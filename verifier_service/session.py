@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 
 from core.backends import BACKENDS
-from core.checks import check_draft
 from core.errors import invalid
 from core.interfaces import VerifyResult
 from kernels import output_head
@@ -34,7 +33,6 @@ class VerifierSession:
         self, committed_len: int, append_ids: list[int], draft_ids: list[int], top_k: int
     ) -> VerifyResult:
         model = self._state.model
-        check_draft(draft_ids, top_k, model.config)
         self._state.sync(committed_len, append_ids, lookahead=len(draft_ids))
         if draft_ids:
             self._state.extend(draft_ids)
