@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu import topk_lowest_id_first
+from seq2seq_models.beam_step import expand_beams
 from seq2seq_models.transformer import Seq2SeqTransformer
 
 
@@ -89,13 +89,7 @@ def batched_beam_search(
         # Specials that never occur inside a target are unreachable; PAD only continues a
         # finished beam, at zero cost, so its score stays frozen.
         logp[..., [cfg.pad_id, cfg.bos_id, cfg.mask_id]] = float("-inf")
-        logp[finished] = float("-inf")
-        logp[..., cfg.pad_id] = torch.where(finished, 0.0, float("-inf"))
-
-        candidates = (scores[:, :, None] + logp).view(n_live, -1)
-        top_scores, flat = _top(candidates, width)
-        parent = flat // cfg.vocab_size
-        token = flat % cfg.vocab_size
+        top_scores, parent, token = expand_beams(scores, logp, finished, width, cfg.pad_id)
         seqs = torch.cat([seqs.gather(1, parent[:, :, None].expand(-1, -1, seqs.shape[2])), token[:, :, None]], 2)
         finished = finished.gather(1, parent) | (token == cfg.eos_id)
         scores = top_scores
@@ -160,12 +154,6 @@ def _best(seqs: torch.Tensor, scores: torch.Tensor, finished: torch.Tensor, eos_
             best_norm, best = norm, (ids[: length - 1] if eos_id in ids else ids[:length], bool(finished[w]))
     assert best is not None
     return BeamResult(tokens=best[0], score=best_norm, finished=best[1])
-
-
-def _top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    # Ties go to the lower index (a stable descending sort's order), so results do not depend on
-    # the batch; a top-k with a tie check rather than a full sort.
-    return topk_lowest_id_first(values, min(k, values.shape[-1]))
 
 
 def _pad_sources(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from core.sampling import SamplingParams, sample_index, warp
 from kernels.cpu import topk_lowest_id_first
+from seq2seq_models.beam_step import expand_beams
 from seq2seq_models.transformer import DecoderCache, Seq2SeqTransformer
 
 
@@ -48,11 +49,8 @@ def beam_draft(
                 break
             hidden = model.extend(beam_cache, seqs[:, -1:])
             logq = F.log_softmax(model.logits(hidden[:, 0]).double(), dim=-1)
-            logq[finished] = float("-inf")
-            logq[finished, cfg.pad_id] = 0.0
-            cand_scores, flat = _top((scores[:, None] + logq).reshape(-1), width)
-            parent = flat // cfg.vocab_size
-            token = flat % cfg.vocab_size
+            expanded = expand_beams(scores[None], logq[None], finished[None], width, cfg.pad_id)
+            cand_scores, parent, token = (t[0] for t in expanded)  # one source
             beam_cache = beam_cache.select(parent)
             seqs = torch.cat([seqs[parent], token[:, None]], dim=1)
             cums = torch.cat([cums[parent], cand_scores[:, None]], dim=1)
