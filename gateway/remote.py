@@ -4,7 +4,7 @@ Each session is one synchronous bidi stream driven step by step: a request queue
 stream and every step waits for exactly one response. So the unchanged, synchronous `decode()`
 runs over the network from a worker thread. Opening a session only sends the `open` message;
 its answer is read at the first step, so the verifier's and the drafter's encoders run
-concurrently (DESIGN section 4).
+concurrently (ARCHITECTURE.md section 8).
 """
 
 from __future__ import annotations

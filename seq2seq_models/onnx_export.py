@@ -82,7 +82,7 @@ def export_dir(cache_root: Path, fingerprint: str, role: str = "verifier") -> Pa
 
 
 def default_cache_root(bundle_path: Path) -> Path:
-    """`$SPECDEC_ONNX_CACHE`, else `<bundle>/onnx` (the bundle's optional ONNX exports, DESIGN §6)."""
+    """`$SPECDEC_ONNX_CACHE`, else `<bundle>/onnx` (the bundle's optional ONNX exports, ARCHITECTURE.md section 10)."""
     env = os.environ.get(CACHE_ENV)
     return Path(env) if env else Path(bundle_path) / "onnx"
 

@@ -1,4 +1,4 @@
-"""A small Prometheus text-format registry and its HTTP endpoint (DESIGN section 5).
+"""A small Prometheus text-format registry and its HTTP endpoint (ARCHITECTURE.md section 9).
 
 Why not prometheus_client: the project keeps its run-time dependencies to grpcio, protobuf,
 structlog, numpy and torch, and the services need only counters, gauges and sums with a few

@@ -18,8 +18,8 @@ class StepExecutor:
     """Runs model work (torch ops) off the event loop, on one worker thread.
 
     One thread, because torch already uses every core inside one op and two sessions' forwards
-    would only contend. In the verifier this is the seam for the batching scheduler (DESIGN
-    section 4): a scheduler would replace `run` with a queue that gathers steps of many sessions
+    would only contend. In the verifier this is the seam for the batching scheduler
+    (ARCHITECTURE.md section 8): a scheduler would replace `run` with a queue that gathers steps of many sessions
     into one ragged forward; the servicer's code would not change.
     """
 

@@ -1,7 +1,7 @@
-"""The VerifierService: `Verify` bidi streams, one stream = one `VerifierSession` (DESIGN section 2).
+"""The VerifierService: `Verify` bidi streams, one stream = one `VerifierSession` (ARCHITECTURE.md section 4).
 
 Model work runs on `StepExecutor` (a worker thread), never on the event loop. The executor is the
-seam for the batching scheduler of DESIGN section 4; today it runs one session's step at a time.
+seam for the batching scheduler of ARCHITECTURE.md section 8; today it runs one session's step at a time.
 """
 
 from __future__ import annotations

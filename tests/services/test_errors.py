@@ -1,4 +1,4 @@
-"""Bad requests get the DESIGN status codes with a message, and the servers stay healthy."""
+"""Bad requests get the status codes of ARCHITECTURE.md with a message, and the servers stay healthy."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Python stubs of the ``specdec.v1`` wire contracts (DESIGN.md section 2).
+"""Python stubs of the ``specdec.v1`` wire contracts (ARCHITECTURE.md section 4).
 
 Import the generated modules from here, e.g.::
 
