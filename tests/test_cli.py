@@ -86,24 +86,29 @@ def test_decode_with_ids(bundle_dir):
     assert json.loads(proc.stdout)["stats"]["iterations"] >= 1
 
 
-BAD = [
-    (["--k", "0"], "x\n", "k must be >= 1"),
-    (["--k", "1000"], "x\n", "OUT_OF_RANGE: k must be <="),
-    (["--beta", "0"], "x\n", "beta must be >= 1"),
-    (["--tau", "-1"], "x\n", "tau must be"),
-    (["--threshold", "0"], "x\n", "threshold must be in (0, 1]"),
-    (["--threshold", "1.5"], "x\n", "threshold must be in (0, 1]"),
-    (["--max-new-tokens", "0"], "x\n", "max_new_tokens must be >= 1"),
-    (["--max-new-tokens", "100000"], "x\n", "OUT_OF_RANGE: max_new_tokens"),
-    (["--top-p", "0"], "x\n", "top_p must be in (0, 1]"),
-    (["--temperature", "-0.5"], "x\n", "temperature must be"),
-    (["--mode", "fast"], "x\n", "invalid choice: 'fast'"),
-    (["--k", "two"], "x\n", "invalid int value: 'two'"),
+# Bad flags, each with the one line of error it must give (stdin is a valid sentence).
+BAD_FLAGS = {
+    "--k 0": "k must be >= 1",
+    "--k 1000": "OUT_OF_RANGE: k must be <=",
+    "--beta 0": "beta must be >= 1",
+    "--tau -1": "tau must be",
+    "--threshold 0": "threshold must be in (0, 1]",
+    "--threshold 1.5": "threshold must be in (0, 1]",
+    "--max-new-tokens 0": "max_new_tokens must be >= 1",
+    "--max-new-tokens 100000": "OUT_OF_RANGE: max_new_tokens",
+    "--top-p 0": "top_p must be in (0, 1]",
+    "--temperature -0.5": "temperature must be",
+    "--mode fast": "invalid choice: 'fast'",
+    "--k two": "invalid int value: 'two'",
+}
+# Bad input lines: (flags, stdin, message).
+BAD_INPUT = [
     ([], "\n", "INVALID_ARGUMENT: line 1: input is empty"),
     (["--ids"], "5 6 nine\n", "expects space-separated integers"),
     (["--ids"], "5 6 100000\n", "outside the vocabulary"),
     (["--ids"], " ".join(["5"] * 400) + "\n", "OUT_OF_RANGE: line 1: input has 400 tokens"),
 ]
+BAD = [(flags.split(), "x\n", message) for flags, message in BAD_FLAGS.items()] + BAD_INPUT
 
 
 @pytest.mark.parametrize(("flags", "stdin", "message"), BAD, ids=[" ".join(b[0]) or b[1][:8] for b in BAD])
