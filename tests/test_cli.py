@@ -1,7 +1,10 @@
-"""`specdec tiny-bundle` and `specdec decode`, run as a user runs them (a subprocess)."""
+"""`specdec tiny-bundle` and `specdec decode`, run as a user runs them (a subprocess). The table of
+bad inputs goes through the same `specdec.cli.main` in-process (a subprocess each would spend
+seconds importing torch); the process exit path itself is covered by the subprocess tests."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -14,6 +17,7 @@ from drafter_service.session import LocalDrafter
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.policies import decode
 from seq2seq_models.bundle import load_bundle
+from specdec.cli import main as cli_main
 from verifier_service.session import DEFAULT_BACKEND, make_verifier
 
 TEXTS = ["Я хочу подякувати вам за вашу допомогу.", "We have been living in this city."]
@@ -112,12 +116,17 @@ BAD = [(flags.split(), "x\n", message) for flags, message in BAD_FLAGS.items()] 
 
 
 @pytest.mark.parametrize(("flags", "stdin", "message"), BAD, ids=[" ".join(b[0]) or b[1][:8] for b in BAD])
-def test_bad_input_gives_one_clear_line_and_exit_2(bundle_dir, flags, stdin, message):
-    proc = _specdec("decode", "--bundle", str(bundle_dir), *flags, stdin=stdin)
-    assert proc.returncode == 2
-    assert message in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+def test_bad_input_gives_one_clear_line_and_exit_2(bundle_dir, flags, stdin, message, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    try:
+        code = cli_main(["decode", "--bundle", str(bundle_dir), *flags])
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    stderr = capsys.readouterr().err
+    assert code == 2
+    assert message in stderr
+    assert "Traceback" not in stderr
+    assert len(stderr.strip().splitlines()) == 1
 
 
 def test_missing_bundle_is_a_clear_error(tmp_path):
