@@ -1,8 +1,11 @@
-"""`specdec tiny-bundle` and `specdec decode`, run as a user runs them (a subprocess)."""
+"""`specdec tiny-bundle` and `specdec decode`, run as a user runs them (a subprocess). The table of
+bad inputs goes through the same `specdec.cli.main` in-process (a subprocess each would spend
+seconds importing torch); the process exit path itself is covered by the subprocess tests."""
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import subprocess
@@ -17,6 +20,7 @@ from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from seq2seq_models.bundle import load_bundle
 from specdec.cli import add_decoding_flags, decoding_overrides
+from specdec.cli import main as cli_main
 from verifier_service.session import make_verifier
 
 TEXTS = ["Я хочу подякувати вам за вашу допомогу.", "We have been living in this city."]
@@ -89,33 +93,43 @@ def test_decode_with_ids(bundle_dir):
     assert json.loads(proc.stdout)["stats"]["iterations"] >= 1
 
 
-BAD = [
-    (["--k", "0"], "x\n", "k must be >= 1"),
-    (["--k", "1000"], "x\n", "OUT_OF_RANGE: k must be <="),
-    (["--beta", "0"], "x\n", "beta must be >= 1"),
-    (["--tau", "-1"], "x\n", "tau must be"),
-    (["--threshold", "0"], "x\n", "threshold must be in (0, 1]"),
-    (["--threshold", "1.5"], "x\n", "threshold must be in (0, 1]"),
-    (["--max-new-tokens", "0"], "x\n", "max_new_tokens must be >= 1"),
-    (["--max-new-tokens", "100000"], "x\n", "OUT_OF_RANGE: max_new_tokens"),
-    (["--top-p", "0"], "x\n", "top_p must be in (0, 1]"),
-    (["--temperature", "-0.5"], "x\n", "temperature must be"),
-    (["--mode", "fast"], "x\n", "invalid choice: 'fast'"),
-    (["--k", "two"], "x\n", "invalid int value: 'two'"),
+# Bad flags, each with the one line of error it must give (stdin is a valid sentence).
+BAD_FLAGS = {
+    "--k 0": "k must be >= 1",
+    "--k 1000": "OUT_OF_RANGE: k must be <=",
+    "--beta 0": "beta must be >= 1",
+    "--tau -1": "tau must be",
+    "--threshold 0": "threshold must be in (0, 1]",
+    "--threshold 1.5": "threshold must be in (0, 1]",
+    "--max-new-tokens 0": "max_new_tokens must be >= 1",
+    "--max-new-tokens 100000": "OUT_OF_RANGE: max_new_tokens",
+    "--top-p 0": "top_p must be in (0, 1]",
+    "--temperature -0.5": "temperature must be",
+    "--mode fast": "invalid choice: 'fast'",
+    "--k two": "invalid int value: 'two'",
+}
+# Bad input lines: (flags, stdin, message).
+BAD_INPUT = [
     ([], "\n", "INVALID_ARGUMENT: line 1: input is empty"),
     (["--ids"], "5 6 nine\n", "expects space-separated integers"),
     (["--ids"], "5 6 100000\n", "outside the vocabulary"),
     (["--ids"], " ".join(["5"] * 400) + "\n", "OUT_OF_RANGE: line 1: input has 400 tokens"),
 ]
+BAD = [(flags.split(), "x\n", message) for flags, message in BAD_FLAGS.items()] + BAD_INPUT
 
 
 @pytest.mark.parametrize(("flags", "stdin", "message"), BAD, ids=[" ".join(b[0]) or b[1][:8] for b in BAD])
-def test_bad_input_gives_one_clear_line_and_exit_2(bundle_dir, flags, stdin, message):
-    proc = _specdec("decode", "--bundle", str(bundle_dir), *flags, stdin=stdin)
-    assert proc.returncode == 2
-    assert message in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+def test_bad_input_gives_one_clear_line_and_exit_2(bundle_dir, flags, stdin, message, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    try:
+        code = cli_main(["decode", "--bundle", str(bundle_dir), *flags])
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    stderr = capsys.readouterr().err
+    assert code == 2
+    assert message in stderr
+    assert "Traceback" not in stderr
+    assert len(stderr.strip().splitlines()) == 1
 
 
 def test_missing_bundle_is_a_clear_error(tmp_path):

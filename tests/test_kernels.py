@@ -300,7 +300,8 @@ def test_kernels_import_and_run_without_triton() -> None:
 def test_triton_kernel_under_interpreter() -> None:
     """Runs tests/test_kernels_triton.py in a child pytest with TRITON_INTERPRET=1, on CPU tensors."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "KERNELS_TEST_SEED": str(SEED), "CUDA_VISIBLE_DEVICES": ""}
-    cmd = [sys.executable, "-m", "pytest", "tests/test_kernels_triton.py", "-q", "-p", "no:cacheprovider"]
+    # -n 0: one process (pyproject's addopts would otherwise start xdist workers for the child too).
+    cmd = [sys.executable, "-m", "pytest", "tests/test_kernels_triton.py", "-q", "-p", "no:cacheprovider", "-n", "0"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"seed={SEED}\n{proc.stdout[-8000:]}\n{proc.stderr[-4000:]}"
     assert " passed" in proc.stdout, proc.stdout[-2000:]

@@ -8,6 +8,7 @@ both unique and ambiguous n-grams.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -18,47 +19,85 @@ from hypothesis import strategies as st
 from drafter_service.session import LocalDrafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
-from tests.zoo import FIRST_WORD, MAX_LEN, VOCAB, model_pool, random_source
+from gateway.policies.loop import DecodeResult, DecodeStats
+from tests.zoo import MAX_LEN, VOCAB, model_pool, random_source
+from tests.zoo import sources as zoo_sources
 from verifier_service.session import LocalVerifier
 
 EXAMPLES = 200
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-words = st.integers(FIRST_WORD, VOCAB - 1)
-sources = st.one_of(
-    st.lists(words, min_size=1, max_size=64),
-    # A short pattern repeated: many n-grams occur more than once.
-    st.builds(
-        lambda pattern, times: (pattern * times)[:64], st.lists(words, min_size=1, max_size=6), st.integers(1, 20)
-    ),
-)
+sources = zoo_sources()
 lengths = st.integers(1, MAX_LEN - 1)
 trios = st.integers(0, 3)
 
 
-def _run(trio_index: int, source: list[int], **overrides):
+@functools.cache
+def _endpoints(trio_index: int) -> tuple[LocalVerifier, LocalDrafter]:
+    """One verifier and one drafter per trio, shared by every example (both are stateless: all
+    per-decode state lives in the sessions they open)."""
     trio = model_pool()[trio_index]
-    verifier = LocalVerifier(trio.verifier)
-    drafter = LocalDrafter(trio.drafter_models())
+    return LocalVerifier(trio.verifier), LocalDrafter(trio.drafter_models())
+
+
+def _run(trio_index: int, source: list[int], **overrides) -> DecodeResult:
+    verifier, drafter = _endpoints(trio_index)
     return decode(source, DecodingConfig(**overrides), verifier, drafter)
+
+
+# (trio, source) -> the longest AR greedy decode made so far for it.
+_GREEDY: dict[tuple[int, tuple[int, ...]], DecodeResult] = {}
+
+
+def _greedy(trio_index: int, source: list[int], max_new: int) -> DecodeResult:
+    """AR greedy with `max_new` tokens. Greedy commits one token per step, so a shorter budget
+    gives a prefix of a longer one: each (trio, source) is decoded again only for a budget larger
+    than any before, when that decode was cut by length rather than ended by EOS
+    (test_greedy_reference_is_the_prefix_of_the_longest checks this against a real decode)."""
+    key = (trio_index, tuple(source))
+    known = _GREEDY.get(key)
+    if known is None or (known.stats.finish_reason == "length" and max_new > len(known.output_ids)):
+        known = _GREEDY[key] = _run(trio_index, source, mode=Mode.AR, max_new_tokens=max_new)
+    longest = known.output_ids
+    if max_new <= len(longest):
+        ids, finish, iterations = longest[:max_new], "length", max_new
+    else:  # the decode stopped at EOS before max_new: one more step produced the EOS
+        ids, finish, iterations = longest, "eos", len(longest) + 1
+    stats = DecodeStats(iterations=iterations, output_tokens=len(ids), finish_reason=finish)
+    return DecodeResult(list(ids), stats)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trio=trios, source=sources, max_new=lengths)
+def test_greedy_reference_is_the_prefix_of_the_longest(trio, source, max_new):
+    _greedy(trio, source, MAX_LEN - 1)  # the reference is then cut from the longest decode
+    real = _run(trio, source, mode=Mode.AR, max_new_tokens=max_new)
+    reference = _greedy(trio, source, max_new)
+    assert real.output_ids == reference.output_ids
+    assert real.stats.finish_reason == reference.stats.finish_reason
+    assert real.stats.iterations == reference.stats.iterations
+
+
+def _equals_greedy(trio: int, source: list[int], max_new: int, mode: Mode, **overrides) -> DecodeResult:
+    greedy = _greedy(trio, source, max_new)
+    result = _run(trio, source, mode=mode, max_new_tokens=max_new, **overrides)
+    assert result.output_ids == greedy.output_ids
+    assert result.stats.finish_reason == greedy.stats.finish_reason
+    if mode != Mode.BEAM:  # beam search counts its steps differently
+        assert result.stats.iterations <= greedy.stats.iterations
+    return result
 
 
 @PROPERTY
 @given(trio=trios, source=sources, max_new=lengths, k=st.integers(1, 40))
 def test_iad_equals_greedy(trio, source, max_new, k):
-    greedy = _run(trio, source, mode=Mode.AR, max_new_tokens=max_new)
-    iad = _run(trio, source, mode=Mode.IAD, max_new_tokens=max_new, k=k)
-    assert iad.output_ids == greedy.output_ids
-    assert iad.stats.finish_reason == greedy.stats.finish_reason
+    _equals_greedy(trio, source, max_new, Mode.IAD, k=k)
 
 
 @PROPERTY
 @given(trio=trios, source=sources, max_new=lengths, k=st.integers(1, 25))
 def test_gad_equals_greedy(trio, source, max_new, k):
-    greedy = _run(trio, source, mode=Mode.AR, max_new_tokens=max_new)
-    gad = _run(trio, source, mode=Mode.GAD, max_new_tokens=max_new, k=k)
-    assert gad.output_ids == greedy.output_ids
-    assert gad.stats.iterations <= greedy.stats.iterations
+    _equals_greedy(trio, source, max_new, Mode.GAD, k=k)
 
 
 @PROPERTY
@@ -77,22 +116,19 @@ def test_gad_plus_plus_with_beta_1_or_tau_0_equals_gad(trio, source, max_new, k,
     gad = _run(trio, source, mode=Mode.GAD, max_new_tokens=max_new, k=k)
     gadpp = _run(trio, source, mode=Mode.GAD_PLUS_PLUS, max_new_tokens=max_new, k=k, beta=beta, tau=tau)
     assert gadpp.output_ids == gad.output_ids
+    assert gadpp.stats.iterations == gad.stats.iterations
 
 
 @PROPERTY
 @given(trio=trios, source=sources, max_new=lengths, gamma=st.integers(1, 8), beams=st.integers(1, 6))
 def test_mjsd_with_threshold_1_equals_greedy(trio, source, max_new, gamma, beams):
-    greedy = _run(trio, source, mode=Mode.AR, max_new_tokens=max_new)
-    mjsd = _run(trio, source, mode=Mode.MJSD, max_new_tokens=max_new, gamma=gamma, num_beams=beams, threshold=1.0)
-    assert mjsd.output_ids == greedy.output_ids
+    _equals_greedy(trio, source, max_new, Mode.MJSD, gamma=gamma, num_beams=beams, threshold=1.0)
 
 
 @PROPERTY
 @given(trio=trios, source=sources, max_new=lengths)
 def test_beam_width_1_equals_greedy(trio, source, max_new):
-    greedy = _run(trio, source, mode=Mode.AR, max_new_tokens=max_new)
-    beam = _run(trio, source, mode=Mode.BEAM, max_new_tokens=max_new, num_beams=1)
-    assert beam.output_ids == greedy.output_ids
+    _equals_greedy(trio, source, max_new, Mode.BEAM, num_beams=1)
 
 
 @PROPERTY
@@ -109,6 +145,7 @@ def test_variable_width_beam_without_pruning_equals_fixed_width(trio, source, ma
         beam_max_candidates=width,
     )
     assert variable.output_ids == fixed.output_ids
+    assert variable.stats.iterations == fixed.stats.iterations
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -122,20 +159,13 @@ def test_variable_width_beam_without_pruning_equals_fixed_width(trio, source, ma
 def test_continuing_a_committed_prefix_gives_the_same_output(trio, source, max_new, cut, mode):
     """The gateway's fallback continues from what is already committed: for a lossless mode the
     result is the same as decoding from scratch."""
-    greedy = _run(trio, source, mode=Mode.AR, max_new_tokens=max_new)
+    greedy = _greedy(trio, source, max_new)
     n = min(int(cut * len(greedy.output_ids)), max_new - 1)
     prefix = greedy.output_ids[:n]
-    trio_models = model_pool()[trio]
+    verifier, drafter = _endpoints(trio)
     config = DecodingConfig(mode=mode, max_new_tokens=max_new, k=5)
     streamed: list[int] = []
-    resumed = decode(
-        source,
-        config,
-        LocalVerifier(trio_models.verifier),
-        LocalDrafter(trio_models.drafter_models()),
-        on_tokens=streamed.extend,
-        prefix=prefix,
-    )
+    resumed = decode(source, config, verifier, drafter, on_tokens=streamed.extend, prefix=prefix)
     assert resumed.output_ids == greedy.output_ids
     assert prefix + streamed == greedy.output_ids
 
@@ -157,12 +187,33 @@ def test_trained_tiny_models_accept_drafts(mode):
     assert longest >= 3
 
 
-def test_variable_width_pruning_changes_the_search():
-    """Pruning is not a no-op: with a tight delta the beam collapses to fewer hypotheses."""
+class _CountingVerifier(LocalVerifier):
+    """The real verifier, counting the sessions a search opens (one per live hypothesis slot)."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.opened = 0
+
+    def open(self, source_ids: list[int]):
+        self.opened += 1
+        return super().open(source_ids)
+
+
+@pytest.mark.parametrize("pruning", [{"beam_delta": 0.0}, {"beam_max_candidates": 1}], ids=["delta0", "M1"])
+def test_variable_width_pruning_changes_the_search(pruning):
+    """Pruning is not a no-op. On this source the width-5 beam finds a better (length-normalised)
+    output than greedy; pruning to delta = 0 (only the best candidate survives each step) or to
+    M = 1 (one candidate per parent) collapses the beam to a single hypothesis, so the search
+    becomes greedy search: a different output, and one verifier session instead of five."""
     source = [5, 6, 7, 8, 9, 10, 11, 12]
-    wide = _run(1, source, mode=Mode.BEAM, max_new_tokens=20, num_beams=5)
-    pruned = _run(1, source, mode=Mode.BEAM, max_new_tokens=20, num_beams=5, beam_delta=0.0)
-    greedy = _run(1, source, mode=Mode.AR, max_new_tokens=20)
-    # delta = 0 keeps only the best candidate each step: that is greedy search.
+    model = model_pool()[1].verifier
+    wide_verifier, pruned_verifier = _CountingVerifier(model), _CountingVerifier(model)
+    config = {"mode": Mode.BEAM, "max_new_tokens": 20, "num_beams": 5}
+    wide = decode(source, DecodingConfig(**config), wide_verifier)
+    pruned = decode(source, DecodingConfig(**config, **pruning), pruned_verifier)
+    greedy = _greedy(1, source, 20)
+    assert wide.output_ids != greedy.output_ids, "the case needs a beam that beats greedy"
     assert pruned.output_ids == greedy.output_ids
-    assert wide.stats.iterations >= pruned.stats.iterations
+    assert pruned.output_ids != wide.output_ids
+    assert pruned_verifier.opened == 1
+    assert wide_verifier.opened == 5

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from core.errors import SpecdecError, StatusCode
+from core.errors import StatusCode
 from core.interfaces import Draft
 from drafter_service.session import LocalDrafter
 from gateway.decode import decode
@@ -19,6 +19,7 @@ from seq2seq_models.onnx_export import ensure_export
 from seq2seq_models.transformer import Seq2SeqTransformer
 from specdec.cli import main as cli_main
 from tests import zoo
+from tests.checks import assert_gad_equals_greedy_on_random_sources, assert_verifier_status_codes, status_code
 from verifier_service.onnx_backend import OnnxVerifier
 from verifier_service.session import LocalVerifier, make_verifier
 
@@ -33,12 +34,6 @@ def bundle(tmp_path_factory):
 @pytest.fixture(scope="module")
 def onnx_verifier(bundle, tmp_path_factory):
     return make_verifier(bundle, "onnxruntime", cache_root=tmp_path_factory.mktemp("onnx"))
-
-
-def _code(fn) -> StatusCode:
-    with pytest.raises(SpecdecError) as info:
-        fn()
-    return info.value.code
 
 
 def _assert_same(ref, got, where) -> None:
@@ -90,14 +85,7 @@ def test_a_model_without_a_bundle_matches_torch(tmp_path):
 
 def test_gad_through_onnx_equals_greedy_through_onnx(bundle, onnx_verifier):
     drafter = LocalDrafter({"nar_drafter": bundle.nar_drafter})
-    rng = random.Random(3)
-    vocab = onnx_verifier.vocab_size
-    for _ in range(4):
-        source = [rng.randrange(FIRST_WORD, vocab) for _ in range(rng.randint(3, 20))]
-        greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=30), onnx_verifier).output_ids
-        for k in (1, 4, 10):
-            gad = decode(source, DecodingConfig(mode=Mode.GAD, k=k, max_new_tokens=30), onnx_verifier, drafter)
-            assert gad.output_ids == greedy, (source, k)
+    assert_gad_equals_greedy_on_random_sources(onnx_verifier, drafter, seed=3, ks=(1, 4, 10))
 
 
 def test_gad_with_partly_right_drafts_equals_greedy(bundle, onnx_verifier):
@@ -143,23 +131,8 @@ def test_export_onnx_command(bundle, tmp_path, capsys):
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
 def test_status_codes_match_torch(bundle, onnx_verifier, backend):
     verifier = LocalVerifier(bundle.verifier) if backend == "torch" else onnx_verifier
-    vocab = verifier.vocab_size
-    assert _code(lambda: verifier.open([])) == StatusCode.INVALID_ARGUMENT
-    assert _code(lambda: verifier.open([5, vocab])) == StatusCode.INVALID_ARGUMENT
-    assert _code(lambda: verifier.open([5] * (verifier.max_source_len + 1))) == StatusCode.OUT_OF_RANGE
-    session = verifier.open([5, 6])
-    session.step(0, [7], [8, 9], top_k=1)
-    assert _code(lambda: session.step(4, [], [], top_k=1)) == StatusCode.FAILED_PRECONDITION
-    assert _code(lambda: session.step(-1, [], [], top_k=1)) == StatusCode.FAILED_PRECONDITION
-    assert _code(lambda: session.step(0, [-3], [], top_k=1)) == StatusCode.INVALID_ARGUMENT
-    assert _code(lambda: session.step(0, [], [vocab], top_k=1)) == StatusCode.INVALID_ARGUMENT
-    assert _code(lambda: session.step(0, [], [], top_k=0)) == StatusCode.INVALID_ARGUMENT
-    assert _code(lambda: session.step(0, [], [], top_k=vocab + 1)) == StatusCode.INVALID_ARGUMENT
-    too_long = [5] * verifier.max_target_len
-    assert _code(lambda: session.step(0, too_long, [5], top_k=1)) == StatusCode.OUT_OF_RANGE
-    # After those refusals the session still works, from where it was.
-    assert len(session.step(3, [], [], top_k=2).top1) == 1
-    assert _code(lambda: make_verifier(bundle, "tensorrt")) == StatusCode.INVALID_ARGUMENT
+    assert_verifier_status_codes(verifier)
+    assert status_code(lambda: make_verifier(bundle, "tensorrt")) == StatusCode.INVALID_ARGUMENT
 
 
 class _OracleDrafter:

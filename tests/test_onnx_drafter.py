@@ -10,14 +10,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.errors import SpecdecError, StatusCode
+from core.errors import StatusCode
 from drafter_service.onnx_nar import OnnxNarDrafter
 from drafter_service.session import LocalDrafter, make_drafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
 from seq2seq_models.onnx_export import ensure_export
-from tests.zoo import FIRST_WORD, MAX_LEN, VOCAB, model_pool, random_source
+from tests.checks import assert_gad_equals_greedy_on_random_sources, status_code
+from tests.zoo import FIRST_WORD, MAX_LEN, model_pool, random_source
+from tests.zoo import sources as zoo_sources
 from verifier_service.session import LocalVerifier
 
 
@@ -38,12 +40,6 @@ def zoo_nar(tmp_path_factory) -> dict[int, OnnxNarDrafter]:
     """The zoo trios' NAR drafters on ONNX Runtime (exported from their float64 weights as float32)."""
     root = tmp_path_factory.mktemp("zoo-onnx")
     return {i: OnnxNarDrafter(trio.nar_drafter, cache_root=root) for i, trio in enumerate(model_pool())}
-
-
-def _code(fn) -> StatusCode:
-    with pytest.raises(SpecdecError) as info:
-        fn()
-    return info.value.code
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -78,26 +74,11 @@ def test_a_draft_past_the_length_limit_is_cut_like_torch(bundle, drafters):
 
 def test_gad_through_the_onnx_drafter_equals_greedy_on_the_bundle(bundle, drafters):
     _, onnx_drafter = drafters
-    verifier = LocalVerifier(bundle.verifier)
-    rng = random.Random(2)
-    vocab = bundle.verifier.config.vocab_size
-    for _ in range(4):
-        source = [rng.randrange(FIRST_WORD, vocab) for _ in range(rng.randint(3, 20))]
-        greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=30), verifier).output_ids
-        for k in (1, 5, 12):
-            gad = decode(source, DecodingConfig(mode=Mode.GAD, k=k, max_new_tokens=30), verifier, onnx_drafter)
-            assert gad.output_ids == greedy, (source, k)
-
-
-words = st.integers(FIRST_WORD, VOCAB - 1)
-sources = st.one_of(
-    st.lists(words, min_size=1, max_size=64),
-    st.builds(lambda p, n: (p * n)[:64], st.lists(words, min_size=1, max_size=6), st.integers(1, 20)),
-)
+    assert_gad_equals_greedy_on_random_sources(LocalVerifier(bundle.verifier), onnx_drafter, seed=2, ks=(1, 5, 12))
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(trio=st.integers(0, 3), source=sources, max_new=st.integers(1, MAX_LEN - 1), k=st.integers(1, 25))
+@given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1), k=st.integers(1, 25))
 def test_gad_through_the_onnx_drafter_equals_greedy(zoo_nar, trio, source, max_new, k):
     models = model_pool()[trio]
     verifier = LocalVerifier(models.verifier)
@@ -139,19 +120,14 @@ def test_exports_are_cached_per_role(bundle, tmp_path):
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
 def test_status_codes_match_torch(bundle, drafters, backend):
     drafter = drafters[0] if backend == "torch" else drafters[1]
-    vocab = drafter.vocab_size
-    assert _code(lambda: drafter.open([])) == StatusCode.INVALID_ARGUMENT
-    assert _code(lambda: drafter.open([5, vocab])) == StatusCode.INVALID_ARGUMENT
     session = drafter.open([5, 6])
     session.draft_block(0, [7, 8], 3)
-    assert _code(lambda: session.draft_block(3, [], 2)) == StatusCode.FAILED_PRECONDITION
-    assert _code(lambda: session.draft_block(0, [vocab], 2)) == StatusCode.INVALID_ARGUMENT
-    assert _code(lambda: session.draft_block(0, [], 0)) == StatusCode.INVALID_ARGUMENT
+    assert status_code(lambda: session.draft_block(3, [], 2)) == StatusCode.FAILED_PRECONDITION
     too_long = [5] * (bundle.nar_drafter.config.max_len)
-    assert _code(lambda: session.draft_block(0, too_long, 1)) == StatusCode.OUT_OF_RANGE
+    assert status_code(lambda: session.draft_block(0, too_long, 1)) == StatusCode.OUT_OF_RANGE
     # After those refusals the session still drafts, from where it was.
     assert len(session.draft_block(2, [], 2).ids) == 2
-    assert _code(lambda: make_drafter(bundle, "tensorrt")) == StatusCode.INVALID_ARGUMENT
+    assert status_code(lambda: make_drafter(bundle, "tensorrt")) == StatusCode.INVALID_ARGUMENT
 
 
 def test_a_bundle_loaded_without_drafters_has_no_drafter(bundle):

@@ -12,9 +12,6 @@ from types import ModuleType
 
 import grpc
 import pytest
-from google.protobuf import json_format, message_factory
-from google.protobuf.descriptor import Descriptor, FieldDescriptor, OneofDescriptor
-from google.protobuf.message import Message
 
 from protos import build
 from protos.specdec.v1 import (
@@ -30,23 +27,6 @@ from protos.specdec.v1 import (
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = REPO_ROOT / "protos"
 MODULES: tuple[ModuleType, ...] = (common_pb2, gateway_pb2, verifier_pb2, drafter_pb2)
-
-
-def _all_messages() -> list[Descriptor]:
-    found: list[Descriptor] = []
-
-    def walk(desc: Descriptor) -> None:
-        found.append(desc)
-        for nested in desc.nested_types:
-            walk(nested)
-
-    for module in MODULES:
-        for desc in module.DESCRIPTOR.message_types_by_name.values():
-            walk(desc)
-    return found
-
-
-ALL_MESSAGES = _all_messages()
 
 
 # --- the stubs -------------------------------------------------------------------------------
@@ -128,239 +108,12 @@ def test_mode_enum() -> None:
     assert gateway_pb2.MODE_UNSPECIFIED == 0
 
 
-# --- serialisation ---------------------------------------------------------------------------
-
-_SCALARS: dict[int, object] = {
-    FieldDescriptor.TYPE_INT32: 7,
-    FieldDescriptor.TYPE_INT64: -(2**40),
-    FieldDescriptor.TYPE_UINT32: 2**31 + 3,
-    FieldDescriptor.TYPE_UINT64: 2**63 + 5,
-    FieldDescriptor.TYPE_FLOAT: -0.25,  # exactly representable in fp32
-    FieldDescriptor.TYPE_DOUBLE: 0.1,
-    FieldDescriptor.TYPE_BOOL: True,
-    FieldDescriptor.TYPE_STRING: "tok ✓",
-    FieldDescriptor.TYPE_BYTES: b"\x00\xff",
-}
-
-
-def _real_oneofs(desc: Descriptor) -> list[OneofDescriptor]:
-    """The message's oneofs, without the one-member synthetic oneofs of proto3 `optional` fields."""
-    return [o for o in desc.oneofs if not (len(o.fields) == 1 and o.name == "_" + o.fields[0].name)]
-
-
-def _value(field: FieldDescriptor) -> object:
-    if field.type == FieldDescriptor.TYPE_ENUM:
-        return field.enum_type.values[-1].number
-    return _SCALARS[field.type]
-
-
-def _populate(msg: Message, variant: int, depth: int = 0) -> None:
-    """Set every field of ``msg`` (for each real oneof: member ``variant`` modulo its size)."""
-    skipped = {
-        f.name
-        for o in _real_oneofs(msg.DESCRIPTOR)
-        for f in o.fields
-        if f.name != o.fields[variant % len(o.fields)].name
-    }
-    for field in msg.DESCRIPTOR.fields:
-        if field.name in skipped:
-            continue
-        if field.type == FieldDescriptor.TYPE_MESSAGE:
-            if field.is_repeated:
-                for _ in range(2):
-                    _populate(getattr(msg, field.name).add(), variant, depth + 1)
-            else:
-                sub = getattr(msg, field.name)
-                sub.SetInParent()
-                if depth < 4:
-                    _populate(sub, variant, depth + 1)
-        elif field.is_repeated:
-            getattr(msg, field.name).extend([_value(field), _value(field)])
-        else:
-            setattr(msg, field.name, _value(field))
-
-
-def _variants(desc: Descriptor) -> range:
-    return range(max((len(o.fields) for o in _real_oneofs(desc)), default=1))
-
-
-@pytest.mark.parametrize(
-    ("desc", "variant"),
-    [(d, v) for d in ALL_MESSAGES for v in _variants(d)],
-    ids=lambda x: x.name if isinstance(x, Descriptor) else str(x),
-)
-def test_every_message_round_trips(desc: Descriptor, variant: int) -> None:
-    cls = message_factory.GetMessageClass(desc)
-    msg = cls()
-    _populate(msg, variant)
-    data = msg.SerializeToString()
-    back = cls.FromString(data)
-    assert back == msg
-    assert back.ListFields() == msg.ListFields()
-    # JSON is what `buf curl` and grpcurl users type.
-    assert json_format.Parse(json_format.MessageToJson(msg), cls()) == msg
-    # Every field that _populate set is really on the wire.
-    expected_set = {f.name for f in desc.fields} - {
-        f.name
-        for o in _real_oneofs(desc)
-        for f in o.fields
-        if f.name != o.fields[variant % len(o.fields)].name
-    }
-    assert {f.name for f, _ in back.ListFields()} == expected_set
-
-
-def test_verify_step_round_trip() -> None:
-    request = verifier_pb2.VerifyRequest(
-        step=verifier_pb2.VerifyStep(committed_len=5, append_ids=[17], draft_ids=[8, 9], top_k=3)
-    )
-    back = verifier_pb2.VerifyRequest.FromString(request.SerializeToString())
-    assert back.WhichOneof("kind") == "step"
-    assert list(back.step.append_ids) == [17]
-    assert list(back.step.draft_ids) == [8, 9]
-
-    positions = [
-        verifier_pb2.Position(
-            top1=8, topk_ids=[8, 4, 2], topk_logprobs=[-0.5, -1.5, -2.0], draft_logprob=-0.5
-        ),
-        verifier_pb2.Position(
-            top1=3, topk_ids=[3, 9, 1], topk_logprobs=[-0.25, -1.0, -4.0], draft_logprob=-1.0
-        ),
-        verifier_pb2.Position(top1=5, topk_ids=[5, 6, 7], topk_logprobs=[-0.125, -3.0, -3.5]),  # one past
-    ]
-    response = verifier_pb2.VerifyResponse(
-        step=verifier_pb2.VerifyStepResult(committed_len=6, positions=positions)
-    )
-    back_resp = verifier_pb2.VerifyResponse.FromString(response.SerializeToString())
-    assert back_resp == response
-    assert len(back_resp.step.positions) == len(request.step.draft_ids) + 1
-    assert [p.HasField("draft_logprob") for p in back_resp.step.positions] == [True, True, False]
-    assert back_resp.step.positions[1].draft_logprob == -1.0
-    # A draft log-prob of exactly 0.0 (certainty) is still present, not "unset".
-    zero = verifier_pb2.Position.FromString(verifier_pb2.Position(draft_logprob=0.0).SerializeToString())
-    assert zero.HasField("draft_logprob")
-
-
-def test_draft_messages_round_trip() -> None:
-    open_req = drafter_pb2.DraftRequest(open=drafter_pb2.DraftOpen(source_ids=[5, 6, 3], seed=0))
-    back_open = drafter_pb2.DraftRequest.FromString(open_req.SerializeToString())
-    assert back_open.open.HasField("seed") and back_open.open.seed == 0
-    assert not drafter_pb2.DraftOpen(source_ids=[5]).HasField("seed")
-
-    for kind, payload in [
-        ("block", {"block": drafter_pb2.BlockDraft(k=4)}),
-        ("beam", {"beam": drafter_pb2.BeamDraft(gamma=5, num_beams=4)}),
-        ("sample", {"sample": drafter_pb2.SampleDraft(gamma=3, temperature=0.7, top_k=50, top_p=0.9)}),
-    ]:
-        req = drafter_pb2.DraftRequest(
-            step=drafter_pb2.DraftStep(committed_len=2, append_ids=[11], **payload)
-        )
-        back = drafter_pb2.DraftRequest.FromString(req.SerializeToString())
-        assert back.step.WhichOneof("method") == kind
-        assert back == req
-    # Warping parameters are double: they arrive exactly as written.
-    sample = drafter_pb2.SampleDraft(temperature=0.7, top_p=0.9)
-    back_sample = drafter_pb2.SampleDraft.FromString(sample.SerializeToString())
-    assert back_sample.temperature == 0.7 and back_sample.top_p == 0.9
-
-    result = drafter_pb2.DraftResponse(
-        result=drafter_pb2.DraftResult(
-            committed_len=3,
-            ids=[4, 8],
-            q_rows=[
-                drafter_pb2.ProbRow(ids=[4, 2], probs=[0.75, 0.25]),
-                drafter_pb2.ProbRow(ids=[8], probs=[1.0]),
-            ],
-        )
-    )
-    back_result = drafter_pb2.DraftResponse.FromString(result.SerializeToString())
-    assert back_result == result
-    assert [list(r.probs) for r in back_result.result.q_rows] == [[0.75, 0.25], [1.0]]
-
-
-def test_generate_messages_round_trip() -> None:
-    req = gateway_pb2.GenerateRequest(
-        text="Привіт світ",
-        config=gateway_pb2.DecodingConfig(
-            mode=gateway_pb2.MODE_GAD_PLUS_PLUS, block_size=5, top_beta=3, tau=2.0
-        ),
-    )
-    assert gateway_pb2.GenerateRequest.FromString(req.SerializeToString()) == req
-    # What a `buf curl` user types.
-    parsed = json_format.Parse(
-        '{"input_ids": [5, 6, 3], "config": {"mode": "MODE_MJSD", "gamma": 4, "mjsd_threshold": 0.3}}',
-        gateway_pb2.GenerateRequest(),
-    )
-    assert list(parsed.input_ids) == [5, 6, 3]
-    assert parsed.config.mode == gateway_pb2.MODE_MJSD
-    assert parsed.config.HasField("gamma") and not parsed.config.HasField("block_size")
-
-    stats = gateway_pb2.DecodingStats(
-        iterations=4,
-        drafted_tokens=12,
-        accepted_tokens=7,
-        accepted_per_position=[4, 2, 1],
-        mean_accepted_length=2.75,
-        drafter_time_ms=1.5,
-        verifier_time_ms=8.25,
-        gateway_time_ms=0.5,
-        degraded=False,
-        finish_reason="eos",
-        mode=gateway_pb2.MODE_GAD,
-    )
-    chunks = [
-        gateway_pb2.GenerateResponse(text="При", output_ids=[10, 11]),
-        gateway_pb2.GenerateResponse(text="віт", output_ids=[12, 3], final=True, stats=stats),
-    ]
-    back = [gateway_pb2.GenerateResponse.FromString(c.SerializeToString()) for c in chunks]
-    assert back == chunks
-    assert [c.final for c in back] == [False, True]
-    assert not back[0].HasField("stats") and back[1].HasField("stats")
-    assert [i for c in back for i in c.output_ids] == [10, 11, 12, 3]
-
-
-# --- DecodingConfig: unset differs from zero -------------------------------------------------
+# --- DecodingConfig: unset must differ from zero, so every field is `optional` --------------
 
 
 def test_every_decoding_config_field_has_presence() -> None:
     for field in gateway_pb2.DecodingConfig.DESCRIPTOR.fields:
         assert field.has_presence, f"DecodingConfig.{field.name} must be `optional`"
-
-
-@pytest.mark.parametrize("field", [f.name for f in gateway_pb2.DecodingConfig.DESCRIPTOR.fields])
-def test_decoding_config_zero_is_not_unset(field: str) -> None:
-    unset = gateway_pb2.DecodingConfig()
-    assert not unset.HasField(field)
-    assert unset.SerializeToString() == b""
-
-    zero = gateway_pb2.DecodingConfig(**{field: 0})
-    assert zero.HasField(field)
-    data = zero.SerializeToString()
-    assert data != b""
-    back = gateway_pb2.DecodingConfig.FromString(data)
-    assert back.HasField(field) and getattr(back, field) == 0
-    assert [f.name for f, _ in back.ListFields()] == [field]
-    # JSON keeps the explicit zero too.
-    assert json_format.Parse(json_format.MessageToJson(zero), gateway_pb2.DecodingConfig()).HasField(field)
-
-    back.ClearField(field)
-    assert not back.HasField(field)
-
-
-def test_generate_request_without_config() -> None:
-    req = gateway_pb2.GenerateRequest.FromString(gateway_pb2.GenerateRequest(text="a").SerializeToString())
-    assert not req.HasField("config")
-    assert not req.config.HasField("mode")  # reading the default config never marks it set
-    assert not req.HasField("config")
-
-
-def test_oneofs_are_exclusive() -> None:
-    req = verifier_pb2.VerifyRequest(open=verifier_pb2.VerifyOpen(source_ids=[1, 2]))
-    assert req.WhichOneof("kind") == "open"
-    req.step.committed_len = 0
-    req.step.SetInParent()
-    assert req.WhichOneof("kind") == "step"
-    assert not req.HasField("open")
-    assert verifier_pb2.VerifyRequest().WhichOneof("kind") is None
 
 
 # --- the stubs over a real channel -----------------------------------------------------------
@@ -493,10 +246,6 @@ def test_draft_session_over_grpc(channel: grpc.Channel) -> None:
     responses = list(stub.Draft(iter(requests), timeout=10))
     assert responses[0].opened.source_len == 2
     assert list(responses[1].result.ids) == [0, 1, 2]
-    # Unimplemented RPCs of the generated base class answer UNIMPLEMENTED.
-    with pytest.raises(grpc.RpcError) as err:
-        stub.GetModelInfo(drafter_pb2.DrafterServiceGetModelInfoRequest(), timeout=10)
-    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def test_generate_stream_over_grpc(channel: grpc.Channel) -> None:

@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from core.errors import SpecdecError, StatusCode
+from core.errors import StatusCode
 from drafter_service.session import LocalDrafter
+from tests.checks import assert_verifier_status_codes, status_code
 from tests.zoo import model_pool
 from verifier_service.session import LocalVerifier
 
@@ -15,12 +16,6 @@ from verifier_service.session import LocalVerifier
 @pytest.fixture(scope="module")
 def trio():
     return model_pool()[0]
-
-
-def _code(fn) -> StatusCode:
-    with pytest.raises(SpecdecError) as info:
-        fn()
-    return info.value.code
 
 
 def test_verify_step_returns_the_full_recompute_distribution(trio):
@@ -46,23 +41,7 @@ def test_verify_step_returns_the_full_recompute_distribution(trio):
 
 
 def test_verifier_status_codes(trio):
-    verifier = LocalVerifier(trio.verifier)
-    vocab = verifier.vocab_size
-    assert _code(lambda: verifier.open([])) == StatusCode.INVALID_ARGUMENT
-    assert _code(lambda: verifier.open([5, vocab])) == StatusCode.INVALID_ARGUMENT
-    assert _code(lambda: verifier.open([5] * (verifier.max_source_len + 1))) == StatusCode.OUT_OF_RANGE
-    session = verifier.open([5, 6])
-    session.step(0, [7], [8, 9], top_k=1)
-    # The session has seen 3 tokens: keeping 4 is out of step.
-    assert _code(lambda: session.step(4, [], [], top_k=1)) == StatusCode.FAILED_PRECONDITION
-    assert _code(lambda: session.step(-1, [], [], top_k=1)) == StatusCode.FAILED_PRECONDITION
-    assert _code(lambda: session.step(0, [-3], [], top_k=1)) == StatusCode.INVALID_ARGUMENT
-    assert _code(lambda: session.step(0, [], [vocab], top_k=1)) == StatusCode.INVALID_ARGUMENT
-    assert _code(lambda: session.step(0, [], [], top_k=0)) == StatusCode.INVALID_ARGUMENT
-    too_long = [5] * verifier.max_target_len
-    assert _code(lambda: session.step(0, too_long, [5], top_k=1)) == StatusCode.OUT_OF_RANGE
-    # After those refusals the session still works, from where it was.
-    assert len(session.step(3, [], [], top_k=2).top1) == 1
+    assert_verifier_status_codes(LocalVerifier(trio.verifier))
 
 
 def test_drafter_sessions(trio):
@@ -72,16 +51,15 @@ def test_drafter_sessions(trio):
     assert len(block.ids) == 5
     # Drafting leaves the state untouched: the same request drafts the same block.
     assert session.draft_block(0, [], k=5).ids == block.ids
-    assert _code(lambda: session.draft_block(3, [], k=2)) == StatusCode.FAILED_PRECONDITION
-    assert _code(lambda: session.draft_beam(0, [], gamma=2, num_beams=2)) == StatusCode.FAILED_PRECONDITION
-    assert _code(lambda: session.draft_block(0, [], k=0)) == StatusCode.INVALID_ARGUMENT
+    assert status_code(lambda: session.draft_block(3, [], k=2)) == StatusCode.FAILED_PRECONDITION
+    assert status_code(lambda: session.draft_beam(0, [], gamma=2, num_beams=2)) == StatusCode.FAILED_PRECONDITION
 
     beam_session = drafter.open([5, 6, 7, 8])
     draft = beam_session.draft_beam(0, [9], gamma=4, num_beams=3)
     assert 1 <= len(draft.ids) <= 4 and len(draft.cum_logq) == len(draft.ids)
     assert all(b <= a + 1e-12 for a, b in zip(draft.cum_logq, draft.cum_logq[1:], strict=False))
     only_ar = LocalDrafter({"ar_drafter": trio.ar_drafter}).open([5])
-    assert _code(lambda: only_ar.draft_block(0, [], k=2)) == StatusCode.FAILED_PRECONDITION
+    assert status_code(lambda: only_ar.draft_block(0, [], k=2)) == StatusCode.FAILED_PRECONDITION
 
 
 def test_beam_draft_cum_logq_is_the_drafters_joint_log_prob(trio):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from hypothesis import strategies as st
 
 from seq2seq_models.config import ModelConfig
 from seq2seq_models.transformer import Seq2SeqTransformer
@@ -55,6 +56,17 @@ def edit(source: list[int]) -> list[int]:
 
 def random_source(gen: torch.Generator, length: int) -> list[int]:
     return torch.randint(FIRST_WORD, VOCAB, (length,), generator=gen).tolist()
+
+
+def sources() -> st.SearchStrategy[list[int]]:
+    """Hypothesis sources of length 1..64 over the zoo's words, half of them a short pattern
+    repeated, so that many n-grams occur more than once (IAD's unique-match rule meets both)."""
+    words = st.integers(FIRST_WORD, VOCAB - 1)
+    return st.one_of(
+        st.lists(words, min_size=1, max_size=64),
+        st.builds(lambda pattern, times: (pattern * times)[:64], st.lists(words, min_size=1, max_size=6),
+                  st.integers(1, 20)),
+    )
 
 
 def _trio(seed: int, steps: int) -> Trio:

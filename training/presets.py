@@ -38,35 +38,45 @@ def get_preset(name: str, seed: int = 1) -> Preset:
     return replace(preset, seed=seed, training={r: replace(c, seed=seed) for r, c in preset.training.items()})
 
 
+def _shapes(verifier_layers: tuple[int, int], nar_decoder_layers: int) -> dict[str, dict[str, Any]]:
+    """The `full` and `cpu` model shapes: the same widths, only the depths differ.
+    `verifier_layers` is (encoder, decoder)."""
+    common = {"n_heads": 4, "max_len": 256, "dropout": 0.1}
+    encoder, decoder = verifier_layers
+    return {
+        "verifier": {"d_model": 256, "encoder_layers": encoder, "decoder_layers": decoder, "ffn_dim": 1024, **common},
+        "nar_drafter": {"d_model": 192, "encoder_layers": 2, "decoder_layers": nar_decoder_layers, "ffn_dim": 768,
+                        **common},
+        "ar_drafter": {"d_model": 128, "encoder_layers": 2, "decoder_layers": 1, "ffn_dim": 512, **common},
+    }
+
+
+def _train(objective: str, **fields: Any) -> TrainConfig:
+    """A TrainConfig with the logging and checkpoint cadence every full-size preset shares."""
+    return TrainConfig(objective=objective, log_every=10, checkpoint_every=50, **fields)
+
+
+def _full_size(name: str, shapes: dict[str, dict[str, Any]], **fields: Any) -> Preset:
+    """A preset on the whole UA-GEC corpus: an 8000-piece vocabulary, pairs of up to 128 tokens."""
+    return Preset(name=name, vocab_size=8000, max_tokens=128, max_pairs=None, shapes=shapes, **fields)
+
+
 # The verifier: 6+6 layers of width 256, so one incremental verify step (a few tokens against the
 # cached prefix) costs a few ms on a laptop-class CPU; the drafters are much cheaper. Weights in
 # float32: verifier 13.2M params, NAR 4.3M, AR 1.8M: 77 MB in all (the repo budget is 80 MB).
-_FULL_SHAPES: dict[str, dict[str, Any]] = {
-    "verifier": {"d_model": 256, "n_heads": 4, "encoder_layers": 6, "decoder_layers": 6, "ffn_dim": 1024,
-                 "max_len": 256, "dropout": 0.1},
-    "nar_drafter": {"d_model": 192, "n_heads": 4, "encoder_layers": 2, "decoder_layers": 3, "ffn_dim": 768,
-                    "max_len": 256, "dropout": 0.1},
-    "ar_drafter": {"d_model": 128, "n_heads": 4, "encoder_layers": 2, "decoder_layers": 1, "ffn_dim": 512,
-                   "max_len": 256, "dropout": 0.1},
-}
+_FULL_SHAPES = _shapes(verifier_layers=(6, 6), nar_decoder_layers=3)
 
-_FULL = Preset(
-    name="full",
-    vocab_size=8000,
-    max_tokens=128,
-    max_pairs=None,
-    shapes=_FULL_SHAPES,
+_FULL = _full_size(
+    "full",
+    _FULL_SHAPES,
     # Measured on the 2-core dev CPU: ~2.8k real tokens/s, ~4 s per verifier step of ~11k tokens,
     # 126 batches (8.5 min) per epoch of the ~31k train pairs. 5000 steps are ~40 epochs (~5.5 h);
     # on a GPU the same steps take minutes. Drafters are 3-8x cheaper per step.
     training={
-        "verifier": TrainConfig(objective="ar", max_steps=5000, max_tokens=6000, peak_lr=7e-4, warmup_steps=800,
-                                log_every=10, eval_every=250, checkpoint_every=50),
-        "nar_drafter": TrainConfig(objective="nar", max_steps=5000, max_tokens=6000, peak_lr=7e-4,
-                                   warmup_steps=800, log_every=10, eval_every=250, checkpoint_every=50,
-                                   nar_k_max=25, glat_ratio=0.5),
-        "ar_drafter": TrainConfig(objective="ar", max_steps=3000, max_tokens=6000, peak_lr=1e-3, warmup_steps=500,
-                                  log_every=10, eval_every=250, checkpoint_every=50),
+        "verifier": _train("ar", max_steps=5000, max_tokens=6000, peak_lr=7e-4, warmup_steps=800, eval_every=250),
+        "nar_drafter": _train("nar", max_steps=5000, max_tokens=6000, peak_lr=7e-4, warmup_steps=800, eval_every=250,
+                              nar_k_max=25, glat_ratio=0.5),
+        "ar_drafter": _train("ar", max_steps=3000, max_tokens=6000, peak_lr=1e-3, warmup_steps=500, eval_every=250),
     },
     distill_beams=5,
 )
@@ -80,29 +90,18 @@ _FULL = Preset(
 # start as a sinusoid table it reaches 65% at step 400 of 4k tokens. 1600 steps take ~47 min; the
 # whole pipeline about 1.9 h (the NAR drafter, 2000 steps, ~45 min: 0.888 validation accuracy at 1100
 # steps, 0.925 at 2000).
-_CPU_SHAPES: dict[str, dict[str, Any]] = {
-    "verifier": {"d_model": 256, "n_heads": 4, "encoder_layers": 4, "decoder_layers": 3, "ffn_dim": 1024,
-                 "max_len": 256, "dropout": 0.1},
-    "nar_drafter": {"d_model": 192, "n_heads": 4, "encoder_layers": 2, "decoder_layers": 2, "ffn_dim": 768,
-                    "max_len": 256, "dropout": 0.1},
-    "ar_drafter": {"d_model": 128, "n_heads": 4, "encoder_layers": 2, "decoder_layers": 1, "ffn_dim": 512,
-                   "max_len": 256, "dropout": 0.1},
-}
+_CPU_SHAPES = _shapes(verifier_layers=(4, 3), nar_decoder_layers=2)
 
-_CPU = Preset(
-    name="cpu",
-    vocab_size=8000,
-    max_tokens=128,
-    max_pairs=None,
-    shapes=_CPU_SHAPES,
+_CPU = _full_size(
+    "cpu",
+    _CPU_SHAPES,
     training={
-        "verifier": TrainConfig(objective="ar", max_steps=1600, max_tokens=4000, peak_lr=1e-3, warmup_steps=150,
-                                log_every=10, eval_every=200, checkpoint_every=50, eval_max_pairs=500),
-        "nar_drafter": TrainConfig(objective="nar", max_steps=2000, max_tokens=6000, peak_lr=1e-3,
-                                   warmup_steps=150, log_every=10, eval_every=350, checkpoint_every=50,
-                                   eval_max_pairs=500, nar_k_max=25, glat_ratio=0.5),
-        "ar_drafter": TrainConfig(objective="ar", max_steps=1000, max_tokens=6000, peak_lr=1.5e-3, warmup_steps=100,
-                                  log_every=10, eval_every=250, checkpoint_every=50, eval_max_pairs=500),
+        "verifier": _train("ar", max_steps=1600, max_tokens=4000, peak_lr=1e-3, warmup_steps=150, eval_every=200,
+                           eval_max_pairs=500),
+        "nar_drafter": _train("nar", max_steps=2000, max_tokens=6000, peak_lr=1e-3, warmup_steps=150, eval_every=350,
+                              eval_max_pairs=500, nar_k_max=25, glat_ratio=0.5),
+        "ar_drafter": _train("ar", max_steps=1000, max_tokens=6000, peak_lr=1.5e-3, warmup_steps=100, eval_every=250,
+                             eval_max_pairs=500),
     },
     distill_beams=1,
 )

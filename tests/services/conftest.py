@@ -8,12 +8,13 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import grpc
 import pytest
 
-from protos.specdec.v1 import gateway_pb2_grpc
+from protos.specdec.v1 import drafter_pb2, drafter_pb2_grpc, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
 from specdec.serve import ServiceStack
 
@@ -84,3 +85,25 @@ def wait_ready_line(proc: subprocess.Popen, timeout: float = 60.0) -> str:
         raise AssertionError(f"`specdec serve` printed no ready line within {timeout:.0f}s; killed it") from None
     assert line, f"server closed its stdout (exit status {proc.poll()}) before printing its ready line"
     return line.strip()
+
+
+def wait_until(predicate, timeout: float = 10.0) -> bool:
+    """Poll `predicate` until it holds or `timeout` seconds pass; its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def verifier_info(address: str):
+    with grpc.insecure_channel(address) as channel:
+        stub = verifier_pb2_grpc.VerifierServiceStub(channel)
+        return stub.GetModelInfo(verifier_pb2.VerifierServiceGetModelInfoRequest(), timeout=30).model_info
+
+
+def drafter_info(address: str):
+    with grpc.insecure_channel(address) as channel:
+        stub = drafter_pb2_grpc.DrafterServiceStub(channel)
+        return stub.GetModelInfo(drafter_pb2.DrafterServiceGetModelInfoRequest(), timeout=30).model_info

@@ -10,29 +10,11 @@ from core.backends import DEFAULT_BACKEND
 from core.backends import DEFAULT_BACKEND as DEFAULT_DRAFTER_BACKEND
 from gateway.decoding_config import Mode
 from gateway.wire import overrides_to_wire
-from protos.specdec.v1 import (
-    drafter_pb2,
-    drafter_pb2_grpc,
-    gateway_pb2,
-    gateway_pb2_grpc,
-    verifier_pb2,
-    verifier_pb2_grpc,
-)
+from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from specdec.serve import ServiceStack
+from tests.services.conftest import drafter_info, verifier_info
 
 TEXT = "We have been living in this city."
-
-
-def _model_info(address: str):
-    with grpc.insecure_channel(address) as channel:
-        stub = verifier_pb2_grpc.VerifierServiceStub(channel)
-        return stub.GetModelInfo(verifier_pb2.VerifierServiceGetModelInfoRequest(), timeout=30).model_info
-
-
-def _drafter_info(address: str):
-    with grpc.insecure_channel(address) as channel:
-        stub = drafter_pb2_grpc.DrafterServiceStub(channel)
-        return stub.GetModelInfo(drafter_pb2.DrafterServiceGetModelInfoRequest(), timeout=30).model_info
 
 
 # How the drafter service names its backends: the AR drafter always runs on torch.
@@ -40,8 +22,8 @@ DRAFTER_BACKEND_NAMES = {"torch": "torch-cpu", "onnxruntime": "nar_drafter:onnxr
 
 
 def test_default_backends_are_reported(stack):
-    assert _model_info(stack.running.addresses["verifier"]).backend == f"{DEFAULT_BACKEND}-cpu"
-    assert _drafter_info(stack.running.addresses["drafter"]).backend == DRAFTER_BACKEND_NAMES[DEFAULT_DRAFTER_BACKEND]
+    assert verifier_info(stack.running.addresses["verifier"]).backend == f"{DEFAULT_BACKEND}-cpu"
+    assert drafter_info(stack.running.addresses["drafter"]).backend == DRAFTER_BACKEND_NAMES[DEFAULT_DRAFTER_BACKEND]
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
@@ -53,8 +35,8 @@ def test_gad_equals_greedy_through_each_backend(bundle_dir, backend):
     }
     with ServiceStack("all", bundle_dir, sections) as running:
         addresses = running.running.addresses
-        assert _model_info(addresses["verifier"]).backend == f"{backend}-cpu"
-        assert _drafter_info(addresses["drafter"]).backend == DRAFTER_BACKEND_NAMES[backend]
+        assert verifier_info(addresses["verifier"]).backend == f"{backend}-cpu"
+        assert drafter_info(addresses["drafter"]).backend == DRAFTER_BACKEND_NAMES[backend]
         with grpc.insecure_channel(addresses["gateway"]) as channel:
             gateway = gateway_pb2_grpc.GatewayServiceStub(channel)
             outputs = {}

@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from specdec.serve import ServiceStack
-from tests.services.conftest import free_port, spawn_specdec, wait_ready_line
+from tests.services.conftest import free_port, spawn_specdec, wait_ready_line, wait_until
 from tests.services.test_modes import _in_process
 
 TEXT = "We have been living in this city."
@@ -25,15 +25,6 @@ LONG = {"mode": "gad", "k": 4, "max_new_tokens": 200, "seed": 1}
 def _health(address: str) -> int:
     with grpc.insecure_channel(address) as channel:
         return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status
-
-
-def _wait(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def test_health_serving_after_warm_up(stack):
@@ -73,7 +64,8 @@ def test_cancel_mid_stream_frees_sessions(stack, gateway):
     next(call)  # decoding is under way: both sessions are open
     assert stack.running.verifier.active_sessions >= 1
     call.cancel()
-    assert _wait(lambda: stack.running.verifier.active_sessions == 0 and stack.running.drafter.active_sessions == 0)
+    running = stack.running
+    assert wait_until(lambda: running.verifier.active_sessions == 0 and running.drafter.active_sessions == 0)
     assert stack.running.verifier.streams.m_active.value() == 0
 
 
@@ -91,7 +83,7 @@ def test_verifier_stream_cancel_frees_session(stack):
         assert stack.running.verifier.active_sessions == 1
         call.cancel()
         gate.set()
-    assert _wait(lambda: stack.running.verifier.active_sessions == 0)
+    assert wait_until(lambda: stack.running.verifier.active_sessions == 0)
 
 
 def test_drafter_killed_mid_run_falls_back_then_recovers(bundle_dir, bundle):
@@ -142,7 +134,7 @@ def test_drafter_killed_mid_run_falls_back_then_recovers(bundle_dir, bundle):
                         "serve", "drafter", "--bundle", str(bundle_dir), "--drafter-addr", f"127.0.0.1:{port}"
                     )
                     wait_ready_line(drafter)
-                    assert _wait(lambda: bool(degraded_flags) and not degraded_flags[-1], timeout=15)
+                    assert wait_until(lambda: bool(degraded_flags) and not degraded_flags[-1], timeout=15)
                 finally:
                     stop.set()
                     sender.join(timeout=60)

@@ -1,0 +1,48 @@
+"""Assertions more than one test file makes, against any verifier or drafter implementation."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from core.errors import SpecdecError, StatusCode
+from gateway.decode import decode
+from gateway.decoding_config import DecodingConfig, Mode
+from tests.zoo import FIRST_WORD
+
+
+def status_code(fn) -> StatusCode:
+    """The status code of the SpecdecError `fn()` raises (fails if it raises none)."""
+    with pytest.raises(SpecdecError) as info:
+        fn()
+    return info.value.code
+
+
+def assert_verifier_status_codes(verifier) -> None:
+    """What a verifier session refuses, with which code; a refusal leaves the session usable.
+
+    Sessions trust what the edges checked (ids, top_k, source: tests/services/test_errors.py and
+    tests/test_cli.py refuse those); they keep the checks that need their state."""
+    session = verifier.open([5, 6])
+    session.step(0, [7], [8, 9], top_k=1)
+    # The session has seen 3 tokens: keeping 4 is out of step.
+    assert status_code(lambda: session.step(4, [], [], top_k=1)) == StatusCode.FAILED_PRECONDITION
+    assert status_code(lambda: session.step(-1, [], [], top_k=1)) == StatusCode.FAILED_PRECONDITION
+    too_long = [5] * verifier.max_target_len
+    assert status_code(lambda: session.step(0, too_long, [5], top_k=1)) == StatusCode.OUT_OF_RANGE
+    # After those refusals the session still works, from where it was.
+    assert len(session.step(3, [], [], top_k=2).top1) == 1
+
+
+def assert_gad_equals_greedy_on_random_sources(
+    verifier, drafter, seed: int, ks: tuple[int, ...], sources: int = 4, max_new: int = 30
+) -> None:
+    """GAD with each block size in `ks` gives the greedy output, on `sources` seeded random sources."""
+    rng = random.Random(seed)
+    for _ in range(sources):
+        source = [rng.randrange(FIRST_WORD, verifier.vocab_size) for _ in range(rng.randint(3, 20))]
+        greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=max_new), verifier).output_ids
+        for k in ks:
+            gad = decode(source, DecodingConfig(mode=Mode.GAD, k=k, max_new_tokens=max_new), verifier, drafter)
+            assert gad.output_ids == greedy, (source, k)

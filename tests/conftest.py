@@ -1,0 +1,17 @@
+"""Session-wide settings for the test run.
+
+The tiny test models are far too small for intra-op parallelism: on a shared 2-core machine
+torch's thread pool makes them several times slower (threads spin against each other and
+against other processes). One thread per process, unless OMP_NUM_THREADS says otherwise; the
+variable is also inherited by the `specdec` processes the tests start.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # after OMP_NUM_THREADS, which torch reads on import
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
