@@ -30,11 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from core.backends import BACKENDS, DEFAULT_BACKEND
 from drafter_service.session import make_drafter
 from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
+from gateway.decoding_config import DecodingConfig
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
 from specdec.bench_report import cpu_name, start_services, write_section
+from specdec.benchmark import quick_configs
 from verifier_service.session import make_verifier
 
 SECTION = "## Services round trip (CPU)"
@@ -44,17 +45,6 @@ TEXTS = [
     "We have been living in this city for ten years.",
     "Please send me the report before Monday morning.",
 ]
-MODES = {
-    Mode.AR: {},
-    Mode.BEAM: {"num_beams": 4},
-    Mode.IAD: {"k": 10},
-    Mode.GAD: {"k": 10},
-    Mode.GAD_PLUS_PLUS: {"k": 10, "beta": 3, "tau": 1.0},
-    Mode.MJSD: {"gamma": 4, "num_beams": 4, "threshold": 0.1},
-    Mode.SPECULATIVE: {"gamma": 4, "seed": 1},
-}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundle", help="bundle directory (default: a tiny random bundle, seed 0)")
@@ -98,8 +88,9 @@ def _measure(bundle_dir: Path, address: str, args) -> list[dict]:
     rows = []
     with grpc.insecure_channel(address) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
-        for mode, params in MODES.items():
-            overrides = {"mode": mode.value, "max_new_tokens": args.max_new_tokens, **params}
+        for bench_config in quick_configs():  # one configuration per mode, as `specdec bench --quick`
+            mode = bench_config.name
+            overrides = {**bench_config.overrides, "max_new_tokens": args.max_new_tokens, "seed": 1}
             config = DecodingConfig().with_overrides(overrides)
             wire = overrides_to_wire(overrides)
             local_s, remote_s, iterations = [], [], 0
@@ -111,7 +102,7 @@ def _measure(bundle_dir: Path, address: str, args) -> list[dict]:
                 t2 = time.perf_counter()
                 for a, b in zip(local, remote, strict=True):
                     if a.output_ids != list(b.output_ids):
-                        raise AssertionError(f"{mode.value}: services and in-process outputs differ")
+                        raise AssertionError(f"{mode}: services and in-process outputs differ")
                 local_s.append(t1 - t0)
                 remote_s.append(t2 - t1)
                 iterations = sum(r.stats.iterations for r in local)
@@ -120,7 +111,7 @@ def _measure(bundle_dir: Path, address: str, args) -> list[dict]:
             per_request_iterations = iterations / len(TEXTS)
             rows.append(
                 {
-                    "mode": mode.value,
+                    "mode": mode,
                     "iterations": per_request_iterations,
                     "local_ms": local_ms,
                     "remote_ms": remote_ms,
@@ -132,7 +123,7 @@ def _measure(bundle_dir: Path, address: str, args) -> list[dict]:
 
 def _table(rows: list[dict]) -> str:
     lines = [
-        "| mode | iterations / request | in-process ms / request | services ms / request | ratio | "
+        "| configuration | iterations / request | in-process ms / request | services ms / request | ratio | "
         "overhead ms / iteration |",
         "|---|---:|---:|---:|---:|---:|",
     ]

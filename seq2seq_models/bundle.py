@@ -159,18 +159,21 @@ def make_tiny_bundle(out: str | Path, seed: int) -> Path:
     models = {}
     for role, shape in shapes.items():
         model = Seq2SeqTransformer(ModelConfig(vocab_size=vocab, max_len=256, **shape))
-        models[role] = _scramble(model, generator)
+        models[role] = scramble_weights(model, generator)
     metadata = {"kind": "random", "seed": seed}
     return save_bundle(out, tokenizer_bytes, models, name=f"tiny-random-seed{seed}", metadata=metadata)
 
 
 @torch.no_grad()
-def _scramble(model: Seq2SeqTransformer, generator: torch.Generator) -> Seq2SeqTransformer:
+def scramble_weights(
+    model: Seq2SeqTransformer, generator: torch.Generator, dtype: torch.dtype = torch.float32
+) -> Seq2SeqTransformer:
     """Random weights that do not just echo the input token: with tied embeddings and a residual
     stream, a standard init makes every position predict its own input token. Random-sign layer
-    norm gains break that alignment, so a random bundle produces varied text."""
+    norm gains break that alignment, so a random model (tiny bundles, tests) produces varied text.
+    The noise is drawn in `dtype`."""
     for name, param in model.named_parameters():
-        noise = torch.randn(param.shape, generator=generator)
+        noise = torch.randn(param.shape, generator=generator, dtype=dtype)
         if param.dim() == 2:
             param.copy_(noise / param.shape[1] ** 0.5)
         elif name.endswith("norm.weight"):

@@ -25,10 +25,8 @@ JoinPast = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 class EncoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.attn_norm = nn.LayerNorm(config.d_model)
-        self.attn = Attention(config)
-        self.ffn_norm = nn.LayerNorm(config.d_model)
-        self.ffn = FeedForward(config)
+        self.attn_norm, self.attn = _pre_norm(config, Attention)
+        self.ffn_norm, self.ffn = _pre_norm(config, FeedForward)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None, kernel: AttentionKernel = EAGER) -> Tensor:
@@ -41,12 +39,9 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.self_norm = nn.LayerNorm(config.d_model)
-        self.self_attn = Attention(config)
-        self.cross_norm = nn.LayerNorm(config.d_model)
-        self.cross_attn = Attention(config)
-        self.ffn_norm = nn.LayerNorm(config.d_model)
-        self.ffn = FeedForward(config)
+        self.self_norm, self.self_attn = _pre_norm(config, Attention)
+        self.cross_norm, self.cross_attn = _pre_norm(config, Attention)
+        self.ffn_norm, self.ffn = _pre_norm(config, FeedForward)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(
@@ -107,3 +102,10 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down(self.dropout(F.gelu(self.up(x))))
+
+
+def _pre_norm(config: ModelConfig, sublayer: type[nn.Module]) -> tuple[nn.LayerNorm, nn.Module]:
+    """A pre-LN sublayer: its LayerNorm, then the sublayer (made in this order, so a seeded model's
+    random init stays what it was)."""
+    norm = nn.LayerNorm(config.d_model)
+    return norm, sublayer(config)

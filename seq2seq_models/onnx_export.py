@@ -234,11 +234,15 @@ def _example_cache(cfg) -> tuple[Tensor, Tensor]:
 # ----------------------------------------------------------------------------------------------
 
 
-class _Encoder(nn.Module):
+class _ModelGraph(nn.Module):
+    """A module whose forward is one exported graph over `model`'s weights."""
+
     def __init__(self, model: Seq2SeqTransformer) -> None:
         super().__init__()
         self.model = model
 
+
+class _Encoder(_ModelGraph):
     def forward(self, src: Tensor) -> tuple[Tensor, Tensor]:
         m = self.model
         memory = m.encode(src, None, GRAPH)  # one unpadded source: no mask needed
@@ -246,11 +250,7 @@ class _Encoder(nn.Module):
         return torch.stack(ks), torch.stack(vs)
 
 
-class _DecoderStep(nn.Module):
-    def __init__(self, model: Seq2SeqTransformer) -> None:
-        super().__init__()
-        self.model = model
-
+class _DecoderStep(_ModelGraph):
     def forward(
         self, tokens: Tensor, past_len: Tensor, past_k: Tensor, past_v: Tensor, cross_k: Tensor,
         cross_v: Tensor, head_from: Tensor, targets: Tensor, top_k: Tensor,
@@ -267,11 +267,7 @@ class _DecoderStep(nn.Module):
         return present_k, present_v, head.topk_logprobs, head.topk_ids, head.target_logprobs
 
 
-class _NarDecoderStep(nn.Module):
-    def __init__(self, model: Seq2SeqTransformer) -> None:
-        super().__init__()
-        self.model = model
-
+class _NarDecoderStep(_ModelGraph):
     def forward(
         self, tokens: Tensor, past_len: Tensor, past_k: Tensor, past_v: Tensor, cross_k: Tensor,
         cross_v: Tensor, mask_from: Tensor,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or "1"
 
 import torch  # after OMP_NUM_THREADS, which torch reads on import
 

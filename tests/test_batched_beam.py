@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from seq2seq_models.batched_beam import batched_beam_search, beam_search_texts
+from seq2seq_models.bundle import scramble_weights
 from seq2seq_models.config import ModelConfig
 from seq2seq_models.transformer import Seq2SeqTransformer
 
@@ -20,16 +21,8 @@ def model() -> Seq2SeqTransformer:
     torch.manual_seed(0)
     m = Seq2SeqTransformer(cfg).double().eval()
     # Random weights with random-sign norm gains: a plain init only echoes the input token.
-    gen = torch.Generator().manual_seed(1)
+    scramble_weights(m, torch.Generator().manual_seed(1), dtype=torch.float64)
     with torch.no_grad():
-        for name, p in m.named_parameters():
-            noise = torch.randn(p.shape, generator=gen, dtype=torch.float64)
-            if p.dim() == 2:
-                p.copy_(noise / p.shape[1] ** 0.5)
-            elif name.endswith("norm.weight"):
-                p.copy_(noise)
-            else:
-                p.copy_(noise * 0.1)
         m.out_bias[3] += 1.5  # make EOS likely enough that hypotheses end at varied lengths
     return m
 
