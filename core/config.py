@@ -5,12 +5,16 @@ One file configures all three services (see config/specdec.example.toml):
     [gateway]   address, verifier_address, drafter_address, metrics_address, workers,
                 request_timeout_s, drafter_timeout_s, startup_timeout_s, drafter_retry_s,
                 fallback ("ar": run plain AR through the verifier when the drafter fails;
-                "fail": answer UNAVAILABLE)
+                "fail": answer UNAVAILABLE), the TLS keys below, tls_peer_ca, tls_client_cert,
+                tls_client_key (the gateway's channels to verifier and drafter), auth_token or
+                auth_token_file (clients must send `authorization: Bearer <token>`)
     [defaults]  DecodingConfig fields (mode, k, beta, tau, ...): used for unset request fields
     [limits]    DecodingLimits fields (max_k, max_beta, ...): per-request bounds
     [verifier]  address, backend (torch | onnxruntime), metrics_address, max_sessions, max_draft_len,
                 max_source_len
     [drafter]   address, backend, metrics_address, max_sessions, max_draft_len
+    every server: tls_cert + tls_key (PEM paths: serve TLS), tls_ca (PEM path: require client
+                certificates this CA signed, i.e. mTLS)
 
 Environment: SPECDEC__<SECTION>__<KEY>=value (e.g. SPECDEC__GATEWAY__FALLBACK=fail,
 SPECDEC__DEFAULTS__MODE=iad); values are parsed as TOML scalars, falling back to strings.
@@ -50,6 +54,41 @@ class ServiceSection:
     address: str
     backend: str = field(default=DEFAULT_BACKEND, metadata={"choices": BACKENDS})
     metrics_address: str | None = None  # host:port of the Prometheus endpoint; None: off
+    tls_cert: str | None = None  # PEM certificate chain; with tls_key the server speaks TLS only
+    tls_key: str | None = None  # PEM private key of tls_cert
+    tls_ca: str | None = None  # PEM CA bundle: clients must present a certificate it signed (mTLS)
+
+
+# Keys that must be set together, and keys that only mean something with another one set.
+_PAIRS = (("tls_cert", "tls_key"), ("tls_client_cert", "tls_client_key"))
+_NEEDS = {"tls_ca": "tls_cert"}
+_FILES = ("tls_cert", "tls_key", "tls_ca", "tls_peer_ca", "tls_client_cert", "tls_client_key", "auth_token_file")
+
+
+def check_security_keys(section: str, values: Mapping[str, Any]) -> None:
+    """The TLS and token keys of one section, after their types: pairs set together, files readable,
+    one token source. A ValueError naming `[section] key`, before any server starts."""
+    for a, b in _PAIRS:
+        if bool(values.get(a)) != bool(values.get(b)):
+            raise ValueError(f"[{section}] {a} and {b} go together: set both or neither")
+    for key, needed in _NEEDS.items():
+        if values.get(key) and not values.get(needed):
+            raise ValueError(f"[{section}] {key} needs {needed}: client certificates are checked only over TLS")
+    if values.get("auth_token") is not None and values.get("auth_token_file") is not None:
+        raise ValueError(f"[{section}] set auth_token or auth_token_file, not both")
+    if values.get("auth_token") == "":
+        raise ValueError(f"[{section}] auth_token: must not be empty (leave it out for no token check)")
+    for key in _FILES:
+        path = values.get(key)
+        if path is None:
+            continue
+        try:
+            with open(path, "rb") as f:
+                empty = not f.read().strip()
+        except OSError as exc:
+            raise ValueError(f"[{section}] {key}: cannot read {path!r} ({exc.strerror})") from None
+        if empty:
+            raise ValueError(f"[{section}] {key}: {path!r} is empty")
 
 
 def load_sections(

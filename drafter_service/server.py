@@ -21,6 +21,7 @@ from drafter_service.session import DRAFTER_ROLES, DrafterSession, LocalDrafter,
 from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, bundle_roles, load_bundle
 from serving.model_service import ModelService, make_model_info
+from serving.tls import ServerTLS
 
 SERVICE = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"]
 
@@ -40,12 +41,13 @@ async def start_drafter(
     metrics_address: str | None = None,
     roles: Iterable[str] | None = None,
     backend: str = "torch",
+    tls: ServerTLS | None = None,
 ) -> DrafterServer:
     """Load the bundle's drafter(s), the NAR one on `backend`, start serving on `address`, warm up,
     then report SERVING."""
     if not isinstance(bundle, ModelBundle):
         bundle = _load_drafters(Path(bundle), roles)
-    return await DrafterServer(bundle, limits or DrafterLimits(), backend).start(address, metrics_address)
+    return await DrafterServer(bundle, limits or DrafterLimits(), backend).start(address, metrics_address, tls)
 
 
 class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):

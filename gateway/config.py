@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.config import DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS, parse_section
+from core.config import DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS, check_security_keys, parse_section
 from gateway.decoding_config import DecodingConfig, DecodingLimits
 
 FALLBACK_POLICIES = ("ar", "fail")
@@ -28,6 +28,15 @@ class GatewayConfig:
     drafter_retry_s: float = 1.0  # after a drafter failure, skip it this long before retrying
     # "ar": degrade to plain AR through the verifier when the drafter fails; "fail": UNAVAILABLE.
     fallback: str = field(default="ar", metadata={"choices": FALLBACK_POLICIES})
+    # Security (README "Security"; core.config.check_security_keys checks them together).
+    tls_cert: str | None = None  # PEM certificate chain; with tls_key the gateway speaks TLS only
+    tls_key: str | None = None
+    tls_ca: str | None = None  # clients must present a certificate this CA signed (mTLS)
+    tls_peer_ca: str | None = None  # CA that signed the verifier's and drafter's certificates
+    tls_client_cert: str | None = None  # certificate the gateway presents to them (their mTLS)
+    tls_client_key: str | None = None
+    auth_token: str | None = None  # clients must send `authorization: Bearer <token>`
+    auth_token_file: str | None = None  # the same, read from a file (keeps it out of env and ps)
     defaults: DecodingConfig = field(default_factory=DecodingConfig)
     seed_from_defaults: bool = False  # True when [defaults] sets a seed; else unset = fresh seed
     limits: DecodingLimits = field(default_factory=DecodingLimits)
@@ -42,6 +51,7 @@ def gateway_config(sections: Mapping[str, Mapping[str, Any]]) -> GatewayConfig:
     (g,) = parse_section("gateway", sections.get("gateway", {}), GatewayConfig, exclude=_FROM_OTHER_SECTIONS)
     (defaults,) = parse_section("defaults", sections.get("defaults", {}), DecodingConfig)
     (limits,) = parse_section("limits", sections.get("limits", {}), DecodingLimits)
+    check_security_keys("gateway", g)
     if g.get("drafter_address") == "":
         g["drafter_address"] = None
     return GatewayConfig(

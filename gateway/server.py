@@ -37,10 +37,12 @@ from gateway.remote import (
 from gateway.wire import overrides_from_wire, stats_to_wire
 from protos.specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.tokenizer import Tokenizer
+from serving.auth import BearerTokenInterceptor, read_token
 from serving.channels import channel_options
 from serving.host import ServiceHost
 from serving.metrics import Registry
 from serving.status import grpc_code, request_id_of
+from serving.tls import ServerTLS, open_channel, peer_tls
 
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name
 
@@ -49,7 +51,7 @@ async def start_gateway(config: GatewayConfig, tokenizer: Tokenizer) -> GatewayS
     """Check the peers (vocabulary, tokenizer fingerprint), start serving, report SERVING."""
     server = GatewayServer(config, tokenizer)
     await asyncio.get_running_loop().run_in_executor(None, server.check_peers)
-    await server.host.start(config.address, config.metrics_address)
+    await server.host.start(config.address, config.metrics_address, ServerTLS.of(config))
     await server.host.set_serving()
     return server
 
@@ -63,9 +65,10 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.config = config
         self.tokenizer = tokenizer
         self.log = structlog.get_logger(service="gateway")
-        self.verifier_channel = grpc.insecure_channel(config.verifier_address, options=channel_options())
+        peers = peer_tls(config)
+        self.verifier_channel = open_channel(config.verifier_address, peers, channel_options())
         self.drafter_channel = (
-            grpc.insecure_channel(config.drafter_address, options=channel_options()) if config.drafter_address else None
+            open_channel(config.drafter_address, peers, channel_options()) if config.drafter_address else None
         )
         self.verifier_info: common_pb2.ModelInfo | None = None
         self.drafter_info: common_pb2.ModelInfo | None = None
@@ -74,7 +77,9 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="gateway-decode")
         self.registry = Registry()
         self._define_metrics()
-        self.host = ServiceHost("gateway", [SERVICE_NAME], self.registry)
+        token = read_token(config.auth_token, config.auth_token_file)
+        auth = [BearerTokenInterceptor(token)] if token else []
+        self.host = ServiceHost("gateway", [SERVICE_NAME], self.registry, interceptors=auth)
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(self, self.host.server)
 
     # ---- start-up and peers ----------------------------------------------------------------------

@@ -3,7 +3,7 @@ endpoint and graceful draining (ARCHITECTURE.md sections 4, 9)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import grpc
 import structlog
@@ -13,6 +13,7 @@ from grpc_reflection.v1alpha import reflection
 
 from serving.channels import DEFAULT_MAX_MESSAGE_BYTES, grpc_options
 from serving.metrics import MetricsServer, Registry
+from serving.tls import ServerTLS, is_loopback
 
 
 class ServiceHost:
@@ -28,11 +29,12 @@ class ServiceHost:
         service_names: Iterable[str],
         registry: Registry,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     ) -> None:
         self.name = name
         self.service_names = list(service_names)
         self.registry = registry
-        self.server = grpc.aio.server(options=grpc_options(max_message_bytes))
+        self.server = grpc.aio.server(options=grpc_options(max_message_bytes), interceptors=list(interceptors) or None)
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -45,18 +47,38 @@ class ServiceHost:
         self._metrics: MetricsServer | None = None
         self.log = structlog.get_logger(service=name)
 
-    async def start(self, address: str, metrics_address: str | None = None) -> int:
+    async def start(self, address: str, metrics_address: str | None = None, tls: ServerTLS | None = None) -> int:
+        """Listen on `address` (TLS when `tls` is given) and serve metrics on `metrics_address`.
+
+        Plaintext gRPC or a metrics endpoint reachable from other machines is allowed (a private
+        network may be trusted) but logged as a warning, so it is never an accident nobody sees.
+        """
         for service in ["", *self.service_names]:
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.port = self.server.add_insecure_port(address)
+        if tls is None:
+            self.port = self.server.add_insecure_port(address)
+        else:
+            self.port = self.server.add_secure_port(address, tls.credentials())
         if self.port == 0:
             raise OSError(f"{self.name}: cannot bind {address}")
+        if tls is None and not is_loopback(address.rpartition(":")[0]):
+            self.log.warning("plaintext_beyond_loopback", address=address, hint="set tls_cert and tls_key")
         await self.server.start()
         if metrics_address:
             host, _, port = metrics_address.rpartition(":")
-            self._metrics = MetricsServer(self.registry, host or "127.0.0.1", int(port)).start()
+            host = host or "127.0.0.1"  # a bare ":port" stays on loopback
+            if not is_loopback(host):
+                self.log.warning("metrics_beyond_loopback", metrics_address=metrics_address)
+            self._metrics = MetricsServer(self.registry, host.strip("[]"), int(port)).start()
             self.metrics_port = self._metrics.port
-        self.log.info("listening", address=address, port=self.port, metrics_port=self.metrics_port)
+        self.log.info(
+            "listening",
+            address=address,
+            port=self.port,
+            metrics_port=self.metrics_port,
+            tls=tls is not None,
+            mtls=tls is not None and tls.client_ca is not None,
+        )
         return self.port
 
     async def set_serving(self, **details: object) -> None:

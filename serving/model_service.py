@@ -20,6 +20,7 @@ from protos.specdec.v1 import common_pb2
 from serving.host import ServiceHost
 from serving.metrics import Registry
 from serving.sessions import SessionStreams, StepExecutor
+from serving.tls import ServerTLS
 
 
 class ModelIds(Protocol):
@@ -76,9 +77,9 @@ class ModelService:
         r.on_collect(lambda: self.m_kv.set(sum(_cache_bytes(s) for s in list(self.streams.sessions))))
         add_to_server(self, self.host.server)
 
-    async def start(self, address: str, metrics_address: str | None = None) -> Self:
+    async def start(self, address: str, metrics_address: str | None = None, tls: ServerTLS | None = None) -> Self:
         """Listen, warm up, then report SERVING (health says NOT_SERVING until the model is warm)."""
-        await self.host.start(address, metrics_address)
+        await self.host.start(address, metrics_address, tls)
         await self.warm_up()
         await self.host.set_serving(backend=self.model_info.backend, bundle=self.model_info.bundle_fingerprint[:16])
         return self

@@ -151,9 +151,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from specdec.client import format_record, generate
+    from serving.auth import read_token
+    from serving.tls import ClientTLS
+    from specdec.client import CallError, format_record, generate
 
-    record = generate(args.addr, args.text, decoding_overrides(args), timeout=args.timeout)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    tls = ClientTLS(args.tls_ca, args.tls_cert, args.tls_key) if args.tls or args.tls_ca or args.tls_cert else None
+    token = read_token(args.token, args.token_file)
+    try:
+        record = generate(args.addr, args.text, decoding_overrides(args), timeout=args.timeout, tls=tls, token=token)
+    except CallError as exc:  # e.g. a missing token: one line, like specdec's own errors, not a traceback
+        print(f"specdec generate: error: {exc}", file=sys.stderr)
+        return 2
     print(format_record(record, args.json), flush=True)
     return 0
 
@@ -240,6 +250,14 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--addr", default=GATEWAY_ADDRESS, help="gateway address")
     p.add_argument("--json", action="store_true", help="print the same JSON object as `specdec decode`")
     p.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
+    s = p.add_argument_group("security (README: Security)")
+    s.add_argument("--tls", action="store_true", help="connect over TLS, checking the gateway against the system's CAs")
+    s.add_argument("--tls-ca", help="connect over TLS, checking the gateway's certificate against this PEM CA")
+    s.add_argument("--tls-cert", help="PEM client certificate to present (the gateway's mTLS); needs --tls-key")
+    s.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    token = s.add_mutually_exclusive_group()
+    token.add_argument("--token", help="bearer token the gateway requires (visible in the process list)")
+    token.add_argument("--token-file", help="read the bearer token from this file")
     add_decoding_flags(p)
     p.set_defaults(run=_cmd_generate)
 

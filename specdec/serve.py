@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from core.config import SERVICE_ADDRESSES, ServiceSection, parse_section
+from core.config import SERVICE_ADDRESSES, ServiceSection, check_security_keys, parse_section
 from serving.logs import configure_logging
 
 ROLES = ("verifier", "drafter", "gateway", "all")
@@ -64,6 +64,7 @@ async def start_services(
     from drafter_service.server import start_drafter
     from gateway.server import start_gateway
     from seq2seq_models.bundle import load_bundle
+    from serving.tls import ServerTLS
     from verifier_service.server import start_verifier
 
     if role not in ROLES:
@@ -74,13 +75,15 @@ async def start_services(
     if role in ("verifier", "all"):
         v = config.verifier
         running.verifier = await start_verifier(
-            loaded or _need(bundle), v.address, config.verifier_limits, v.metrics_address, v.backend
+            loaded or _need(bundle), v.address, config.verifier_limits, v.metrics_address, v.backend,
+            tls=ServerTLS.of(v),
         )
         running.addresses["verifier"] = _with_port(v.address, running.verifier.host.port)
     if role in ("drafter", "all"):
         d = config.drafter
         running.drafter = await start_drafter(
-            loaded or _need(bundle), d.address, config.drafter_limits, d.metrics_address, backend=d.backend
+            loaded or _need(bundle), d.address, config.drafter_limits, d.metrics_address, backend=d.backend,
+            tls=ServerTLS.of(d),
         )
         running.addresses["drafter"] = _with_port(d.address, running.drafter.host.port)
     if role in ("gateway", "all"):
@@ -164,6 +167,7 @@ class ServiceStack:
 def _model_service(section: str, table: Mapping[str, Any], limits_cls: type) -> tuple[ServiceSection, Any]:
     """[verifier] or [drafter]: the keys both share, then the service's own limits."""
     service, limits = parse_section(section, table, ServiceSection, limits_cls)
+    check_security_keys(section, service)
     service.setdefault("address", SERVICE_ADDRESSES[section])
     return ServiceSection(**service), limits_cls(**limits)
 

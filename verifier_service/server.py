@@ -15,6 +15,7 @@ from core.wire import sends_candidates, session_top_k
 from protos.specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, load_bundle
 from serving.model_service import ModelService, make_model_info
+from serving.tls import ServerTLS
 from verifier_service.session import VerifierSession, make_verifier
 
 SERVICE = verifier_pb2.DESCRIPTOR.services_by_name["VerifierService"]
@@ -33,11 +34,12 @@ async def start_verifier(
     limits: VerifierLimits | None = None,
     metrics_address: str | None = None,
     backend: str = "torch",
+    tls: ServerTLS | None = None,
 ) -> VerifierServer:
     """Load the bundle's verifier on `backend`, start serving on `address`, warm up, then report SERVING."""
     if not isinstance(bundle, ModelBundle):
         bundle = load_bundle(bundle, roles=["verifier"])
-    return await VerifierServer(bundle, limits or VerifierLimits(), backend).start(address, metrics_address)
+    return await VerifierServer(bundle, limits or VerifierLimits(), backend).start(address, metrics_address, tls)
 
 
 class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
