@@ -182,6 +182,83 @@ def test_the_defaults_are_held_once() -> None:
     assert BACKENDS == ("torch", "onnxruntime")
 
 
+# ---- security keys (README "Security") -------------------------------------------------------
+
+
+@pytest.fixture()
+def pem(tmp_path: Path) -> Path:
+    """Stand-ins for PEM files: the config checks that they are readable and not empty; whether they
+    hold real certificates is for gRPC at start-up (tests/services/test_tls.py)."""
+    for name in ("cert.pem", "key.pem", "ca.pem", "token"):
+        (tmp_path / name).write_text("x\n")
+    (tmp_path / "empty").write_text("  \n")
+    return tmp_path
+
+
+def test_security_keys_come_from_the_file_and_the_environment(pem: Path) -> None:
+    from serving.tls import ClientTLS, ServerTLS, peer_tls
+
+    path = pem / "c.toml"
+    path.write_text(
+        f'[verifier]\ntls_cert = "{pem}/cert.pem"\ntls_key = "{pem}/key.pem"\ntls_ca = "{pem}/ca.pem"\n'
+        f'[gateway]\ntls_peer_ca = "{pem}/ca.pem"\n'
+    )
+    environ = {
+        "SPECDEC__GATEWAY__AUTH_TOKEN_FILE": f"{pem}/token",
+        "SPECDEC__DRAFTER__TLS_CERT": f"{pem}/cert.pem",
+        "SPECDEC__DRAFTER__TLS_KEY": f"{pem}/key.pem",
+    }
+    config = serve_config(load_sections(path, environ=environ))
+    assert ServerTLS.of(config.verifier) == ServerTLS(f"{pem}/cert.pem", f"{pem}/key.pem", f"{pem}/ca.pem")
+    assert ServerTLS.of(config.drafter) == ServerTLS(f"{pem}/cert.pem", f"{pem}/key.pem", None)
+    assert ServerTLS.of(config.gateway) is None
+    assert peer_tls(config.gateway) == ClientTLS(f"{pem}/ca.pem", None, None)
+    assert (config.gateway.auth_token, config.gateway.auth_token_file) == (None, f"{pem}/token")
+    plain = serve_config({})
+    assert (ServerTLS.of(plain.verifier), ServerTLS.of(plain.gateway), peer_tls(plain.gateway)) == (None, None, None)
+    assert (plain.gateway.auth_token, plain.gateway.auth_token_file) == (None, None)
+
+
+SECURITY_ERRORS = [
+    ("verifier", {"tls_cert": "cert.pem"}, "[verifier] tls_cert and tls_key go together: set both or neither"),
+    ("drafter", {"tls_key": "key.pem"}, "[drafter] tls_cert and tls_key go together: set both or neither"),
+    ("drafter", {"tls_ca": "ca.pem"}, "[drafter] tls_ca needs tls_cert: client certificates are checked only over TLS"),
+    ("gateway", {"tls_client_cert": "cert.pem"},
+     "[gateway] tls_client_cert and tls_client_key go together: set both or neither"),
+    ("gateway", {"auth_token": "t", "auth_token_file": "token"},
+     "[gateway] set auth_token or auth_token_file, not both"),
+    ("gateway", {"auth_token": ""}, "[gateway] auth_token: must not be empty (leave it out for no token check)"),
+    ("gateway", {"auth_token_file": "empty"}, "[gateway] auth_token_file: '{pem}/empty' is empty"),
+    ("gateway", {"tls_peer_ca": "missing.pem"},
+     "[gateway] tls_peer_ca: cannot read '{pem}/missing.pem' (No such file or directory)"),
+    ("verifier", {"tls_cert": 1, "tls_key": "key.pem"}, "[verifier] tls_cert: expected str, got int 1"),
+    ("gateway", {"auth_token": 123}, "[gateway] auth_token: expected str, got int 123"),
+]
+
+
+@pytest.mark.parametrize(("section", "table", "message"), SECURITY_ERRORS)
+def test_a_bad_security_key_is_a_one_line_error_naming_it(pem: Path, section: str, table: dict, message: str) -> None:
+    table = {k: f"{pem}/{v}" if isinstance(v, str) and k != "auth_token" else v for k, v in table.items()}
+    with pytest.raises(ValueError) as exc:
+        serve_config(load_sections(environ={}, overrides={section: table}))
+    assert str(exc.value) == message.format(pem=pem)
+
+
+def test_generate_takes_tls_and_token_flags() -> None:
+    parser = _build_parser()
+    args = parser.parse_args(["generate", "x", "--tls-ca", "ca.pem", "--tls-cert", "c.pem", "--tls-key", "k.pem",
+                              "--token", "t"])
+    assert (args.tls, args.tls_ca, args.tls_cert, args.tls_key, args.token, args.token_file) == (
+        False, "ca.pem", "c.pem", "k.pem", "t", None,
+    )
+    plain = parser.parse_args(["generate", "x"])
+    assert (plain.tls, plain.tls_ca, plain.tls_cert, plain.tls_key, plain.token, plain.token_file) == (
+        False, None, None, None, None, None,
+    )
+    with pytest.raises(SystemExit):  # one token source
+        parser.parse_args(["generate", "x", "--token", "t", "--token-file", "f"])
+
+
 # ---- fallback = "fail": no degrading to AR when the drafter is gone ---------------------------
 
 TEXT = "We have been living in this city."
