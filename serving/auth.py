@@ -1,5 +1,5 @@
 """The gateway's optional bearer-token check: a grpc.aio server interceptor, so it runs before any
-handler does work and the servicer does not change (ARCHITECTURE.md section 9)."""
+handler does work and the servicer does not change (README "Security")."""
 
 from __future__ import annotations
 
