@@ -10,9 +10,10 @@ concurrently (ARCHITECTURE.md section 8).
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -42,18 +43,80 @@ class DrafterFailure(Exception):
         self.cause = cause
 
 
+class RequestCancelled(Exception):
+    """The request was cancelled (the client went away): stop; no peer is at fault."""
+
+
+class RequestDeadlineExceeded(SpecdecError):
+    """The request's own deadline passed during a peer call: the client's budget, not a peer failure.
+
+    A drafter call that times out on the drafter's own, shorter cap is a `DrafterFailure` instead;
+    only the request's deadline is reported as this, so one client's short deadlines cannot open
+    the drafter retry window for everybody."""
+
+    def __init__(self, peer: str, details: str) -> None:
+        super().__init__(StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded while waiting for the {peer}: {details}")
+
+
+class Cancellation:
+    """One request's cancel switch, shared by the event loop and the worker thread decoding it.
+
+    `cancel()` sets the flag and cancels every peer call in flight, so a worker blocked in a verifier
+    or drafter step returns at once (with `RequestCancelled`) instead of when the step ends."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self._calls: set = set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._event.set()
+            calls, self._calls = list(self._calls), set()
+        for call in calls:
+            call.cancel()
+
+    def check(self) -> None:
+        if self._event.is_set():
+            raise RequestCancelled()
+
+    def track(self, call) -> None:
+        with self._lock:
+            if not self._event.is_set():
+                self._calls.add(call)
+                return
+        call.cancel()
+        raise RequestCancelled()
+
+    def untrack(self, call) -> None:
+        with self._lock:
+            self._calls.discard(call)
+
+
 @dataclass(frozen=True)
 class CallOptions:
-    """Per-request call settings: an absolute deadline (time.monotonic) and the request id."""
+    """Per-request call settings: an absolute deadline (time.monotonic), the request id, and the
+    request's cancel switch (None: calls are not cancellable from outside)."""
 
     deadline: float | None = None
     request_id: str = ""
+    cancellation: Cancellation | None = field(default=None, compare=False)
 
     def timeout(self, cap: float | None = None) -> float | None:
         left = None if self.deadline is None else max(self.deadline - time.monotonic(), 0.001)
         if cap is None:
             return left
         return cap if left is None else min(left, cap)
+
+    def capped(self, cap: float | None) -> bool:
+        """Whether `timeout(cap)` is the cap rather than the request's own deadline."""
+        if cap is None:
+            return False
+        return self.deadline is None or cap < self.deadline - time.monotonic()
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return ((REQUEST_ID_KEY, self.request_id),) if self.request_id else ()
@@ -83,7 +146,7 @@ class RemoteVerifier:
         self.max_target_len = target_len_from_wire(info.max_target_len)
 
     def open(self, source_ids: list[int]) -> RemoteVerifierSession:
-        stream = _Stream("verifier", self._stub.Verify, self.options.timeout(), self.options.metadata())
+        stream = _Stream("verifier", self._stub.Verify, self.options)
         stream.send(verifier_pb2.VerifyRequest(open=verifier_pb2.VerifyOpen(source_ids=source_ids)))
         return RemoteVerifierSession(stream)
 
@@ -131,8 +194,9 @@ class RemoteDrafter:
 
     def open(self, source_ids: list[int], seed: int = 0) -> RemoteDrafterSession:
         try:
-            timeout = self.options.timeout(self.timeout_cap)
-            stream = _Stream("drafter", self._stub.Draft, timeout, self.options.metadata())
+            stream = _Stream("drafter", self._stub.Draft, self.options, self.timeout_cap)
+        except RequestCancelled:
+            raise
         except Exception as exc:  # a broken channel must not fail the request: the gateway falls back
             raise DrafterFailure(exc) from exc
         stream.send(drafter_pb2.DraftRequest(open=drafter_pb2.DraftOpen(source_ids=source_ids, seed=seed)))
@@ -166,6 +230,8 @@ class RemoteDrafterSession:
                 self._stream.receive()
                 self._opened = True
             res = self._stream.exchange(drafter_pb2.DraftRequest(step=step)).result
+        except RequestDeadlineExceeded:
+            raise  # the request's deadline, not the drafter's fault (no fallback, no retry window)
         except (SpecdecError, RemoteCallError) as exc:
             raise DrafterFailure(exc) from exc
         return Draft(
@@ -176,13 +242,25 @@ class RemoteDrafterSession:
 
 
 class _Stream:
-    """One synchronous bidi call driven message by message."""
+    """One synchronous bidi call driven message by message, under the request's deadline (or the
+    peer's `cap`, when that is shorter) and cancel switch."""
 
-    def __init__(self, peer: str, method, timeout: float | None, metadata) -> None:
+    def __init__(self, peer: str, method, options: CallOptions, cap: float | None = None) -> None:
         self.peer = peer
+        self._cancellation = options.cancellation
+        if self._cancellation is not None:
+            self._cancellation.check()  # cancelled before this session was opened: open nothing
+        # A DEADLINE_EXCEEDED on a stream that runs to the request's deadline is the request's own.
+        self._own_deadline = not options.capped(cap)
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        self._call = method(_drain(self._requests), timeout=timeout, metadata=metadata)
+        self._call = method(_drain(self._requests), timeout=options.timeout(cap), metadata=options.metadata())
         self._closed = False
+        if self._cancellation is not None:
+            try:
+                self._cancellation.track(self._call)
+            except RequestCancelled:
+                self._requests.put(None)
+                raise
 
     def send(self, request) -> None:
         self._requests.put(request)
@@ -193,6 +271,10 @@ class _Stream:
         except StopIteration:
             raise SpecdecError(StatusCode.UNAVAILABLE, f"the {self.peer} ended the stream early") from None
         except grpc.RpcError as exc:
+            if self._cancellation is not None and self._cancellation.cancelled:
+                raise RequestCancelled() from None
+            if self._own_deadline and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise RequestDeadlineExceeded(self.peer, exc.details() or "") from None
             raise _error(self.peer, exc) from None
 
     def exchange(self, request):
@@ -204,6 +286,8 @@ class _Stream:
             self._closed = True
             self._requests.put(None)  # half-close
             self._call.cancel()
+            if self._cancellation is not None:
+                self._cancellation.untrack(self._call)
 
 
 def _drain(requests: queue.SimpleQueue) -> Iterator:

@@ -27,10 +27,13 @@ from gateway.modes import DRAFTER_MODES
 from gateway.policies.loop import DecodeResult, OnTokens
 from gateway.remote import (
     CallOptions,
+    Cancellation,
     DrafterFailure,
     RemoteCallError,
     RemoteDrafter,
     RemoteVerifier,
+    RequestCancelled,
+    RequestDeadlineExceeded,
     fetch_drafter_info,
     fetch_verifier_info,
 )
@@ -44,6 +47,8 @@ from serving.metrics import Registry
 from serving.status import grpc_code, request_id_of
 from serving.tls import ServerTLS, open_channel, peer_tls
 
+# How close to its deadline a request must be for an unexplained end of its RPC to count as the deadline.
+_DEADLINE_SLACK_S = 0.02
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name
 
 
@@ -54,10 +59,6 @@ async def start_gateway(config: GatewayConfig, tokenizer: Tokenizer) -> GatewayS
     await server.host.start(config.address, config.metrics_address, ServerTLS.of(config))
     await server.host.set_serving()
     return server
-
-
-class _Cancelled(Exception):
-    """The client went away: stop decoding at the next committed block."""
 
 
 class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
@@ -155,17 +156,12 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
     # ---- RPCs ----------------------------------------------------------------------------------
 
     async def Generate(self, request, context):
-        cancelled = threading.Event()
+        cancellation = Cancellation()
 
         def on_tokens(block: list[int]) -> None:
-            if cancelled.is_set():
-                raise _Cancelled()
+            cancellation.check()
 
-        try:
-            result, mode, total_s = await self._run(request, context, on_tokens)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
+        result, mode, total_s = await self._run(request, context, on_tokens, cancellation)
         return gateway_pb2.GenerateResponse(
             text=self.tokenizer.decode(result.output_ids),
             output_ids=result.output_ids,
@@ -176,14 +172,13 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
     async def GenerateStream(self, request, context):
         loop = asyncio.get_running_loop()
         chunks: asyncio.Queue[list[int]] = asyncio.Queue()
-        cancelled = threading.Event()
+        cancellation = Cancellation()
 
         def on_tokens(block: list[int]) -> None:
-            if cancelled.is_set():
-                raise _Cancelled()
+            cancellation.check()
             loop.call_soon_threadsafe(chunks.put_nowait, list(block))
 
-        task = asyncio.ensure_future(self._run(request, context, on_tokens))
+        task = asyncio.ensure_future(self._run(request, context, on_tokens, cancellation))
         ids: list[int] = []
         sent_text = ""
         try:
@@ -213,40 +208,55 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
                 text=tail, output_ids=rest, stats=stats_to_wire(result.stats, mode, total_s), final=True
             )
         finally:
-            cancelled.set()  # client gone or done: the worker stops at its next block
+            # Client gone or done: stop the worker now (its peer calls are cancelled too). When the
+            # generator is left without being closed (a cancel that lands while grpc sends a message),
+            # the RPC's done callback in `_run` does the same.
+            cancellation.cancel()
+            if not task.done():
+                task.cancel()
+            # Nobody awaits the task after this: take its outcome so none is left unretrieved.
+            task.add_done_callback(_consume)
 
     # ---- one request -----------------------------------------------------------------------------
 
-    async def _run(self, request, context, on_tokens: OnTokens) -> tuple[DecodeResult, Mode, float]:
+    async def _run(
+        self, request, context, on_tokens: OnTokens, cancellation: Cancellation
+    ) -> tuple[DecodeResult, Mode, float]:
         request_id = request_id_of(context)
         structlog.contextvars.bind_contextvars(request_id=request_id)
         log = self.log.bind(request_id=request_id)
         started = time.perf_counter()
+        # However the RPC ends (cancel, deadline, a dead client, or done), the worker stops with it.
+        context.add_done_callback(lambda _: cancellation.cancel())
         try:
             if self.host.draining:
                 raise SpecdecError(StatusCode.UNAVAILABLE, "the gateway is draining")
             source, config = self._prepare(request)
             remaining = context.time_remaining()
             deadline = time.monotonic() + (remaining if remaining is not None else self.config.request_timeout_s)
-            options = CallOptions(deadline=deadline, request_id=request_id)
-            self.m_active.inc()
-            try:
-                result = await asyncio.get_running_loop().run_in_executor(
-                    self.pool, self._decode, source, config, options, on_tokens, log
-                )
-            finally:
-                self.m_active.inc(-1)
+            options = CallOptions(deadline=deadline, request_id=request_id, cancellation=cancellation)
+            result = await self._submit(source, config, options, on_tokens, log)
+        except asyncio.CancelledError:
+            # grpc cancels the handler when the client cancels or its deadline passes.
+            cancellation.cancel()
+            self._count_gone(context, log)
+            raise
+        except RequestCancelled:
+            # The RPC already ended (the done callback or the stream's end cancelled the work).
+            self._count_gone(context, log)
+            raise asyncio.CancelledError() from None
+        except RequestDeadlineExceeded as exc:
+            self.m_deadline.inc()
+            log.info("request_deadline_exceeded", message=exc.message)
+            await _abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, exc.message)
         except SpecdecError as exc:
             self.m_errors.inc(code=exc.code.value)
             log.info("request_refused", code=exc.code.value, message=exc.message)
-            await context.abort(grpc_code(exc.code), exc.message)
+            await _abort(context, grpc_code(exc.code), exc.message)
         except RemoteCallError as exc:
             self.m_errors.inc(code=exc.code.name)
             log.error("peer_failed", peer=exc.peer, code=exc.code.name, details=exc.details)
-            await context.abort(exc.code, str(exc))
-        except _Cancelled:
-            log.info("request_cancelled")
-            await context.abort(grpc.StatusCode.CANCELLED, "cancelled by the client")
+            await _abort(context, exc.code, str(exc))
         finally:
             structlog.contextvars.unbind_contextvars("request_id")
         total_s = time.perf_counter() - started
@@ -261,6 +271,39 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             ms=round(total_s * 1e3, 2),
         )
         return result, config.mode, total_s
+
+    async def _submit(
+        self, source: list[int], config: DecodingConfig, options: CallOptions, on_tokens: OnTokens, log
+    ) -> DecodeResult:
+        """Decode on a worker thread. `gateway_active_requests` counts the request until its worker
+        has really stopped (or never started), not just until the RPC ended."""
+        self.m_active.inc()
+
+        def work() -> DecodeResult:
+            assert options.cancellation is not None
+            options.cancellation.check()  # cancelled while queued: open no session at all
+            return self._decode(source, config, options, on_tokens, log)
+
+        try:
+            future = self.pool.submit(work)
+        except RuntimeError:  # the pool is shut down: the gateway is stopping
+            self.m_active.inc(-1)
+            raise SpecdecError(StatusCode.UNAVAILABLE, "the gateway is stopping") from None
+        # Once whether it ran, failed or was dropped from the queue (a cancelled wait cancels it there).
+        future.add_done_callback(lambda _: self.m_active.inc(-1))
+        return await asyncio.wrap_future(future)
+
+    def _count_gone(self, context, log) -> None:
+        """A request whose RPC ended without an answer: its deadline passed, or the client cancelled."""
+        remaining = context.time_remaining()
+        # grpc reports neither cause to the handler; a cancel that comes within a few ms of the
+        # deadline is the deadline (the server's timer and the clock read here differ by that much).
+        if remaining is not None and remaining <= _DEADLINE_SLACK_S:
+            self.m_deadline.inc()
+            log.info("request_deadline_exceeded")
+        else:
+            self.m_cancelled.inc()
+            log.info("request_cancelled")
 
     def _prepare(self, request: gateway_pb2.GenerateRequest) -> tuple[list[int], DecodingConfig]:
         if request.text and request.input_ids:
@@ -339,7 +382,22 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.m_gateway_s = r.counter("gateway_own_seconds", "time in the gateway itself")
         self.m_degraded = r.counter("gateway_degraded", "requests that fell back to AR")
         self.m_errors = r.counter("gateway_errors", "requests that failed, by status code")
-        self.m_active = r.gauge("gateway_active_requests", "requests being decoded")
+        self.m_active = r.gauge("gateway_active_requests", "requests being decoded or queued for a worker")
+        self.m_cancelled = r.counter("gateway_requests_cancelled", "requests the client cancelled")
+        self.m_deadline = r.counter("gateway_deadline_exceeded", "requests whose own deadline passed")
+
+
+def _consume(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def _abort(context, code: grpc.StatusCode, details: str) -> None:
+    """Abort the RPC with a status; when it has already ended (cancelled, deadline) there is no one
+    to tell, and aborting a finished RPC would only raise, so end the handler quietly."""
+    if context.done():
+        raise asyncio.CancelledError()
+    await context.abort(code, details)
 
 
 def _wait_info(fetch, channel: grpc.Channel, timeout: float) -> common_pb2.ModelInfo:

@@ -140,7 +140,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         "drafter": {"address": args.drafter_addr, "backend": args.backend},
     }
     sections = load_sections(args.config, overrides=overrides)
-    bundle = None if args.role == "gateway" and not args.bundle else resolve_bundle(args.bundle)
+    # Every role gets the default bundle (the gateway reads its tokenizer), as the README says.
+    bundle = resolve_bundle(args.bundle)
 
     def ready(running) -> None:
         shown = running.addresses.get("gateway") or running.addresses[args.role]
