@@ -28,6 +28,11 @@ class GatewayConfig:
     drafter_retry_s: float = 1.0  # after a drafter failure, skip it this long before retrying
     # "ar": degrade to plain AR through the verifier when the drafter fails; "fail": UNAVAILABLE.
     fallback: str = field(default="ar", metadata={"choices": FALLBACK_POLICIES})
+    # Input limits, checked before any work (gateway.inputs): a request's bytes (gRPC refuses more
+    # with RESOURCE_EXHAUSTED before parsing it) and a text's characters (more is OUT_OF_RANGE,
+    # before tokenising).
+    max_request_bytes: int = 1024 * 1024
+    max_text_chars: int = 16384
     defaults: DecodingConfig = field(default_factory=DecodingConfig)
     seed_from_defaults: bool = False  # True when [defaults] sets a seed; else unset = fresh seed
     limits: DecodingLimits = field(default_factory=DecodingLimits)
