@@ -10,6 +10,7 @@ the longest source including its EOS, and the longest target including BOS).
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from typing import Protocol
 
 from core.errors import invalid, out_of_range, out_of_step
@@ -25,12 +26,26 @@ def check_source_ids(
     source_ids: list[int], vocab_size: int, max_source_len: int, what: str = "source", ids_name: str = "source"
 ) -> None:
     """A non-empty source of known ids, at most `max_source_len` long (not counting its EOS).
-    `what` / `ids_name` name it in messages (the gateway says "input" / "input_ids")."""
+    `what` / `ids_name` name it in messages (the gateway says "input" / "input_ids").
+    The length comes first: it costs nothing, while checking every id of a huge list does."""
+    check_length(source_ids, max_source_len, what)
     check_ids(source_ids, vocab_size, ids_name)
     if not source_ids:
         raise invalid(f"{what} is empty")
-    if len(source_ids) > max_source_len:
-        raise out_of_range(f"{what} has {len(source_ids)} tokens; the limit is {max_source_len}")
+
+
+def check_length(ids: list[int] | Sized, max_len: int, what: str) -> None:
+    """OUT_OF_RANGE for more than `max_len` tokens; run before any per-token work."""
+    if len(ids) > max_len:
+        raise out_of_range(f"{what} has {len(ids)} tokens; the limit is {max_len}")
+
+
+def check_bounded(name: str, value: int, low: int, high: int) -> None:
+    """A count a client controls: INVALID_ARGUMENT below `low`, OUT_OF_RANGE over the ceiling `high`."""
+    if value < low:
+        raise invalid(f"{name} must be >= {low}, got {value}")
+    if value > high:
+        raise out_of_range(f"{name} must be <= {high}, got {value}")
 
 
 def check_session_step(committed_len: int, held: int, appended: int, lookahead: int, config: ModelLimits) -> None:

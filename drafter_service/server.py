@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from core.checks import check_draft_len, check_ids, check_positive
+from core.checks import check_bounded, check_draft_len, check_ids, check_length, check_positive
 from core.errors import invalid
 from core.interfaces import Draft
 from core.sampling import check_sampling
@@ -32,6 +32,9 @@ _ROLE_ENUM = {"nar_drafter": common_pb2.MODEL_ROLE_NAR_DRAFTER, "ar_drafter": co
 class DrafterLimits:
     max_sessions: int = 64  # concurrent Draft streams; more is RESOURCE_EXHAUSTED
     max_draft_len: int = 64  # k / gamma per step; more is OUT_OF_RANGE
+    # Beams per AR beam draft; more is OUT_OF_RANGE. A step's cost grows with beams x vocabulary,
+    # and it holds the one model worker every session shares (8,000 beams took 30 s and 4.3 GB).
+    max_beams: int = 16
 
 
 async def start_drafter(
@@ -103,7 +106,9 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
 
     async def _step(self, session: DrafterSession, step: drafter_pb2.DraftStep) -> drafter_pb2.DraftResponse:
         method = step.WhichOneof("method")
-        committed, append = step.committed_len, list(step.append_ids)
+        committed = step.committed_len
+        check_length(step.append_ids, self.max_output_len, "append_ids")
+        append = list(step.append_ids)
         check_ids(append, self.model_info.vocab_size, "append_ids")
         if method == "block":
             n = step.block.k
@@ -112,13 +117,13 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
         elif method == "beam":
             n, num_beams = step.beam.gamma, step.beam.num_beams
             check_positive(n, "gamma")
-            check_positive(num_beams, "num_beams")
+            check_bounded("num_beams", num_beams, 1, self.limits.max_beams)
             call = partial(session.draft_beam, committed, append, n, num_beams)
         elif method == "sample":
             s = step.sample
             n, params = s.gamma, sampling_from_wire(s.temperature, s.top_k, s.top_p)
             check_positive(n, "gamma")
-            check_sampling(params)
+            check_sampling(params, self.model_info.vocab_size)
             call = partial(session.draft_sample, committed, append, n, params)
         else:
             raise invalid("a DraftStep needs one of block, beam or sample")

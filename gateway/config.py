@@ -37,6 +37,11 @@ class GatewayConfig:
     tls_client_key: str | None = None
     auth_token: str | None = None  # clients must send `authorization: Bearer <token>`
     auth_token_file: str | None = None  # the same, read from a file (keeps it out of env and ps)
+    # Input limits, checked before any work (gateway.inputs): a request's bytes (gRPC refuses more
+    # with RESOURCE_EXHAUSTED before parsing it) and a text's characters (more is OUT_OF_RANGE,
+    # before tokenising).
+    max_request_bytes: int = 1024 * 1024
+    max_text_chars: int = 16384
     defaults: DecodingConfig = field(default_factory=DecodingConfig)
     seed_from_defaults: bool = False  # True when [defaults] sets a seed; else unset = fresh seed
     limits: DecodingLimits = field(default_factory=DecodingLimits)

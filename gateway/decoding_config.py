@@ -7,7 +7,8 @@ from dataclasses import Field, dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
-from core.errors import invalid, out_of_range
+from core.checks import check_bounded
+from core.errors import invalid
 from core.sampling import SamplingParams, check_sampling
 
 
@@ -92,13 +93,16 @@ def parse_mode(value: str | Mode) -> Mode:
         raise invalid(f"unknown mode {value!r}; choose one of {choices}") from None
 
 
-def validate(cfg: DecodingConfig, limits: DecodingLimits, max_target_len: int) -> None:
-    """Raise INVALID_ARGUMENT for malformed values, OUT_OF_RANGE for values over a limit."""
-    _bounded("k", cfg.k, 1, limits.max_k)
-    _bounded("beta", cfg.beta, 1, limits.max_beta)
-    _bounded("num_beams", cfg.num_beams, 1, limits.max_beams)
-    _bounded("gamma", cfg.gamma, 1, limits.max_gamma)
-    _bounded("max_new_tokens", cfg.max_new_tokens, 1, min(limits.max_new_tokens, max_target_len))
+def validate(
+    cfg: DecodingConfig, limits: DecodingLimits, max_target_len: int, vocab_size: int | None = None
+) -> None:
+    """Raise INVALID_ARGUMENT for malformed values, OUT_OF_RANGE for values over a limit. Every
+    count a client controls has a ceiling here; top_k's is the vocabulary (when given)."""
+    check_bounded("k", cfg.k, 1, limits.max_k)
+    check_bounded("beta", cfg.beta, 1, limits.max_beta)
+    check_bounded("num_beams", cfg.num_beams, 1, limits.max_beams)
+    check_bounded("gamma", cfg.gamma, 1, limits.max_gamma)
+    check_bounded("max_new_tokens", cfg.max_new_tokens, 1, min(limits.max_new_tokens, max_target_len))
     if not (math.isfinite(cfg.tau) and cfg.tau >= 0):
         raise invalid(f"tau must be a finite number >= 0, got {cfg.tau}")
     if not (0 < cfg.threshold <= 1):
@@ -107,13 +111,8 @@ def validate(cfg: DecodingConfig, limits: DecodingLimits, max_target_len: int) -
         raise invalid(f"beam_delta must be >= 0, got {cfg.beam_delta}")
     if cfg.beam_max_candidates is not None and cfg.beam_max_candidates < 1:
         raise invalid(f"beam_max_candidates must be >= 1, got {cfg.beam_max_candidates}")
-    check_sampling(cfg.sampling)
+    check_sampling(cfg.sampling, vocab_size)
     if cfg.seed < 0:
         raise invalid(f"seed must be >= 0, got {cfg.seed}")
 
 
-def _bounded(name: str, value: int, low: int, high: int) -> None:
-    if value < low:
-        raise invalid(f"{name} must be >= {low}, got {value}")
-    if value > high:
-        raise out_of_range(f"{name} must be <= {high}, got {value}")

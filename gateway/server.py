@@ -19,10 +19,11 @@ import grpc
 import structlog
 
 from core.errors import SpecdecError, StatusCode, invalid
-from core.wire import SPECIAL_ID_FIELDS, target_len_from_wire
+from core.wire import SPECIAL_ID_FIELDS, source_len_from_wire, target_len_from_wire
 from gateway.config import GatewayConfig
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode, validate
+from gateway.inputs import check_input_size, source_ids
 from gateway.modes import DRAFTER_MODES
 from gateway.policies.loop import DecodeResult, OnTokens
 from gateway.remote import (
@@ -80,7 +81,10 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self._define_metrics()
         token = read_token(config.auth_token, config.auth_token_file)
         auth = [BearerTokenInterceptor(token)] if token else []
-        self.host = ServiceHost("gateway", [SERVICE_NAME], self.registry, interceptors=auth)
+        self.host = ServiceHost(
+            "gateway", [SERVICE_NAME], self.registry, interceptors=auth,
+            max_message_bytes=config.max_request_bytes,
+        )
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(self, self.host.server)
 
     # ---- start-up and peers ----------------------------------------------------------------------
@@ -231,7 +235,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         try:
             if self.host.draining:
                 raise SpecdecError(StatusCode.UNAVAILABLE, "the gateway is draining")
-            source, config = self._prepare(request)
+            source, config = await self._prepare(request)
             remaining = context.time_remaining()
             deadline = time.monotonic() + (remaining if remaining is not None else self.config.request_timeout_s)
             options = CallOptions(deadline=deadline, request_id=request_id, cancellation=cancellation)
@@ -305,18 +309,20 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             self.m_cancelled.inc()
             log.info("request_cancelled")
 
-    def _prepare(self, request: gateway_pb2.GenerateRequest) -> tuple[list[int], DecodingConfig]:
-        if request.text and request.input_ids:
-            raise invalid("set either text or input_ids, not both")
-        source = list(request.input_ids) if request.input_ids else self.tokenizer.encode(request.text)
-        if not source:
-            raise invalid("input is empty")
+    async def _prepare(self, request: gateway_pb2.GenerateRequest) -> tuple[list[int], DecodingConfig]:
+        """Sizes first (free), then the decoding config, then tokenising off the loop (gateway.inputs)."""
+        assert self.verifier_info is not None
+        max_source_len = source_len_from_wire(self.verifier_info.max_source_len)
+        check_input_size(request, self.config.max_text_chars, max_source_len)
         overrides = overrides_from_wire(request.config)
         if "seed" not in overrides and not self.config.seed_from_defaults:
             overrides["seed"] = secrets.randbits(63)  # unset seed: a fresh one per request
         config = self.config.defaults.with_overrides(overrides)
-        assert self.verifier_info is not None
-        validate(config, self.config.limits, target_len_from_wire(self.verifier_info.max_target_len))
+        max_target_len = target_len_from_wire(self.verifier_info.max_target_len)
+        validate(config, self.config.limits, max_target_len, self.verifier_info.vocab_size)
+        source = await source_ids(request, self.tokenizer, self.pool, max_source_len)
+        if not source:
+            raise invalid("input is empty")
         return source, config
 
     def _decode(self, source, config: DecodingConfig, options: CallOptions, on_tokens: OnTokens, log) -> DecodeResult:

@@ -12,6 +12,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from serving.channels import DEFAULT_MAX_MESSAGE_BYTES, grpc_options
+from serving.malformed import MalformedRequests
 from serving.metrics import MetricsServer, Registry
 from serving.tls import ServerTLS, is_loopback
 
@@ -34,7 +35,11 @@ class ServiceHost:
         self.name = name
         self.service_names = list(service_names)
         self.registry = registry
-        self.server = grpc.aio.server(options=grpc_options(max_message_bytes), interceptors=list(interceptors) or None)
+        # Bytes that do not parse are INVALID_ARGUMENT with a log line, not gRPC's silent UNKNOWN; the
+        # caller's interceptors (the gateway's token check) run first, before anything is parsed.
+        self.server = grpc.aio.server(
+            options=grpc_options(max_message_bytes), interceptors=[*interceptors, MalformedRequests(name)]
+        )
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(

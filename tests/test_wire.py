@@ -5,13 +5,22 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.checks import check_draft_len, check_positive, check_session_step, check_source_ids, check_wire_top_k
+from core.checks import (
+    check_bounded,
+    check_draft_len,
+    check_length,
+    check_positive,
+    check_session_step,
+    check_source_ids,
+    check_wire_top_k,
+)
 from core.errors import SpecdecError, StatusCode
-from core.sampling import SamplingParams, check_sampling
+from core.sampling import MIN_TEMPERATURE, SamplingParams, check_sampling, warp
 from core.wire import (
     SPECIAL_ID_FIELDS,
     TOP1_ONLY,
@@ -123,3 +132,54 @@ def test_special_id_fields_are_model_info_and_config_fields() -> None:
     for name in SPECIAL_ID_FIELDS:
         assert name in common_pb2.ModelInfo.DESCRIPTOR.fields_by_name
         assert isinstance(getattr(config, name), int)
+
+
+# ---- input limits (issue items 5 and 6) --------------------------------------------------------
+
+_accepted_params = st.builds(
+    SamplingParams,
+    temperature=st.floats(min_value=0.0, allow_nan=False, allow_infinity=False),
+    top_k=st.integers(min_value=0, max_value=64),
+    top_p=st.floats(min_value=0.0, max_value=1.0, exclude_min=True, allow_nan=False),
+)
+# Log-probs as a model or the dense verifier rows give them: finite, with -inf for tokens left out.
+_logprobs = st.lists(
+    st.one_of(st.floats(min_value=-1e308, max_value=0.0, allow_nan=False), st.just(-math.inf)), min_size=1, max_size=64
+).filter(lambda xs: any(math.isfinite(x) for x in xs))
+
+
+@given(_logprobs, _accepted_params)
+def test_warp_returns_finite_probabilities_summing_to_one(logprobs: list[float], params: SamplingParams) -> None:
+    check_sampling(params, vocab_size=64)  # only parameters an edge accepts
+    probs = warp(np.array(logprobs), params)
+    assert np.all(np.isfinite(probs)) and np.all(probs >= 0)
+    assert abs(probs.sum() - 1.0) < 1e-9
+
+
+@pytest.mark.parametrize("temperature", [0.0, 5e-324, 1e-310, 1e-7])
+def test_a_temperature_below_the_floor_is_argmax(temperature: float) -> None:
+    logprobs = np.log(np.array([0.1, 0.6, 0.3]))
+    assert temperature < MIN_TEMPERATURE
+    assert warp(logprobs, SamplingParams(temperature=temperature)).tolist() == [0.0, 1.0, 0.0]
+
+
+def test_sampling_top_k_is_bounded_by_the_vocabulary() -> None:
+    check_sampling(SamplingParams(top_k=50), vocab_size=50)
+    error = _refused(check_sampling, SamplingParams(top_k=51), vocab_size=50)
+    assert (error.code, error.message) == (StatusCode.INVALID_ARGUMENT, "top_k must be in [0, 50] (0 = off), got 51")
+
+
+def test_counts_have_a_floor_and_a_ceiling() -> None:
+    check_bounded("num_beams", 16, 1, 16)
+    low = _refused(check_bounded, "num_beams", 0, 1, 16)
+    high = _refused(check_bounded, "num_beams", 8000, 1, 16)
+    assert (low.code, low.message) == (StatusCode.INVALID_ARGUMENT, "num_beams must be >= 1, got 0")
+    assert (high.code, high.message) == (StatusCode.OUT_OF_RANGE, "num_beams must be <= 16, got 8000")
+
+
+def test_a_source_over_the_length_limit_is_refused_before_its_ids_are_checked() -> None:
+    # Ids outside the vocabulary *and* too long: the length (O(1)) answers first.
+    error = _refused(check_source_ids, [999] * 20, _Config.vocab_size, 9)
+    assert (error.code, error.message) == (StatusCode.OUT_OF_RANGE, "source has 20 tokens; the limit is 9")
+    error = _refused(check_length, [1] * 10, 9, "append_ids")
+    assert (error.code, error.message) == (StatusCode.OUT_OF_RANGE, "append_ids has 10 tokens; the limit is 9")

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.checks import check_draft_len, check_ids, check_wire_top_k
+from core.checks import check_draft_len, check_ids, check_length, check_wire_top_k
 from core.wire import sends_candidates, session_top_k
 from protos.specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, load_bundle
@@ -92,8 +92,10 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
 
     async def _step(self, session: VerifierSession, step: verifier_pb2.VerifyStep) -> verifier_pb2.VerifyResponse:
         vocab = self.model_info.vocab_size
+        # Lengths before per-id work: a 16 MiB message holds millions of ids.
+        check_draft_len(len(step.draft_ids), self.limits.max_draft_len)
+        check_length(step.append_ids, self.max_output_len, "append_ids")
         append, draft = list(step.append_ids), list(step.draft_ids)
-        check_draft_len(len(draft), self.limits.max_draft_len)
         check_wire_top_k(step.top_k, vocab)
         check_ids(append, vocab, "append_ids")
         check_ids(draft, vocab, "draft_ids")
