@@ -20,6 +20,7 @@ import structlog
 
 from core.errors import SpecdecError, StatusCode, invalid
 from core.wire import SPECIAL_ID_FIELDS, target_len_from_wire
+from gateway.admission import Admission, AdmissionQueue, Budget, client_of, sessions_needed
 from gateway.config import GatewayConfig
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode, validate
@@ -74,6 +75,9 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="gateway-decode")
         self.registry = Registry()
         self._define_metrics()
+        self.admission = Admission(
+            AdmissionQueue(self._budget, config.max_queued, config.max_per_client), self._admission_changed
+        )
         self.host = ServiceHost("gateway", [SERVICE_NAME], self.registry)
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(self, self.host.server)
 
@@ -224,13 +228,15 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             remaining = context.time_remaining()
             deadline = time.monotonic() + (remaining if remaining is not None else self.config.request_timeout_s)
             options = CallOptions(deadline=deadline, request_id=request_id)
-            self.m_active.inc()
-            try:
-                result = await asyncio.get_running_loop().run_in_executor(
-                    self.pool, self._decode, source, config, options, on_tokens, log
-                )
-            finally:
-                self.m_active.inc(-1)
+            need = sessions_needed(config, DRAFTER_MODES, self.drafter_channel is not None)
+            async with self.admission.slot(client_of(context), need, deadline - time.monotonic()):
+                self.m_active.inc()
+                try:
+                    result = await asyncio.get_running_loop().run_in_executor(
+                        self.pool, self._decode, source, config, options, on_tokens, log
+                    )
+                finally:
+                    self.m_active.inc(-1)
         except SpecdecError as exc:
             self.m_errors.inc(code=exc.code.value)
             log.info("request_refused", code=exc.code.value, message=exc.message)
@@ -302,6 +308,15 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             return result
         return decode(source, config, verifier, None, counting)
 
+    def _budget(self) -> Budget:
+        """What admission may hand out: the workers, and the sessions the peers report (0: unknown)."""
+        v, d = self.verifier_info, self.drafter_info
+        return Budget(self.config.workers, v.max_sessions if v else 0, d.max_sessions if d else 0)
+
+    def _admission_changed(self, queue: AdmissionQueue) -> None:
+        self.m_queued.set(len(queue.waiting))
+        self.m_admitted_v.set(sum(t.need.verifier for t in queue.running))
+
     def _record(self, result: DecodeResult, mode: Mode, total_s: float) -> None:
         s = result.stats
         self.m_requests.inc(mode=mode.value)
@@ -335,6 +350,8 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.m_degraded = r.counter("gateway_degraded", "requests that fell back to AR")
         self.m_errors = r.counter("gateway_errors", "requests that failed, by status code")
         self.m_active = r.gauge("gateway_active_requests", "requests being decoded")
+        self.m_queued = r.gauge("gateway_queued_requests", "requests waiting for a worker and model sessions")
+        self.m_admitted_v = r.gauge("gateway_verifier_sessions", "verifier sessions held by admitted requests")
 
 
 def _wait_info(fetch, channel: grpc.Channel, timeout: float) -> common_pb2.ModelInfo:

@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from serving.channels import DEFAULT_MAX_MESSAGE_BYTES, grpc_options
+from serving.channels import DEFAULT_MAX_MESSAGE_BYTES, server_options
 from serving.metrics import MetricsServer, Registry
 
 
@@ -32,7 +32,7 @@ class ServiceHost:
         self.name = name
         self.service_names = list(service_names)
         self.registry = registry
-        self.server = grpc.aio.server(options=grpc_options(max_message_bytes))
+        self.server = grpc.aio.server(options=server_options(max_message_bytes))
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
