@@ -2,15 +2,15 @@
 
 One file configures all three services (see config/specdec.example.toml):
 
-    [gateway]   address, verifier_address, drafter_address, metrics_address, workers,
-                request_timeout_s, drafter_timeout_s, startup_timeout_s, drafter_retry_s,
+    [gateway]   address, verifier_address, drafter_address, metrics_address, workers, max_queued,
+                max_per_client, request_timeout_s, drafter_timeout_s, startup_timeout_s, drafter_retry_s,
                 fallback ("ar": run plain AR through the verifier when the drafter fails;
                 "fail": answer UNAVAILABLE)
     [defaults]  DecodingConfig fields (mode, k, beta, tau, ...): used for unset request fields
     [limits]    DecodingLimits fields (max_k, max_beta, ...): per-request bounds
-    [verifier]  address, backend (torch | onnxruntime), metrics_address, max_sessions, max_draft_len,
-                max_source_len
-    [drafter]   address, backend, metrics_address, max_sessions, max_draft_len
+    [verifier]  address, backend (torch | onnxruntime), metrics_address, max_sessions, session_idle_s,
+                max_draft_len, max_source_len
+    [drafter]   address, backend, metrics_address, max_sessions, session_idle_s, max_draft_len
 
 Environment: SPECDEC__<SECTION>__<KEY>=value (e.g. SPECDEC__GATEWAY__FALLBACK=fail,
 SPECDEC__DEFAULTS__MODE=iad); values are parsed as TOML scalars, falling back to strings.
