@@ -2,17 +2,17 @@
 
 One file configures all three services (see config/specdec.example.toml):
 
-    [gateway]   address, verifier_address, drafter_address, metrics_address, workers,
-                request_timeout_s, drafter_timeout_s, startup_timeout_s, drafter_retry_s,
+    [gateway]   address, verifier_address, drafter_address, metrics_address, workers, max_queued,
+                max_per_client, request_timeout_s, drafter_timeout_s, startup_timeout_s, drafter_retry_s,
                 fallback ("ar": run plain AR through the verifier when the drafter fails;
                 "fail": answer UNAVAILABLE), the TLS keys below, tls_peer_ca, tls_client_cert,
                 tls_client_key (the gateway's channels to verifier and drafter), auth_token or
                 auth_token_file (clients must send `authorization: Bearer <token>`)
     [defaults]  DecodingConfig fields (mode, k, beta, tau, ...): used for unset request fields
     [limits]    DecodingLimits fields (max_k, max_beta, ...): per-request bounds
-    [verifier]  address, backend (torch | onnxruntime), metrics_address, max_sessions, max_draft_len,
-                max_source_len
-    [drafter]   address, backend, metrics_address, max_sessions, max_draft_len
+    [verifier]  address, backend (torch | onnxruntime), metrics_address, max_sessions, session_idle_s,
+                max_draft_len, max_source_len
+    [drafter]   address, backend, metrics_address, max_sessions, session_idle_s, max_draft_len
     every server: tls_cert + tls_key (PEM paths: serve TLS), tls_ca (PEM path: require client
                 certificates this CA signed, i.e. mTLS)
 

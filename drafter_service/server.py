@@ -20,7 +20,7 @@ from core.wire import sampling_from_wire
 from drafter_service.session import DRAFTER_ROLES, DrafterSession, LocalDrafter, make_drafter
 from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, bundle_roles, load_bundle
-from serving.model_service import ModelService, make_model_info
+from serving.model_service import ModelService, check_service_limits, make_model_info
 from serving.tls import ServerTLS
 
 SERVICE = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"]
@@ -35,6 +35,12 @@ class DrafterLimits:
     # Beams per AR beam draft; more is OUT_OF_RANGE. A step's cost grows with beams x vocabulary,
     # and it holds the one model worker every session shares (8,000 beams took 30 s and 4.3 GB).
     max_beams: int = 16
+    # A Draft stream with no message for this long is ended (DEADLINE_EXCEEDED) and its session
+    # freed, so idle clients cannot hold every session; 0: never.
+    session_idle_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        check_service_limits("drafter", self.max_sessions, self.session_idle_s)
 
 
 async def start_drafter(
@@ -61,7 +67,8 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
         drafter = make_drafter(bundle, backend)
         if drafter is None:
             raise ValueError(f"bundle {bundle.path} has no drafter model")
-        super().__init__("drafter", SERVICE, limits.max_sessions, drafter_pb2_grpc.add_DrafterServiceServicer_to_server)
+        add_to_server = drafter_pb2_grpc.add_DrafterServiceServicer_to_server
+        super().__init__("drafter", SERVICE, limits.max_sessions, add_to_server, limits.session_idle_s)
         self.bundle = bundle
         self.limits = limits
         self.drafter = drafter
@@ -80,6 +87,7 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
             roles=[_ROLE_ENUM[r] for r in self.models],
             max_draft_len=limits.max_draft_len,
             max_top_k=0,
+            max_sessions=limits.max_sessions,
         )
 
     async def warm_up(self) -> None:

@@ -22,6 +22,12 @@ class GatewayConfig:
     drafter_address: str | None = DRAFTER_ADDRESS  # "" or None: no drafter (AR, beam, IAD only)
     metrics_address: str | None = None  # host:port of the Prometheus endpoint; None: off
     workers: int = 8  # requests decoded at once (each holds a worker thread)
+    # Admission (gateway/admission.py): requests that cannot get a worker and their verifier /
+    # drafter sessions wait in a queue of at most max_queued, past it RESOURCE_EXHAUSTED; one
+    # client (x-client-id metadata, else the peer's host) has at most max_per_client requests in
+    # the gateway, running or queued.
+    max_queued: int = 64
+    max_per_client: int = 16
     request_timeout_s: float = 120.0  # deadline when the client sets none
     drafter_timeout_s: float = 30.0  # the drafter's share of a request; past it, fall back
     startup_timeout_s: float = 60.0  # how long start-up waits for the verifier
@@ -45,6 +51,11 @@ class GatewayConfig:
     defaults: DecodingConfig = field(default_factory=DecodingConfig)
     seed_from_defaults: bool = False  # True when [defaults] sets a seed; else unset = fresh seed
     limits: DecodingLimits = field(default_factory=DecodingLimits)
+
+    def __post_init__(self) -> None:
+        for name, least in (("workers", 1), ("max_queued", 0), ("max_per_client", 1)):
+            if getattr(self, name) < least:
+                raise ValueError(f"[gateway] {name}: must be at least {least}; got {getattr(self, name)}")
 
 
 # Fields that the [gateway] table may not set: they come from [defaults] and [limits].

@@ -20,6 +20,7 @@ import structlog
 
 from core.errors import SpecdecError, StatusCode, invalid
 from core.wire import SPECIAL_ID_FIELDS, source_len_from_wire, target_len_from_wire
+from gateway.admission import Admission, AdmissionQueue, Budget, client_of, sessions_needed
 from gateway.config import GatewayConfig
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode, validate
@@ -79,6 +80,9 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="gateway-decode")
         self.registry = Registry()
         self._define_metrics()
+        self.admission = Admission(
+            AdmissionQueue(self._budget, config.max_queued, config.max_per_client), self._admission_changed
+        )
         token = read_token(config.auth_token, config.auth_token_file)
         auth = [BearerTokenInterceptor(token)] if token else []
         self.host = ServiceHost(
@@ -239,7 +243,9 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             remaining = context.time_remaining()
             deadline = time.monotonic() + (remaining if remaining is not None else self.config.request_timeout_s)
             options = CallOptions(deadline=deadline, request_id=request_id, cancellation=cancellation)
-            result = await self._submit(source, config, options, on_tokens, log)
+            need = sessions_needed(config, DRAFTER_MODES, self.drafter_channel is not None)
+            async with self.admission.slot(client_of(context), need, deadline - time.monotonic()):
+                result = await self._submit(source, config, options, on_tokens, log)
         except asyncio.CancelledError:
             # grpc cancels the handler when the client cancels or its deadline passes.
             cancellation.cancel()
@@ -356,6 +362,15 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             return result
         return decode(source, config, verifier, None, counting)
 
+    def _budget(self) -> Budget:
+        """What admission may hand out: the workers, and the sessions the peers report (0: unknown)."""
+        v, d = self.verifier_info, self.drafter_info
+        return Budget(self.config.workers, v.max_sessions if v else 0, d.max_sessions if d else 0)
+
+    def _admission_changed(self, queue: AdmissionQueue) -> None:
+        self.m_queued.set(len(queue.waiting))
+        self.m_admitted_v.set(sum(t.need.verifier for t in queue.running))
+
     def _record(self, result: DecodeResult, mode: Mode, total_s: float) -> None:
         s = result.stats
         self.m_requests.inc(mode=mode.value)
@@ -391,6 +406,8 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.m_active = r.gauge("gateway_active_requests", "requests being decoded or queued for a worker")
         self.m_cancelled = r.counter("gateway_requests_cancelled", "requests the client cancelled")
         self.m_deadline = r.counter("gateway_deadline_exceeded", "requests whose own deadline passed")
+        self.m_queued = r.gauge("gateway_queued_requests", "requests waiting for a worker and model sessions")
+        self.m_admitted_v = r.gauge("gateway_verifier_sessions", "verifier sessions held by admitted requests")
 
 
 def _consume(task: asyncio.Future) -> None:

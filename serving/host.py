@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from serving.channels import DEFAULT_MAX_MESSAGE_BYTES, grpc_options
+from serving.channels import DEFAULT_MAX_MESSAGE_BYTES, server_options
 from serving.malformed import MalformedRequests
 from serving.metrics import MetricsServer, Registry
 from serving.tls import ServerTLS, is_loopback
@@ -38,7 +38,7 @@ class ServiceHost:
         # Bytes that do not parse are INVALID_ARGUMENT with a log line, not gRPC's silent UNKNOWN; the
         # caller's interceptors (the gateway's token check) run first, before anything is parsed.
         self.server = grpc.aio.server(
-            options=grpc_options(max_message_bytes), interceptors=[*interceptors, MalformedRequests(name)]
+            options=server_options(max_message_bytes), interceptors=[*interceptors, MalformedRequests(name)]
         )
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

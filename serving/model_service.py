@@ -58,6 +58,7 @@ class ModelService:
         service: ServiceDescriptor,
         max_sessions: int,
         add_to_server: Callable[[Any, grpc.aio.Server], None],
+        session_idle_s: float = 0.0,
     ) -> None:
         # The messages come from the proto: GetModelInfo's response, and the one bidi RPC's response
         # message with its `opened` variant.
@@ -69,7 +70,9 @@ class ModelService:
         self.executor = StepExecutor(name)
         self.registry = Registry()
         self.host = ServiceHost(name, [service.full_name], self.registry)
-        self.streams = SessionStreams(self.host, self.executor, self.registry, stream.name, max_sessions)
+        self.streams = SessionStreams(
+            self.host, self.executor, self.registry, stream.name, max_sessions, session_idle_s
+        )
         r = self.registry
         self.m_draft_tokens = r.counter(f"{name}_draft_tokens", self.draft_tokens_help)
         self.m_step_s = r.counter(f"{name}_step_seconds", self.step_seconds_help)
@@ -132,6 +135,7 @@ def make_model_info(
     roles: Iterable[int],
     max_draft_len: int,
     max_top_k: int,
+    max_sessions: int,
 ) -> common_pb2.ModelInfo:
     """ModelInfo for a service; the lengths are the interface's (without EOS / BOS, core.wire)."""
     return common_pb2.ModelInfo(
@@ -145,6 +149,7 @@ def make_model_info(
         roles=list(roles),
         max_draft_len=max_draft_len,
         max_top_k=max_top_k,
+        max_sessions=max_sessions,
     )
 
 
@@ -153,3 +158,11 @@ def _cache_bytes(session: Any) -> int:
         return session.cache_bytes
     except AttributeError:  # closed meanwhile
         return 0
+
+
+def check_service_limits(section: str, max_sessions: int, session_idle_s: float) -> None:
+    """The admission limits every model service has, checked as the config is read (ValueError)."""
+    if max_sessions < 1:
+        raise ValueError(f"[{section}] max_sessions: must be at least 1; got {max_sessions}")
+    if session_idle_s < 0:
+        raise ValueError(f"[{section}] session_idle_s: must be positive, or 0 for never; got {session_idle_s}")

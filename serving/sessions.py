@@ -8,7 +8,7 @@ import contextlib
 
 import grpc
 
-from core.errors import SpecdecError, invalid
+from core.errors import SpecdecError, StatusCode, invalid
 from serving.host import ServiceHost
 from serving.metrics import Registry
 from serving.status import abort_with, request_id_of
@@ -42,21 +42,64 @@ class StepExecutor:
 class SessionStreams:
     """The "one stream = one session" protocol the Verify and Draft RPCs share: admission control,
     an `open` message then `step` messages, errors as status codes, and the session freed the
-    moment the stream ends for any reason (half-close, cancel, deadline, dead client)."""
+    moment the stream ends for any reason (half-close, cancel, deadline, dead client, idle).
+
+    Admission is atomic: a stream takes its slot (`admitted`) before its first await and gives it
+    back in `finally`, so racing opens can never pass `max_sessions` (the event loop runs one
+    coroutine at a time; a check before an await and a count after it let every racer through).
+    A stream that sends no message for `idle_s` seconds is ended with DEADLINE_EXCEEDED, so idle
+    clients cannot hold every slot for ever.
+    """
 
     def __init__(
-        self, host: ServiceHost, executor: StepExecutor, registry: Registry, rpc: str, max_sessions: int
+        self,
+        host: ServiceHost,
+        executor: StepExecutor,
+        registry: Registry,
+        rpc: str,
+        max_sessions: int,
+        idle_s: float = 0.0,
     ) -> None:
         self.host = host
         self.executor = executor
         self.rpc = rpc
         self.max_sessions = max_sessions
+        self.idle_s = idle_s  # 0: no idle timeout
         self.sessions: set = set()
+        self.admitted = 0  # slots taken: streams admitted and not yet ended (opened or opening)
+        self.peak = 0  # the most slots ever taken at once
         prefix = host.name
         self.m_sessions = registry.counter(f"{prefix}_sessions", f"{rpc} streams opened (requests)")
         self.m_errors = registry.counter(f"{prefix}_errors", "streams ended with an error, by status code")
         self.m_rejected = registry.counter(f"{prefix}_rejected", "streams refused for capacity")
         self.m_active = registry.gauge(f"{prefix}_active_sessions", f"open {rpc} sessions")
+        self.m_peak = registry.gauge(f"{prefix}_peak_sessions", f"the most {rpc} streams admitted at once")
+        self.m_idle = registry.counter(f"{prefix}_idle_closed", f"{rpc} streams ended for sending nothing for idle_s")
+
+    def _admit(self) -> bool:
+        """Take a slot, or False when all are taken. No await here: the check and the count are one step."""
+        if self.admitted >= self.max_sessions:
+            return False
+        self.admitted += 1
+        if self.admitted > self.peak:
+            self.peak = self.admitted
+            self.m_peak.set(self.peak)
+        return True
+
+    async def _next(self, messages):
+        """The client's next message, None at its half-close; DEADLINE_EXCEEDED after idle_s of silence."""
+        try:
+            if not self.idle_s:
+                return await anext(messages)
+            return await asyncio.wait_for(anext(messages), self.idle_s)
+        except StopAsyncIteration:
+            return None
+        except TimeoutError:
+            self.m_idle.inc()
+            raise SpecdecError(
+                StatusCode.DEADLINE_EXCEEDED,
+                f"no message for {self.idle_s:g} s: the idle {self.host.name} session is closed",
+            ) from None
 
     async def serve(self, request_iterator, context, open_session, step):
         """Async generator of responses. `open_session(open_msg)` returns (session, response);
@@ -64,7 +107,7 @@ class SessionStreams:
         log = self.host.log.bind(request_id=request_id_of(context))
         if self.host.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"the {self.host.name} is draining")
-        if len(self.sessions) >= self.max_sessions:
+        if not self._admit():
             self.m_rejected.inc(reason="sessions")
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.max_sessions} sessions are open; try again later"
@@ -72,7 +115,8 @@ class SessionStreams:
         session = None
         self.m_sessions.inc()
         try:
-            async for request in request_iterator:
+            messages = aiter(request_iterator)
+            while (request := await self._next(messages)) is not None:
                 kind = request.WhichOneof("kind")
                 if session is None:
                     if kind != "open":
@@ -91,6 +135,7 @@ class SessionStreams:
             log.info(f"{self.rpc.lower()}_refused", code=exc.code.value, message=exc.message)
             await abort_with(context, exc)
         finally:
+            self.admitted -= 1
             log.info("session_closed", opened=session is not None)
             if session is not None:
                 self.sessions.discard(session)

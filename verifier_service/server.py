@@ -14,7 +14,7 @@ from core.checks import check_draft_len, check_ids, check_length, check_wire_top
 from core.wire import sends_candidates, session_top_k
 from protos.specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, load_bundle
-from serving.model_service import ModelService, make_model_info
+from serving.model_service import ModelService, check_service_limits, make_model_info
 from serving.tls import ServerTLS
 from verifier_service.session import VerifierSession, make_verifier
 
@@ -26,6 +26,12 @@ class VerifierLimits:
     max_sessions: int = 64  # concurrent Verify streams; more is RESOURCE_EXHAUSTED
     max_draft_len: int = 128  # draft_ids per step; more is OUT_OF_RANGE
     max_source_len: int | None = None  # None: the model's own limit
+    # A Verify stream with no message for this long is ended (DEADLINE_EXCEEDED) and its session
+    # freed, so idle clients cannot hold every session; 0: never.
+    session_idle_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        check_service_limits("verifier", self.max_sessions, self.session_idle_s)
 
 
 async def start_verifier(
@@ -48,7 +54,7 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
 
     def __init__(self, bundle: ModelBundle, limits: VerifierLimits, backend: str = "torch") -> None:
         add_to_server = verifier_pb2_grpc.add_VerifierServiceServicer_to_server
-        super().__init__("verifier", SERVICE, limits.max_sessions, add_to_server)
+        super().__init__("verifier", SERVICE, limits.max_sessions, add_to_server, limits.session_idle_s)
         self.bundle = bundle
         self.limits = limits
         self.verifier = make_verifier(bundle, backend)
@@ -71,6 +77,7 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
             max_draft_len=limits.max_draft_len,
             # Speculative sampling asks for the whole distribution (top_k = vocab).
             max_top_k=cfg.vocab_size,
+            max_sessions=limits.max_sessions,
         )
 
     async def warm_up(self) -> None:
