@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from core.errors import SpecdecError, StatusCode
-from gateway.decoding_config import DecodingConfig, Mode
+from gateway.decoding_config import DecodingConfig
+from gateway.modes import MODES
 
 CLIENT_ID_KEY = "x-client-id"
 
@@ -40,10 +41,11 @@ class Need:
     drafter: int
 
 
-def sessions_needed(config: DecodingConfig, drafter_modes: frozenset[Mode], with_drafter: bool) -> Need:
-    verifier = config.num_beams if config.mode == Mode.BEAM else 1
-    drafter = int(with_drafter and config.mode in drafter_modes)
-    return Need(verifier, drafter)
+def sessions_needed(config: DecodingConfig, with_drafter: bool) -> Need:
+    """What the mode's spec (gateway.modes) says one request holds; no drafter session when there is
+    no drafter (the request then runs as plain AR)."""
+    spec = MODES[config.mode]
+    return Need(spec.verifier_sessions(config), int(with_drafter and spec.needs_drafter))
 
 
 @dataclass(frozen=True)

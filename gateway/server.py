@@ -243,7 +243,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             remaining = context.time_remaining()
             deadline = time.monotonic() + (remaining if remaining is not None else self.config.request_timeout_s)
             options = CallOptions(deadline=deadline, request_id=request_id, cancellation=cancellation)
-            need = sessions_needed(config, DRAFTER_MODES, self.drafter_channel is not None)
+            need = sessions_needed(config, self.drafter_channel is not None)
             async with self.admission.slot(client_of(context), need, deadline - time.monotonic()):
                 result = await self._submit(source, config, options, on_tokens, log)
         except asyncio.CancelledError:

@@ -7,7 +7,6 @@ import pytest
 from core.errors import SpecdecError, StatusCode
 from gateway.admission import AdmissionQueue, Budget, Need, sessions_needed
 from gateway.decoding_config import DecodingConfig, Mode
-from gateway.modes import DRAFTER_MODES
 
 
 def _queue(workers=8, verifier=8, drafter=8, max_queued=2, max_per_client=4) -> AdmissionQueue:
@@ -34,7 +33,7 @@ def _refusal(queue: AdmissionQueue, client: str, need: Need) -> str:
     ],
 )
 def test_sessions_needed(mode, beams, with_drafter, need):
-    assert sessions_needed(DecodingConfig(mode=mode, num_beams=beams), DRAFTER_MODES, with_drafter) == need
+    assert sessions_needed(DecodingConfig(mode=mode, num_beams=beams), with_drafter) == need
 
 
 def test_verifier_sessions_bound_what_runs_and_the_rest_waits_then_is_refused():

@@ -22,5 +22,6 @@ def run(source_ids: list[int], config: DecodingConfig, verifier: Verifier, stats
 
 
 SPEC = ModeSpec(
-    Mode.BEAM, wire="MODE_AR_BEAM", lossless=False, drafter=DrafterMethod.NONE, run=run, title="beam search"
+    Mode.BEAM, wire="MODE_AR_BEAM", lossless=False, drafter=DrafterMethod.NONE, run=run, title="beam search",
+    verifier_sessions=lambda config: config.num_beams,  # one session per live hypothesis
 )

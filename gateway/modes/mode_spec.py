@@ -38,8 +38,15 @@ class PolicyInputs:
 BuildPolicy = Callable[[PolicyInputs], tuple[Propose, Accept]]
 # top_k(config, vocabulary size) -> candidates per position the verifier must return.
 TopK = Callable[[DecodingConfig, int], int]
+# sessions(config) -> verifier sessions one request of the mode holds at once (gateway admission).
+Sessions = Callable[[DecodingConfig], int]
 # run(source_ids, config, verifier, stats) -> output ids, for a mode outside the draft-verify loop.
 RunMode = Callable[[list[int], DecodingConfig, Verifier, DecodeStats], list[int]]
+
+
+def one_session(config: DecodingConfig) -> int:
+    """The draft-verify loop holds one verifier session."""
+    return 1
 
 
 def top_1(config: DecodingConfig, vocab_size: int) -> int:
@@ -58,6 +65,7 @@ class ModeSpec:
     build: BuildPolicy | None = None
     top_k: TopK = top_1
     run: RunMode | None = None
+    verifier_sessions: Sessions = one_session
     title: str = ""  # how error messages name the mode; default: "mode <value>"
 
     def __post_init__(self) -> None:
