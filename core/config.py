@@ -10,9 +10,9 @@ One file configures all three services (see config/specdec.example.toml):
                 auth_token_file (clients must send `authorization: Bearer <token>`)
     [defaults]  DecodingConfig fields (mode, k, beta, tau, ...): used for unset request fields
     [limits]    DecodingLimits fields (max_k, max_beta, ...): per-request bounds
-    [verifier]  address, backend (torch | onnxruntime), metrics_address, max_sessions, session_idle_s,
-                max_draft_len, max_source_len
-    [drafter]   address, backend, metrics_address, max_sessions, session_idle_s, max_draft_len
+    [verifier]  address, backend (torch | onnxruntime), device (auto | cpu | cuda | cuda:N),
+                metrics_address, max_sessions, session_idle_s, max_draft_len, max_source_len
+    [drafter]   address, backend, device, metrics_address, max_sessions, session_idle_s, max_draft_len
     every server: tls_cert + tls_key (PEM paths: serve TLS), tls_ca (PEM path: require client
                 certificates this CA signed, i.e. mTLS)
 
@@ -29,7 +29,7 @@ import os
 import tomllib
 import types
 import typing
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
@@ -47,12 +47,30 @@ DRAFTER_ADDRESS = "127.0.0.1:50053"
 SERVICE_ADDRESSES = {"verifier": VERIFIER_ADDRESS, "drafter": DRAFTER_ADDRESS}
 
 
+DEVICE_HELP = "auto (the first GPU when torch and onnxruntime-gpu see one, else cpu), cpu, cuda or cuda:N"
+
+
+def parse_device(text: str) -> tuple[str, int | None]:
+    """A device name as ("auto" | "cpu" | "cuda", index or None), or a ValueError. Only the spelling is
+    checked here (no torch in core); whether the GPU exists is checked as the service starts."""
+    kind, sep, index = text.partition(":")
+    if kind in ("auto", "cpu") and not sep:
+        return kind, None
+    if kind == "cuda" and not sep:
+        return "cuda", 0  # torch and ONNX Runtime both take plain "cuda" as the first GPU
+    if kind == "cuda" and index.isdigit():
+        return "cuda", int(index)
+    raise ValueError(f"must be {DEVICE_HELP}; got {text!r}")
+
+
 @dataclass(frozen=True)
 class ServiceSection:
     """The keys [verifier] and [drafter] share; the rest of each section is the service's limits."""
 
     address: str
     backend: str = field(default=DEFAULT_BACKEND, metadata={"choices": BACKENDS})
+    # Where the models run; one service, one device (docker-compose.yml pins each to its own GPU).
+    device: str = field(default="auto", metadata={"check": parse_device})
     metrics_address: str | None = None  # host:port of the Prometheus endpoint; None: off
     tls_cert: str | None = None  # PEM certificate chain; with tls_key the server speaks TLS only
     tls_key: str | None = None  # PEM private key of tls_cert
@@ -128,18 +146,24 @@ def parse_section(
     """`table` split by the dataclass among `schemas` that declares each key (one kwargs dict per
     schema, in order), every value type-checked against its field. `exclude` names fields that
     the file may not set (ones the caller fills in)."""
-    owners: dict[str, tuple[int, Any, Any]] = {}
+    owners: dict[str, tuple[int, Any, Any, Callable[[Any], Any] | None]] = {}
     for index, schema in enumerate(schemas):
         hints = typing.get_type_hints(schema)
         for f in fields(schema):
             if f.name not in exclude:
-                owners.setdefault(f.name, (index, hints[f.name], f.metadata.get("choices")))
+                owners.setdefault(f.name, (index, hints[f.name], f.metadata.get("choices"), f.metadata.get("check")))
     out: list[dict[str, Any]] = [{} for _ in schemas]
     for key, value in table.items():
         if key not in owners:
             raise ValueError(f"[{section}] unknown key {key!r}; known: {', '.join(sorted(owners))}")
-        index, hint, choices = owners[key]
+        index, hint, choices, check = owners[key]
         out[index][key] = check_value(f"[{section}] {key}", value, hint, choices)
+        if check is not None and out[index][key] is not None:
+            # A field's own check (e.g. the device spelling): its ValueError gets the key's name.
+            try:
+                check(out[index][key])
+            except ValueError as exc:
+                raise ValueError(f"[{section}] {key}: {exc}") from None
     return out
 
 

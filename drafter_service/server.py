@@ -51,20 +51,24 @@ async def start_drafter(
     roles: Iterable[str] | None = None,
     backend: str = "torch",
     tls: ServerTLS | None = None,
+    device: str | None = None,
 ) -> DrafterServer:
     """Load the bundle's drafter(s), the NAR one on `backend`, start serving on `address`, warm up,
     then report SERVING."""
     if not isinstance(bundle, ModelBundle):
         bundle = _load_drafters(Path(bundle), roles)
-    return await DrafterServer(bundle, limits or DrafterLimits(), backend).start(address, metrics_address, tls)
+    server = DrafterServer(bundle, limits or DrafterLimits(), backend, device)
+    return await server.start(address, metrics_address, tls)
 
 
 class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
     step_seconds_help = "time spent drafting, by kind"
     draft_tokens_help = "draft tokens made, by kind"
 
-    def __init__(self, bundle: ModelBundle, limits: DrafterLimits, backend: str = "torch") -> None:
-        drafter = make_drafter(bundle, backend)
+    def __init__(
+        self, bundle: ModelBundle, limits: DrafterLimits, backend: str = "torch", device: str | None = None
+    ) -> None:
+        drafter = make_drafter(bundle, backend, device=device)
         if drafter is None:
             raise ValueError(f"bundle {bundle.path} has no drafter model")
         add_to_server = drafter_pb2_grpc.add_DrafterServiceServicer_to_server
@@ -83,7 +87,7 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
             bundle_fingerprint=bundle.fingerprint,
             max_source_len=self.max_source_len,
             max_target_len=self.max_output_len,
-            backend=_backend_name(drafter, first.embed.weight.device.type),
+            backend=_backend_name(drafter, str(first.embed.weight.device)),
             roles=[_ROLE_ENUM[r] for r in self.models],
             max_draft_len=limits.max_draft_len,
             max_top_k=0,
@@ -157,8 +161,8 @@ def _load_drafters(path: Path, roles: Iterable[str] | None) -> ModelBundle:
 
 def _backend_name(drafter: LocalDrafter, device: str) -> str:
     """ "torch-cpu", or per role when they differ: "nar_drafter:onnxruntime-cpu,ar_drafter:torch-cpu"."""
-    names = {r: "onnxruntime-cpu" if r == "nar_drafter" and drafter.onnx_nar else f"torch-{device}"
-             for r in drafter.models}
+    onnx = f"onnxruntime-{drafter.onnx_nar.device}" if drafter.onnx_nar else None
+    names = {r: onnx if r == "nar_drafter" and onnx else f"torch-{device}" for r in drafter.models}
     if len(set(names.values())) == 1:
         return next(iter(names.values()))
     return ",".join(f"{r}:{n}" for r, n in names.items())

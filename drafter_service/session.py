@@ -112,16 +112,23 @@ class LocalDrafter:
         return DrafterSession(self.models, source_ids, seed, self.onnx_nar)
 
 
-def make_drafter(bundle, backend: str = "torch", **onnx_options) -> LocalDrafter | None:
+def make_drafter(bundle, backend: str = "torch", device: str | None = None, **onnx_options) -> LocalDrafter | None:
     """The bundle's drafter models (None when it has none), the NAR one on `backend`: "torch", or
     "onnxruntime" (exported on first use and cached by bundle fingerprint, like the verifier's;
-    `onnx_options` go to `OnnxNarDrafter.from_bundle`: cache_root, intra_op_threads)."""
+    `onnx_options` go to `OnnxNarDrafter.from_bundle`: cache_root, intra_op_threads). `device`
+    ("auto", "cpu", "cuda", "cuda:N"; None: the CPU): where every drafter model runs, the torch ones
+    moved there and the ONNX one on that GPU's CUDA provider; a missing GPU is a ValueError."""
     if backend not in BACKENDS:
         raise invalid(f"unknown drafter backend {backend!r}; expected one of {', '.join(BACKENDS)}")
     models = {r: bundle.models[r] for r in DRAFTER_ROLES if r in bundle.models}
     if not models:
         return None
+    if device is not None:
+        from seq2seq_models.ort_runner import resolve_device
+
+        torch_device = resolve_device(device)
+        models = {r: m.to(torch_device) for r, m in models.items()}
     onnx_nar = None
     if backend == "onnxruntime" and "nar_drafter" in models:
-        onnx_nar = OnnxNarDrafter.from_bundle(bundle, **onnx_options)
+        onnx_nar = OnnxNarDrafter.from_bundle(bundle, device=device, **onnx_options)
     return LocalDrafter(models, onnx_nar)

@@ -29,7 +29,7 @@ class OnnxModel:
         self.config = model.config
         self.export: OnnxExport = export_model(model, self.role, fingerprint, cache_root)
         self.runner = open_runner(self.export, device or self.default_device, intra_op_threads)
-        self.device = self.runner.device
+        self.device = self.runner.device  # "cpu" or "cuda:N": GetModelInfo.backend reports it
 
     @classmethod
     def from_bundle(cls, bundle: Any, cache_root: str | Path | None = None, **kwargs: Any) -> Self:

@@ -5,41 +5,71 @@ and calls them: `encode` a source into cross-attention K/V, `empty_past` for a f
 `decode` with named feeds. K/V tensors are the runner's own type (numpy arrays on CPU, device
 OrtValues on CUDA), so callers only pass them back in; `nbytes` sizes them.
 
-`OrtRunner` uses the CPU execution provider. `CudaOrtRunner` uses the CUDA provider with I/O
-binding: past and cross-attention K/V stay on the device between steps and only the decoder's
-other outputs come back to the host.
+`OrtRunner` uses the CPU execution provider. `CudaOrtRunner` uses the CUDA provider (on the GPU
+`device_id` a "cuda:N" device names) with I/O binding: past and cross-attention K/V stay on the
+device between steps and only the decoder's other outputs come back to the host.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from core.config import parse_device
 
 if TYPE_CHECKING:  # onnx_export imports torch; a runner itself needs only onnxruntime
     from seq2seq_models.config import ModelConfig
     from seq2seq_models.onnx_export import OnnxExport
 
-Device = Literal["auto", "cpu", "cuda"]
+Device = str  # "auto", "cpu", "cuda" or "cuda:N" (core.config.parse_device)
 # The decoder inputs that are K/V tensors (runner-native); every other input of these graphs is int64.
 KV_INPUTS = ("past_k", "past_v", "cross_k", "cross_v")
 
 
 def open_runner(export: OnnxExport, device: Device = "cpu", intra_op_threads: int | None = None) -> OrtRunner:
-    """A runner for `export`: "cpu", "cuda" (onnxruntime-gpu and a visible GPU), or "auto" (CUDA when usable)."""
-    if device == "cuda" and not cuda_available():
-        raise RuntimeError("device 'cuda' needs onnxruntime-gpu and a visible GPU")
-    if device == "cuda" or (device == "auto" and cuda_available()):
-        return CudaOrtRunner(export, intra_op_threads, ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    """A runner for `export`: "cpu", "cuda" / "cuda:N" (onnxruntime-gpu and that GPU), or "auto" (the
+    first GPU when usable). A GPU that is not there is a one-line ValueError (`require_device`)."""
+    kind, index = parse_device(resolve_device(device, onnx=True))
+    if kind == "cuda":
+        cuda = ("CUDAExecutionProvider", {"device_id": index})
+        return CudaOrtRunner(export, intra_op_threads, [cuda, "CPUExecutionProvider"], index or 0)
     return OrtRunner(export, intra_op_threads, ["CPUExecutionProvider"])
+
+
+def resolve_device(device: Device, onnx: bool = False) -> str:
+    """`device` made concrete: "auto" is "cuda:0" when usable (for ONNX Runtime: onnxruntime-gpu too),
+    else "cpu"; "cuda" is "cuda:0". A GPU that does not exist is a ValueError, so a service refuses
+    to start with one line rather than failing on its first request."""
+    kind, index = parse_device(device)
+    if kind == "auto":
+        usable = cuda_available() if onnx else _torch_gpus() > 0
+        return "cuda:0" if usable else "cpu"
+    if kind == "cpu":
+        return "cpu"
+    require_device(device, onnx)
+    return f"cuda:{index}"
+
+
+def require_device(device: Device, onnx: bool = False) -> None:
+    """A ValueError saying why `device` cannot be used, or nothing."""
+    kind, index = parse_device(device)
+    if kind != "cuda":
+        return
+    gpus = _torch_gpus()
+    if index is None or index >= gpus:
+        seen = f"{gpus} CUDA device(s) visible" if gpus else "no CUDA device visible (a CPU-only torch, or no GPU)"
+        raise ValueError(f"device {device!r} does not exist: {seen}")
+    if onnx and not _ort_cuda():
+        raise ValueError(f"device {device!r} needs onnxruntime-gpu (the CUDA execution provider is not installed)")
 
 
 class OrtRunner:
     device = "cpu"
 
-    def __init__(self, export: OnnxExport, intra_op_threads: int | None, providers: list[str]) -> None:
+    def __init__(self, export: OnnxExport, intra_op_threads: int | None, providers: list[Any]) -> None:
         self.encoder = inference_session(export.encoder, intra_op_threads, providers)
         self.decoder = inference_session(export.decoder, intra_op_threads, providers)
 
@@ -69,13 +99,16 @@ class CudaOrtRunner(OrtRunner):
     Untested here (no GPU on the development machine); guarded by `open_runner`.
     """
 
-    device = "cuda"
+    def __init__(self, export: OnnxExport, intra_op_threads: int | None, providers: list[Any], index: int = 0) -> None:
+        super().__init__(export, intra_op_threads, providers)
+        self.index = index  # the provider's device_id; every device OrtValue is allocated there too
+        self.device = f"cuda:{index}"
 
     def encode(self, source_ids: list[int], eos_id: int) -> tuple[Any, Any]:
         binding = self.encoder.io_binding()
         binding.bind_cpu_input("src", _source(source_ids, eos_id))
-        binding.bind_output("cross_k", "cuda")
-        binding.bind_output("cross_v", "cuda")
+        binding.bind_output("cross_k", "cuda", self.index)
+        binding.bind_output("cross_v", "cuda", self.index)
         self.encoder.run_with_iobinding(binding)
         k, v = binding.get_outputs()
         return k, v
@@ -84,7 +117,10 @@ class CudaOrtRunner(OrtRunner):
         import onnxruntime as ort
 
         k, v = super().empty_past(cfg)
-        return ort.OrtValue.ortvalue_from_numpy(k, "cuda", 0), ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0)
+        return (
+            ort.OrtValue.ortvalue_from_numpy(k, "cuda", self.index),
+            ort.OrtValue.ortvalue_from_numpy(v, "cuda", self.index),
+        )
 
     def nbytes(self, t: Any) -> int:
         return int(np.prod(t.shape())) * 4
@@ -98,7 +134,10 @@ class CudaOrtRunner(OrtRunner):
         names = [o.name for o in self.decoder.get_outputs()]
         for name in names:
             # The present K/V stay on the device for the next step; only the rest crosses to the host.
-            binding.bind_output(name, "cuda" if name.startswith("present_") else "cpu")
+            if name.startswith("present_"):
+                binding.bind_output(name, "cuda", self.index)
+            else:
+                binding.bind_output(name, "cpu")
         self.decoder.run_with_iobinding(binding)
         outputs = binding.get_outputs()
         return tuple(o if n.startswith("present_") else o.numpy() for n, o in zip(names, outputs, strict=True))
@@ -123,12 +162,23 @@ def inference_session(path: Path, intra_op_threads: int | None, providers: list[
 
 def cuda_available() -> bool:
     """onnxruntime-gpu with the CUDA provider, and a GPU torch can see."""
+    return _ort_cuda() and _torch_gpus() > 0
+
+
+def _ort_cuda() -> bool:
     try:
         import onnxruntime as ort
-        import torch
     except ImportError:
         return False
-    return "CUDAExecutionProvider" in ort.get_available_providers() and torch.cuda.is_available()
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def _torch_gpus() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _source(source_ids: list[int], eos_id: int) -> np.ndarray:

@@ -1,15 +1,24 @@
-"""structlog JSON lines on stderr, the format of every specdec service's log."""
+"""structlog JSON lines, the format of every specdec service's log: on stderr, or on stdout when
+`SPECDEC_LOG_STREAM=stdout` (the container image sets it, so `docker logs` and log shippers read the
+JSON stream from stdout, as twelve-factor services do; on a terminal stderr keeps `serve`'s stdout to
+the one line that names the address)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import structlog
 
+LOG_STREAM_ENV = "SPECDEC_LOG_STREAM"
+
 
 def configure_logging(level: int = logging.INFO) -> None:
-    """structlog JSON lines on stderr; every line of a request carries its `request_id`."""
+    """structlog JSON lines on stderr (or stdout, see above); every line of a request carries its `request_id`."""
+    stream = os.environ.get(LOG_STREAM_ENV, "stderr").lower()
+    if stream not in ("stderr", "stdout"):
+        raise ValueError(f"{LOG_STREAM_ENV}: must be stderr or stdout; got {stream!r}")
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -19,6 +28,6 @@ def configure_logging(level: int = logging.INFO) -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(sys.stdout if stream == "stdout" else sys.stderr),
         cache_logger_on_first_use=False,
     )

@@ -12,7 +12,7 @@ from dataclasses import Field, fields
 from pathlib import Path
 
 from core.backends import BACKENDS, DEFAULT_BACKEND
-from core.config import DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS
+from core.config import DEVICE_HELP, DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS
 from core.errors import SpecdecError
 
 # Where `decode` looks for a bundle when --bundle is not given.
@@ -136,8 +136,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     overrides = {
         "gateway": {"address": args.gateway_addr, "verifier_address": args.verifier_addr,
                     "drafter_address": args.drafter_addr},
-        "verifier": {"address": args.verifier_addr, "backend": args.backend},
-        "drafter": {"address": args.drafter_addr, "backend": args.backend},
+        "verifier": {"address": args.verifier_addr, "backend": args.backend, "device": args.device},
+        "drafter": {"address": args.drafter_addr, "backend": args.backend, "device": args.device},
     }
     sections = load_sections(args.config, overrides=overrides)
     # Every role gets the default bundle (the gateway reads its tokenizer), as the README says.
@@ -166,6 +166,31 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         print(f"specdec generate: error: {exc}", file=sys.stderr)
         return 2
     print(format_record(record, args.json), flush=True)
+    return 0
+
+
+def _cmd_health(args: argparse.Namespace) -> int:
+    """Exit 0 only when the server at --addr reports SERVING over grpc.health.v1 (compose healthchecks)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from serving.tls import ClientTLS, open_channel
+
+    tls = ClientTLS(args.tls_ca) if args.tls_ca else None
+    with open_channel(args.addr, tls, []) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
+            )
+        except grpc.RpcError as exc:  # down, draining or unreachable: one line, no traceback
+            print(f"specdec health: error: {args.addr}: {exc.code().name} {exc.details() or ''}".rstrip(),
+                  file=sys.stderr)
+            return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    if reply.status != health_pb2.HealthCheckResponse.SERVING:
+        print(f"specdec health: error: {args.addr}: {status}", file=sys.stderr)
+        return 1
+    print(f"{args.addr}: {status}")
     return 0
 
 
@@ -244,7 +269,16 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verifier-addr", help=f"verifier address (default {VERIFIER_ADDRESS})")
     p.add_argument("--drafter-addr", help=f"drafter address (default {DRAFTER_ADDRESS})")
     p.add_argument("--backend", choices=BACKENDS, default=None, help=BACKEND_HELP)
+    p.add_argument("--device", help=f"where the verifier's and drafter's models run: {DEVICE_HELP} "
+                   "(default: auto, or the [verifier] and [drafter] device keys of the config)")
     p.set_defaults(run=_cmd_serve)
+
+    p = sub.add_parser("health", help="exit 0 when a server reports SERVING (grpc.health.v1), else 1")
+    p.add_argument("--addr", default=GATEWAY_ADDRESS, help=f"server address (default {GATEWAY_ADDRESS})")
+    p.add_argument("--service", default="", help="service name to ask about (default: the whole server)")
+    p.add_argument("--timeout", type=float, default=3.0, help="deadline in seconds")
+    p.add_argument("--tls-ca", help="connect over TLS, checking the server's certificate against this PEM CA")
+    p.set_defaults(run=_cmd_health)
 
     p = sub.add_parser("generate", help="decode one text through a running gateway")
     p.add_argument("text")

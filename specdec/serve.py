@@ -70,20 +70,21 @@ async def start_services(
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; choose one of {ROLES}")
     config = serve_config(sections)
+    _check_devices(role, config)
     running = Running()
     loaded = load_bundle(bundle) if bundle is not None and role == "all" else None
     if role in ("verifier", "all"):
         v = config.verifier
         running.verifier = await start_verifier(
             loaded or _need(bundle), v.address, config.verifier_limits, v.metrics_address, v.backend,
-            tls=ServerTLS.of(v),
+            tls=ServerTLS.of(v), device=v.device,
         )
         running.addresses["verifier"] = _with_port(v.address, running.verifier.host.port)
     if role in ("drafter", "all"):
         d = config.drafter
         running.drafter = await start_drafter(
             loaded or _need(bundle), d.address, config.drafter_limits, d.metrics_address, backend=d.backend,
-            tls=ServerTLS.of(d),
+            tls=ServerTLS.of(d), device=d.device,
         )
         running.addresses["drafter"] = _with_port(d.address, running.drafter.host.port)
     if role in ("gateway", "all"):
@@ -170,6 +171,19 @@ def _model_service(section: str, table: Mapping[str, Any], limits_cls: type) -> 
     check_security_keys(section, service)
     service.setdefault("address", SERVICE_ADDRESSES[section])
     return ServiceSection(**service), limits_cls(**limits)
+
+
+def _check_devices(role: str, config: ServeConfig) -> None:
+    """A GPU that is not there fails here, in one line naming the section, before any bundle loads."""
+    from seq2seq_models.ort_runner import require_device
+
+    for name, section in (("verifier", config.verifier), ("drafter", config.drafter)):
+        if role in (name, "all"):
+            try:
+                # torch must see the GPU (bundles load through it); ONNX Runtime needs its CUDA provider too.
+                require_device(section.device, onnx=section.backend == "onnxruntime")
+            except ValueError as exc:
+                raise ValueError(f"[{name}] device: {exc}") from None
 
 
 def _need(bundle: Path | None) -> Path:

@@ -41,23 +41,28 @@ async def start_verifier(
     metrics_address: str | None = None,
     backend: str = "torch",
     tls: ServerTLS | None = None,
+    device: str | None = None,
 ) -> VerifierServer:
-    """Load the bundle's verifier on `backend`, start serving on `address`, warm up, then report SERVING."""
+    """Load the bundle's verifier on `backend` and `device`, start serving on `address`, warm up, then
+    report SERVING."""
     if not isinstance(bundle, ModelBundle):
         bundle = load_bundle(bundle, roles=["verifier"])
-    return await VerifierServer(bundle, limits or VerifierLimits(), backend).start(address, metrics_address, tls)
+    server = VerifierServer(bundle, limits or VerifierLimits(), backend, device)
+    return await server.start(address, metrics_address, tls)
 
 
 class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
     step_seconds_help = "time spent in verify steps"
     draft_tokens_help = "draft tokens scored"
 
-    def __init__(self, bundle: ModelBundle, limits: VerifierLimits, backend: str = "torch") -> None:
+    def __init__(
+        self, bundle: ModelBundle, limits: VerifierLimits, backend: str = "torch", device: str | None = None
+    ) -> None:
         add_to_server = verifier_pb2_grpc.add_VerifierServiceServicer_to_server
         super().__init__("verifier", SERVICE, limits.max_sessions, add_to_server, limits.session_idle_s)
         self.bundle = bundle
         self.limits = limits
-        self.verifier = make_verifier(bundle, backend)
+        self.verifier = make_verifier(bundle, backend, device=device)
         cfg = bundle.verifier.config
         self.max_source_len = min(limits.max_source_len or self.verifier.max_source_len, self.verifier.max_source_len)
         self.max_output_len = self.verifier.max_target_len
@@ -72,7 +77,7 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
             bundle_fingerprint=bundle.fingerprint,
             max_source_len=self.max_source_len,
             max_target_len=self.max_output_len,
-            backend=f"{backend}-{bundle.verifier.embed.weight.device.type}",
+            backend=f"{backend}-{self.verifier.device}",  # e.g. "onnxruntime-cuda:1", "torch-cpu"
             roles=[common_pb2.MODEL_ROLE_VERIFIER],
             max_draft_len=limits.max_draft_len,
             # Speculative sampling asks for the whole distribution (top_k = vocab).

@@ -75,19 +75,26 @@ class LocalVerifier(ModelVerifier):
         super().__init__(model.config)
         self.model = model
         self.head = head
+        self.device = str(model.embed.weight.device)  # "cpu" or "cuda:N", for GetModelInfo.backend
 
     def open(self, source_ids: list[int]) -> VerifierSession:
         return VerifierSession(self.model, source_ids, self.head)
 
 
-def make_verifier(bundle, backend: str = "torch", head=output_head, **onnx_options):
+def make_verifier(bundle, backend: str = "torch", head=output_head, device: str | None = None, **onnx_options):
     """The bundle's verifier on `backend`: "torch" (eager, `LocalVerifier`) or "onnxruntime"
     (`OnnxVerifier`, exported on first use and cached by bundle fingerprint; `onnx_options` go to
-    `OnnxVerifier.from_bundle`: cache_root, device, intra_op_threads)."""
+    `OnnxVerifier.from_bundle`: cache_root, intra_op_threads). `device` ("auto", "cpu", "cuda",
+    "cuda:N"; None keeps each backend's default): where the model runs; a missing GPU is a ValueError."""
     if backend == "torch":
-        return LocalVerifier(bundle.verifier, head=head)
+        model = bundle.verifier
+        if device is not None:
+            from seq2seq_models.ort_runner import resolve_device
+
+            model = model.to(resolve_device(device))
+        return LocalVerifier(model, head=head)
     if backend == "onnxruntime":
         from verifier_service.onnx_backend import OnnxVerifier  # onnxruntime is only needed here
 
-        return OnnxVerifier.from_bundle(bundle, **onnx_options)
+        return OnnxVerifier.from_bundle(bundle, device=device, **onnx_options)
     raise invalid(f"unknown verifier backend {backend!r}; expected one of {', '.join(BACKENDS)}")

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Build deploy/Dockerfile from the repository root:
+#   deploy/build-image.sh [--tag NAME:TAG] [--variant cpu|cuda] [extra docker build args...]
+# Stages what the build needs but git must not hold in deploy/.build/ (ignored): the CPU torch wheel
+# from $SPECDEC_WHEELS or $PIP_FIND_LINKS (PyPI's torch is the multi-GB CUDA build), and the CA bundle
+# that $PIP_CERT names (pip behind a TLS proxy). The CA stays in the build stage, never in the image.
+# Builds the base image first when it is missing (deploy/build-base-image.sh) — no registry needed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+tag=specdec:latest
+variant=cpu
+base=specdec-base:bookworm
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tag) tag=$2; shift 2 ;;
+    --variant) variant=$2; shift 2 ;;
+    --base) base=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
+
+stage=deploy/.build
+rm -rf "$stage" && mkdir -p "$stage/wheels"
+wheels="${SPECDEC_WHEELS:-${PIP_FIND_LINKS:-}}"
+if [ "$variant" = cpu ]; then
+  [ -n "$wheels" ] && ls "$wheels"/torch-*+cpu-*.whl >/dev/null 2>&1 || {
+    echo "the CPU image needs a torch CPU wheel: set SPECDEC_WHEELS (or PIP_FIND_LINKS) to its directory" >&2
+    exit 1
+  }
+  cp "$wheels"/torch-*+cpu-*.whl "$stage/wheels/"
+fi
+if [ -n "${PIP_CERT:-}" ] && [ -s "$PIP_CERT" ]; then
+  cp "$PIP_CERT" "$stage/ca.pem"
+fi
+
+if [ "$base" = specdec-base:bookworm ]; then
+  deploy/build-base-image.sh "$base"
+fi
+# --network host: the build's pip reaches PyPI the way the host does (no bridge networks here).
+docker build --network host -f deploy/Dockerfile --build-arg "BASE_IMAGE=$base" --build-arg "VARIANT=$variant" \
+  -t "$tag" "$@" .
+docker image ls "$tag"
