@@ -319,3 +319,14 @@ def _dead_address() -> str:
     with socket.socket() as s:  # bound then closed: nothing listens there
         s.bind(("127.0.0.1", 0))
         return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_the_example_config_is_valid_and_sets_every_key_it_shows() -> None:
+    """config/specdec.example.toml is what users copy: it must load, and what it sets must be used."""
+    path = ROOT / "config" / "specdec.example.toml"
+    sections = load_sections(path, environ={})
+    config = serve_config(sections)
+    assert config.verifier.address == sections["verifier"]["address"]
+    assert config.drafter.device == sections["drafter"]["device"]
+    assert config.gateway.max_text_chars == sections["gateway"]["max_text_chars"]
+    assert config.gateway.defaults.mode == Mode(sections["defaults"]["mode"])
