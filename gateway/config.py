@@ -32,6 +32,10 @@ class GatewayConfig:
     drafter_timeout_s: float = 30.0  # the drafter's share of a request; past it, fall back
     startup_timeout_s: float = 60.0  # how long start-up waits for the verifier
     drafter_retry_s: float = 1.0  # after a drafter failure, skip it this long before retrying
+    # SIGTERM: in-flight requests get drain_grace_s to finish, then are cancelled (UNAVAILABLE); new
+    # requests are answered UNAVAILABLE by the handler for at least drain_notice_s before the listener closes.
+    drain_grace_s: float = 10.0
+    drain_notice_s: float = 0.5
     # "ar": degrade to plain AR through the verifier when the drafter fails; "fail": UNAVAILABLE.
     fallback: str = field(default="ar", metadata={"choices": FALLBACK_POLICIES})
     # Security (README "Security"; core.config.check_security_keys checks them together).

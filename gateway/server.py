@@ -51,6 +51,10 @@ from serving.tls import ServerTLS, open_channel, peer_tls
 
 # How close to its deadline a request must be for an unexplained end of its RPC to count as the deadline.
 _DEADLINE_SLACK_S = 0.02
+# Stopping after the drain grace: how long the UNAVAILABLE answers of cancelled requests may take to
+# be sent, and how long cancelled workers may take to return (their peer calls are cancelled at once).
+_STOP_FLUSH_S = 0.5
+_WORKERS_STOP_S = 2.0
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name
 
 
@@ -77,6 +81,10 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.drafter_info: common_pb2.ModelInfo | None = None
         self._drafter_lock = threading.Lock()
         self._drafter_retry_at = 0.0
+        # Requests whose handler is running, by their cancel switch: what a drain waits for and,
+        # once its grace is over, cancels.
+        self._inflight: set[Cancellation] = set()
+        self._stopping = False
         self.pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="gateway-decode")
         self.registry = Registry()
         self._define_metrics()
@@ -154,9 +162,35 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         log.info("drafter_down_fallback_to_ar")
         self.m_degraded.inc()
 
-    async def stop(self, grace: float = 10.0) -> None:
-        await self.host.drain(grace)
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain: new requests get UNAVAILABLE from the handler, in-flight ones get `grace` seconds
+        (default `drain_grace_s`), then what is left is cancelled through its `Cancellation` and
+        answered UNAVAILABLE, so no worker thread outlives the server (it would keep the process up)."""
+        grace = self.config.drain_grace_s if grace is None else grace
+        if self.host.draining:
+            return
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await self.host.begin_drain(grace)
+        # The listener stays open: grpc.aio's server.stop() would refuse new calls at the transport,
+        # and one that races the stop is reported CANCELLED by grpc; here its handler answers
+        # UNAVAILABLE with a reason. The notice window also covers clients that watch health.
+        notice = min(self.config.drain_notice_s, grace)
+        while loop.time() - started < grace and (loop.time() - started < notice or self._inflight):
+            await asyncio.sleep(0.02)
+        left = list(self._inflight)
+        if left:
+            self.log.warning("drain_grace_expired", cancelled=len(left))
+        self._stopping = True
+        for cancellation in left:
+            cancellation.cancel()
+        # The cancelled handlers abort UNAVAILABLE right away; a short grace lets those answers out.
+        await self.host.finish_drain(_STOP_FLUSH_S if left else 0.0)
         self.pool.shutdown(wait=False, cancel_futures=True)
+        # A cancelled worker returns at its next peer call or block; wait (bounded) for it to be gone.
+        deadline = loop.time() + _WORKERS_STOP_S
+        while self.m_active.value() > 0 and loop.time() < deadline:
+            await asyncio.sleep(0.02)
         self.verifier_channel.close()
         if self.drafter_channel is not None:
             self.drafter_channel.close()
@@ -236,6 +270,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         started = time.perf_counter()
         # However the RPC ends (cancel, deadline, a dead client, or done), the worker stops with it.
         context.add_done_callback(lambda _: cancellation.cancel())
+        self._inflight.add(cancellation)
         try:
             if self.host.draining:
                 raise SpecdecError(StatusCode.UNAVAILABLE, "the gateway is draining")
@@ -252,6 +287,11 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             self._count_gone(context, log)
             raise
         except RequestCancelled:
+            if self._stopping and not context.done():
+                # Cancelled by the drain, not by its client: tell the client why.
+                self.m_errors.inc(code=StatusCode.UNAVAILABLE.value)
+                log.info("request_cancelled_by_shutdown")
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "the gateway shut down before the request finished")
             # The RPC already ended (the done callback or the stream's end cancelled the work).
             self._count_gone(context, log)
             raise asyncio.CancelledError() from None
@@ -268,6 +308,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             log.error("peer_failed", peer=exc.peer, code=exc.code.name, details=exc.details)
             await _abort(context, exc.code, str(exc))
         finally:
+            self._inflight.discard(cancellation)
             structlog.contextvars.unbind_contextvars("request_id")
         total_s = time.perf_counter() - started
         self._record(result, config.mode, total_s)

@@ -93,12 +93,23 @@ class ServiceHost:
         self.log.info("serving", **details)
 
     async def drain(self, grace: float = 10.0) -> None:
+        """Refuse new calls and let in-flight ones finish within `grace` seconds, then stop."""
         if self.draining:
             return
+        await self.begin_drain(grace)
+        await self.finish_drain(grace)
+
+    async def begin_drain(self, grace: float) -> None:
+        """Health NOT_SERVING and `draining` set, the listener still open: the owner's handlers answer
+        new calls UNAVAILABLE with a reason while its in-flight calls finish (see GatewayServer.stop)."""
         self.draining = True
         self.log.info("draining", grace_s=grace)
         for service in ["", *self.service_names]:
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def finish_drain(self, grace: float) -> None:
+        """Close the listener; calls still running after `grace` seconds are cancelled by grpc."""
+        self.log.info("closing_listener", grace_s=grace)
         await self.server.stop(grace)
         if self._metrics is not None:
             self._metrics.stop()

@@ -101,9 +101,18 @@ async def start_services(
     return running
 
 
-async def stop_services(running: Running, grace: float = 10.0) -> None:
+# How long the drafter and verifier let their in-flight sessions finish when they stop.
+MODEL_GRACE_S = 10.0
+
+
+async def stop_services(running: Running, grace: float | None = None) -> None:
+    """Stop every server; `grace` None: the gateway's `drain_grace_s`, MODEL_GRACE_S for the models.
+    After the gateway's drain its requests have ended, so the models' own drains are short."""
     for server in running.servers():
-        await server.stop(grace)
+        if grace is None and server is not running.gateway:
+            await server.stop(MODEL_GRACE_S)
+        else:
+            await server.stop(grace)
 
 
 def serve_forever(
@@ -111,7 +120,7 @@ def serve_forever(
     bundle: Path | None,
     sections: Mapping[str, Mapping[str, Any]],
     on_ready: Callable[[Running], None],
-    grace: float = 10.0,
+    grace: float | None = None,
 ) -> None:
     """Start, call `on_ready` once everything is SERVING, then drain on SIGTERM / SIGINT."""
     import signal

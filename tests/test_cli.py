@@ -159,3 +159,43 @@ def test_decoding_flags_keep_their_names_types_and_choices():
     overrides = decoding_overrides(args)
     assert {k: v for k, v in overrides.items() if v is not None} == {"mode": "gad++", "num_beams": 3, "top_p": 0.5}
     assert DecodingConfig().with_overrides(overrides) == DecodingConfig(mode=Mode.GAD_PLUS_PLUS, num_beams=3, top_p=0.5)
+
+
+def test_serve_gateway_without_bundle_uses_the_shipped_tokenizer():
+    """`specdec serve gateway` with no --bundle reads bundles/ua-gec's tokenizer, so it starts against
+    a verifier and drafter serving that bundle (their tokenizer fingerprints must match) and answers."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from gateway.wire import overrides_to_wire
+    from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
+    from specdec.cli import DEFAULT_BUNDLE_DIR, DEFAULT_BUNDLE_ENV
+    from specdec.serve import ServiceStack
+    from tests.services.conftest import free_port, wait_ready_line
+
+    models = {"verifier": {"address": "127.0.0.1:0"}, "drafter": {"address": "127.0.0.1:0"},
+              "gateway": {"address": "127.0.0.1:0"}}
+    with ServiceStack("all", DEFAULT_BUNDLE_DIR, models) as stack:
+        addresses = stack.running.addresses
+        env = {k: v for k, v in os.environ.items() if k != DEFAULT_BUNDLE_ENV}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "specdec", "serve", "gateway", "--gateway-addr", f"127.0.0.1:{free_port()}",
+             "--verifier-addr", addresses["verifier"], "--drafter-addr", addresses["drafter"]],
+            env={**env, "PYTHONWARNINGS": "ignore"}, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        try:
+            address = wait_ready_line(proc, 60)
+            with grpc.insecure_channel(address) as channel:
+                health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+                assert health.status == health_pb2.HealthCheckResponse.SERVING
+                request = gateway_pb2.GenerateRequest(
+                    text=TEXTS[1], config=overrides_to_wire({"mode": "gad", "k": 4, "max_new_tokens": 16, "seed": 1})
+                )
+                via_new = gateway_pb2_grpc.GatewayServiceStub(channel).Generate(request, timeout=60)
+            with grpc.insecure_channel(addresses["gateway"]) as channel:
+                via_stack = gateway_pb2_grpc.GatewayServiceStub(channel).Generate(request, timeout=60)
+            assert via_new.output_ids and list(via_new.output_ids) == list(via_stack.output_ids)
+            assert via_new.text == via_stack.text
+        finally:
+            proc.kill()
+            proc.wait(30)
