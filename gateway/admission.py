@@ -180,7 +180,10 @@ class _Slot:
         admitted = asyncio.get_running_loop().create_future()
         ticket.on_admit = lambda: admitted.done() or admitted.set_result(None)
         try:
-            await asyncio.wait_for(admitted, self.timeout)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation that
+            # lands as the future completes, and a request whose client is gone would then run.
+            async with asyncio.timeout(self.timeout):
+                await admitted
         except TimeoutError:
             self._leave()
             raise SpecdecError(
