@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -20,8 +19,7 @@ from core.wire import sampling_from_wire
 from drafter_service.session import DRAFTER_ROLES, DrafterSession, LocalDrafter, make_drafter
 from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, bundle_roles, load_bundle
-from serving.model_service import ModelService, check_service_limits, make_model_info
-from serving.tls import ServerTLS
+from serving.model_service import ModelService, SessionLimits, make_model_info
 
 SERVICE = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"]
 
@@ -29,41 +27,23 @@ _ROLE_ENUM = {"nar_drafter": common_pb2.MODEL_ROLE_NAR_DRAFTER, "ar_drafter": co
 
 
 @dataclass(frozen=True)
-class DrafterLimits:
-    max_sessions: int = 64  # concurrent Draft streams; more is RESOURCE_EXHAUSTED
+class DrafterLimits(SessionLimits):
+    section = "drafter"
     max_draft_len: int = 64  # k / gamma per step; more is OUT_OF_RANGE
     # Beams per AR beam draft; more is OUT_OF_RANGE. A step's cost grows with beams x vocabulary,
     # and it holds the one model worker every session shares (8,000 beams took 30 s and 4.3 GB).
     max_beams: int = 16
-    # A Draft stream with no message for this long is ended (DEADLINE_EXCEEDED) and its session
-    # freed, so idle clients cannot hold every session; 0: never.
-    session_idle_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        check_service_limits("drafter", self.max_sessions, self.session_idle_s)
-
-
-async def start_drafter(
-    bundle: str | Path | ModelBundle,
-    address: str = "127.0.0.1:0",
-    limits: DrafterLimits | None = None,
-    metrics_address: str | None = None,
-    roles: Iterable[str] | None = None,
-    backend: str = "torch",
-    tls: ServerTLS | None = None,
-    device: str | None = None,
-) -> DrafterServer:
-    """Load the bundle's drafter(s), the NAR one on `backend`, start serving on `address`, warm up,
-    then report SERVING."""
-    if not isinstance(bundle, ModelBundle):
-        bundle = _load_drafters(Path(bundle), roles)
-    server = DrafterServer(bundle, limits or DrafterLimits(), backend, device)
-    return await server.start(address, metrics_address, tls)
 
 
 class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
     step_seconds_help = "time spent drafting, by kind"
     draft_tokens_help = "draft tokens made, by kind"
+    limits_type = DrafterLimits
+
+    @staticmethod
+    def load_models(bundle: str | Path | ModelBundle) -> ModelBundle:
+        """The bundle's NAR and/or AR drafter (whichever it has)."""
+        return bundle if isinstance(bundle, ModelBundle) else _load_drafters(Path(bundle))
 
     def __init__(
         self, bundle: ModelBundle, limits: DrafterLimits, backend: str = "torch", device: str | None = None
@@ -151,9 +131,9 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
         return drafter_pb2.DraftResponse(result=result)
 
 
-def _load_drafters(path: Path, roles: Iterable[str] | None) -> ModelBundle:
+def _load_drafters(path: Path) -> ModelBundle:
     available = bundle_roles(path)
-    wanted = [r for r in (roles or DRAFTER_ROLES) if r in available]
+    wanted = [r for r in DRAFTER_ROLES if r in available]
     if not wanted:
         raise ValueError(f"bundle {path} has no drafter model")
     return load_bundle(path, roles=wanted)

@@ -8,13 +8,15 @@ model config is anything with the token ids and `vocab_size` (`ModelIds`), limit
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol, Self
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, Self
 
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message_factory import GetMessageClass
 
 from core.checks import check_source_ids
+from core.config import ServiceSection
 from core.wire import SPECIAL_ID_FIELDS, source_len_to_wire, target_len_to_wire
 from protos.specdec.v1 import common_pb2
 from serving.host import ServiceHost
@@ -45,6 +47,7 @@ class ModelService:
     """
 
     model_info: common_pb2.ModelInfo
+    limits_type: ClassVar[type[SessionLimits]]
     # Interface limits (without the source's EOS / the decoder start token; core.wire converts).
     max_source_len: int
     max_output_len: int
@@ -80,9 +83,22 @@ class ModelService:
         r.on_collect(lambda: self.m_kv.set(sum(_cache_bytes(s) for s in list(self.streams.sessions))))
         add_to_server(self, self.host.server)
 
-    async def start(self, address: str, metrics_address: str | None = None, tls: ServerTLS | None = None) -> Self:
-        """Listen, warm up, then report SERVING (health says NOT_SERVING until the model is warm)."""
-        await self.host.start(address, metrics_address, tls)
+    @classmethod
+    async def start(cls, bundle: Any, section: ServiceSection, limits: SessionLimits | None = None) -> Self:
+        """Load the service's models from `bundle` (a directory, or a loaded bundle), on the section's
+        backend and device; serve them as the section says; warm up; report SERVING."""
+        server = cls(cls.load_models(bundle), limits or cls.limits_type(), section.backend, section.device)
+        return await server.serve(section)
+
+    @staticmethod
+    def load_models(bundle: Any) -> Any:
+        """The bundle with the models this service hosts loaded (`bundle` may be loaded already)."""
+        raise NotImplementedError
+
+    async def serve(self, section: ServiceSection) -> Self:
+        """Listen where the config section says (address, metrics endpoint, TLS), warm up, then report
+        SERVING (health says NOT_SERVING until the model is warm)."""
+        await self.host.start(section.address, section.metrics_address, ServerTLS.of(section))
         await self.warm_up()
         await self.host.set_serving(backend=self.model_info.backend, bundle=self.model_info.bundle_fingerprint[:16])
         return self
@@ -160,9 +176,21 @@ def _cache_bytes(session: Any) -> int:
         return 0
 
 
-def check_service_limits(section: str, max_sessions: int, session_idle_s: float) -> None:
-    """The admission limits every model service has, checked as the config is read (ValueError)."""
-    if max_sessions < 1:
-        raise ValueError(f"[{section}] max_sessions: must be at least 1; got {max_sessions}")
-    if session_idle_s < 0:
-        raise ValueError(f"[{section}] session_idle_s: must be positive, or 0 for never; got {session_idle_s}")
+@dataclass(frozen=True)
+class SessionLimits:
+    """The admission limits every model service has (its config section's keys), checked as the
+    config is read (ValueError naming `[section] key`)."""
+
+    section: ClassVar[str]  # the config section: "verifier" or "drafter"
+    max_sessions: int = 64  # concurrent session streams; more is RESOURCE_EXHAUSTED
+    # A stream with no message for this long is ended (DEADLINE_EXCEEDED) and its session freed, so
+    # idle clients cannot hold every session; 0: never.
+    session_idle_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_sessions < 1:
+            raise ValueError(f"[{self.section}] max_sessions: must be at least 1; got {self.max_sessions}")
+        if self.session_idle_s < 0:
+            raise ValueError(
+                f"[{self.section}] session_idle_s: must be positive, or 0 for never; got {self.session_idle_s}"
+            )

@@ -61,11 +61,10 @@ async def start_services(
     sections: Mapping[str, Mapping[str, Any]],
 ) -> Running:
     """Start `role`'s server(s) from merged config sections (see core.config)."""
-    from drafter_service.server import start_drafter
+    from drafter_service.server import DrafterServer
     from gateway.server import start_gateway
     from seq2seq_models.bundle import load_bundle
-    from serving.tls import ServerTLS
-    from verifier_service.server import start_verifier
+    from verifier_service.server import VerifierServer
 
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; choose one of {ROLES}")
@@ -75,17 +74,11 @@ async def start_services(
     loaded = load_bundle(bundle) if bundle is not None and role == "all" else None
     if role in ("verifier", "all"):
         v = config.verifier
-        running.verifier = await start_verifier(
-            loaded or _need(bundle), v.address, config.verifier_limits, v.metrics_address, v.backend,
-            tls=ServerTLS.of(v), device=v.device,
-        )
+        running.verifier = await VerifierServer.start(loaded or _need(bundle), v, config.verifier_limits)
         running.addresses["verifier"] = _with_port(v.address, running.verifier.host.port)
     if role in ("drafter", "all"):
         d = config.drafter
-        running.drafter = await start_drafter(
-            loaded or _need(bundle), d.address, config.drafter_limits, d.metrics_address, backend=d.backend,
-            tls=ServerTLS.of(d), device=d.device,
-        )
+        running.drafter = await DrafterServer.start(loaded or _need(bundle), d, config.drafter_limits)
         running.addresses["drafter"] = _with_port(d.address, running.drafter.host.port)
     if role in ("gateway", "all"):
         from seq2seq_models.tokenizer import Tokenizer

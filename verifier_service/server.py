@@ -14,46 +14,27 @@ from core.checks import check_draft_len, check_ids, check_length, check_wire_top
 from core.wire import sends_candidates, session_top_k
 from protos.specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, load_bundle
-from serving.model_service import ModelService, check_service_limits, make_model_info
-from serving.tls import ServerTLS
+from serving.model_service import ModelService, SessionLimits, make_model_info
 from verifier_service.session import VerifierSession, make_verifier
 
 SERVICE = verifier_pb2.DESCRIPTOR.services_by_name["VerifierService"]
 
 
 @dataclass(frozen=True)
-class VerifierLimits:
-    max_sessions: int = 64  # concurrent Verify streams; more is RESOURCE_EXHAUSTED
+class VerifierLimits(SessionLimits):
+    section = "verifier"
     max_draft_len: int = 128  # draft_ids per step; more is OUT_OF_RANGE
     max_source_len: int | None = None  # None: the model's own limit
-    # A Verify stream with no message for this long is ended (DEADLINE_EXCEEDED) and its session
-    # freed, so idle clients cannot hold every session; 0: never.
-    session_idle_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        check_service_limits("verifier", self.max_sessions, self.session_idle_s)
-
-
-async def start_verifier(
-    bundle: str | Path | ModelBundle,
-    address: str = "127.0.0.1:0",
-    limits: VerifierLimits | None = None,
-    metrics_address: str | None = None,
-    backend: str = "torch",
-    tls: ServerTLS | None = None,
-    device: str | None = None,
-) -> VerifierServer:
-    """Load the bundle's verifier on `backend` and `device`, start serving on `address`, warm up, then
-    report SERVING."""
-    if not isinstance(bundle, ModelBundle):
-        bundle = load_bundle(bundle, roles=["verifier"])
-    server = VerifierServer(bundle, limits or VerifierLimits(), backend, device)
-    return await server.start(address, metrics_address, tls)
 
 
 class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
     step_seconds_help = "time spent in verify steps"
     draft_tokens_help = "draft tokens scored"
+    limits_type = VerifierLimits
+
+    @staticmethod
+    def load_models(bundle: str | Path | ModelBundle) -> ModelBundle:
+        return bundle if isinstance(bundle, ModelBundle) else load_bundle(bundle, roles=["verifier"])
 
     def __init__(
         self, bundle: ModelBundle, limits: VerifierLimits, backend: str = "torch", device: str | None = None

@@ -11,8 +11,16 @@ from __future__ import annotations
 
 import pytest
 
+from seq2seq_models.bundle import make_tiny_bundle
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if "/tests/faults/" in str(item.path).replace("\\", "/"):
             item.add_marker(pytest.mark.faults)
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(tmp_path_factory):
+    """The tiny random bundle every fault test serves (one per test file)."""
+    return make_tiny_bundle(tmp_path_factory.mktemp("faults-bundle"), seed=3)

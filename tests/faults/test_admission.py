@@ -25,7 +25,6 @@ from protos.specdec.v1 import (
     verifier_pb2,
     verifier_pb2_grpc,
 )
-from seq2seq_models.bundle import make_tiny_bundle
 from specdec.serve import ServiceStack
 from tests.services.conftest import wait_until
 
@@ -51,10 +50,6 @@ def _metric(server, name: str) -> float:
     samples = [line.rpartition(" ") for line in text.splitlines() if not line.startswith("#")]
     return sum(float(value) for key, _, value in samples if key.partition("{")[0] == f"specdec_{name}")
 
-
-@pytest.fixture(scope="module")
-def bundle_dir(tmp_path_factory):
-    return make_tiny_bundle(tmp_path_factory.mktemp("admission-bundle"), seed=3)
 
 
 # ---- (a) racing opens -------------------------------------------------------------------------

@@ -15,28 +15,15 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from gateway.wire import overrides_to_wire
-from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
-from seq2seq_models.bundle import make_tiny_bundle
+from protos.specdec.v1 import gateway_pb2_grpc
+from tests.faults.requests import LONG, SHORT
 from tests.faults.servers import Served, metrics, serve_all, serve_separately, stop_all
 from tests.services.conftest import wait_until
 
 STORM = 300  # cancelled requests per storm test
 AT_ONCE = 16
 CANCEL_AFTER_S = 0.05
-# ~200 input tokens and the longest output: each request would decode for far longer than 50 ms.
-LONG = gateway_pb2.GenerateRequest(
-    input_ids=[10 + (i * 7) % 140 for i in range(200)],
-    config=overrides_to_wire({"mode": "gad", "k": 4, "max_new_tokens": 255, "seed": 1}),
-)
-SHORT = gateway_pb2.GenerateRequest(
-    text="We have been living.", config=overrides_to_wire({"mode": "gad", "k": 4, "max_new_tokens": 8, "seed": 1})
-)
 
-
-@pytest.fixture(scope="module")
-def bundle_dir(tmp_path_factory):
-    return make_tiny_bundle(tmp_path_factory.mktemp("faults-bundle"), seed=3)
 
 
 @pytest.fixture

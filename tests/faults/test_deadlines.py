@@ -12,28 +12,15 @@ import threading
 import time
 
 import grpc
-import pytest
 
-from gateway.wire import overrides_to_wire
-from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
-from seq2seq_models.bundle import make_tiny_bundle
+from protos.specdec.v1 import gateway_pb2_grpc
+from tests.faults.requests import LONG, SHORT
 from tests.faults.servers import metrics, serve_all
 
 EXPIRING = 150  # client A's requests, 50 ms deadline each
 A_DEADLINE_S = 0.05
 B_REQUESTS = 60
-LONG = gateway_pb2.GenerateRequest(
-    input_ids=[10 + (i * 7) % 140 for i in range(200)],
-    config=overrides_to_wire({"mode": "gad", "k": 4, "max_new_tokens": 255, "seed": 1}),
-)
-SHORT = gateway_pb2.GenerateRequest(
-    text="We have been living.", config=overrides_to_wire({"mode": "gad", "k": 4, "max_new_tokens": 8, "seed": 1})
-)
 
-
-@pytest.fixture(scope="module")
-def bundle_dir(tmp_path_factory):
-    return make_tiny_bundle(tmp_path_factory.mktemp("faults-bundle"), seed=3)
 
 
 def test_expired_deadlines_degrade_no_other_client(bundle_dir, tmp_path):

@@ -9,7 +9,6 @@ import statistics
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -17,7 +16,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import drafter_pb2, drafter_pb2_grpc, gateway_pb2, gateway_pb2_grpc
-from seq2seq_models.bundle import make_tiny_bundle
 from specdec.serve import ServiceStack
 
 TEXT = "We have been living in this city."
@@ -34,10 +32,6 @@ def _sections(**gateway: object) -> dict[str, dict[str, object]]:
         "gateway": {"address": "127.0.0.1:0", **gateway},
     }
 
-
-@pytest.fixture(scope="module")
-def bundle_dir(tmp_path_factory) -> Path:
-    return make_tiny_bundle(tmp_path_factory.mktemp("limits-bundle"), seed=3)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ import pytest
 
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
-from seq2seq_models.bundle import make_tiny_bundle
 from tests.faults.servers import serve_separately, stop_all
 from tests.services.conftest import wait_until
 
@@ -29,10 +28,6 @@ DEADLINE_S = 10.0
 def _request(overrides: dict) -> gateway_pb2.GenerateRequest:
     return gateway_pb2.GenerateRequest(text=TEXT, config=overrides_to_wire(overrides))
 
-
-@pytest.fixture(scope="module")
-def bundle_dir(tmp_path_factory):
-    return make_tiny_bundle(tmp_path_factory.mktemp("faults-bundle"), seed=3)
 
 
 @pytest.fixture

@@ -20,32 +20,18 @@ import time
 from pathlib import Path
 
 import grpc
-import pytest
 
-from gateway.wire import overrides_to_wire
-from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
-from seq2seq_models.bundle import make_tiny_bundle
+from protos.specdec.v1 import gateway_pb2_grpc
+from tests.faults.requests import LONG, SHORT
 from tests.faults.servers import write_config
 from tests.services.conftest import REPO, wait_ready_line
 
-# ~200 input tokens, 255 output tokens: about 0.6 s alone, several seconds with 8 decoding at once.
-LONG = gateway_pb2.GenerateRequest(
-    input_ids=[10 + (i * 7) % 140 for i in range(200)],
-    config=overrides_to_wire({"mode": "gad", "k": 4, "max_new_tokens": 255, "seed": 1}),
-)
-SHORT = gateway_pb2.GenerateRequest(
-    text="We have been living.", config=overrides_to_wire({"mode": "gad", "k": 4, "max_new_tokens": 8, "seed": 1})
-)
 DRAINING = "the gateway is draining"
 SHUT_DOWN = "the gateway shut down before the request finished"
 # From the last "stopped" line to the process's exit: interpreter teardown (torch) on a loaded 2-core
 # box takes up to about 1 s; a worker thread left running would hold it for the rest of its request.
 EXIT_AFTER_STOPPED_S = 1.5
 
-
-@pytest.fixture(scope="module")
-def bundle_dir(tmp_path_factory):
-    return make_tiny_bundle(tmp_path_factory.mktemp("faults-bundle"), seed=3)
 
 
 class ServeAll:
