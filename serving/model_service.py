@@ -128,7 +128,8 @@ class ModelService:
         """The `open` message: the source checked here, at the edge, then a session on the worker."""
         source = list(request.source_ids)
         check_source_ids(source, self.model_info.vocab_size, self.max_source_len)
-        session = await self.executor.run(self.open_session, source, request)
+        # A stream cancelled while its session is being made must not leak it: close it once made.
+        session = await self.executor.run_owned(self.open_session, _close, source, request)
         opened = self._opened(source_len=len(source), max_output_len=self.max_output_len)
         return session, self._response(opened=opened)
 
@@ -194,3 +195,7 @@ class SessionLimits:
             raise ValueError(
                 f"[{self.section}] session_idle_s: must be positive, or 0 for never; got {self.session_idle_s}"
             )
+
+
+def _close(session: Any) -> None:
+    session.close()

@@ -31,6 +31,21 @@ class StepExecutor:
     async def run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
+    async def run_owned(self, fn, release, *args):
+        """`run` for work that makes something its caller must release (a session). If the caller is
+        cancelled before the work is done, nobody would receive the result: `release(result)` runs
+        on the worker as soon as the work finishes instead, so nothing is leaked."""
+        future = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(lambda done: self._release_abandoned(done, release))
+            raise
+
+    def _release_abandoned(self, done: asyncio.Future, release) -> None:
+        if not done.cancelled() and done.exception() is None:
+            self.submit(release, done.result())
+
     def submit(self, fn, *args) -> None:
         with contextlib.suppress(RuntimeError):  # shut down: nothing left to free
             self._pool.submit(fn, *args)
