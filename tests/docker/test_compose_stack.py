@@ -47,7 +47,10 @@ def _docker_unavailable() -> str | None:
 def _free_ports(n: int) -> list[int]:
     """n distinct ports below the ephemeral range, free now (the stack binds them on loopback)."""
     ports: list[int] = []
-    for port in range(46100 + (os.getpid() % 200) * 10, 47000):
+    # Start at a place that depends on the process, so two runs rarely pick the same ports, and wrap
+    # round the whole window (46100-47999) so every start finds them.
+    start = (os.getpid() % 190) * 10
+    for port in (46100 + (start + i) % 1900 for i in range(1900)):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
