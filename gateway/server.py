@@ -184,8 +184,10 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self._stopping = True
         for cancellation in left:
             cancellation.cancel()
-        # The cancelled handlers abort UNAVAILABLE right away; a short grace lets those answers out.
-        await self.host.finish_drain(_STOP_FLUSH_S if left else 0.0)
+        # A short grace lets answers out: those of the handlers just cancelled (UNAVAILABLE), and the
+        # last message of a stream whose decoding has ended but which is still being sent (with no
+        # grace grpc would cancel it: "Cancelling all calls"). stop() returns as soon as none is left.
+        await self.host.finish_drain(_STOP_FLUSH_S)
         self.pool.shutdown(wait=False, cancel_futures=True)
         # A cancelled worker returns at its next peer call or block; wait (bounded) for it to be gone.
         deadline = loop.time() + _WORKERS_STOP_S
