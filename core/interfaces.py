@@ -26,6 +26,45 @@ class VerifyResult:
     topk_ids: list[list[int]]  # top-k ids per position, best first
     topk_logprobs: list[list[float]]
     draft_logprobs: list[float]  # log p(d_i | o, d_<i), i = 1..n
+    # The forward this step ran in (the batching scheduler's load signal, for adaptive
+    # speculation): rows and tokens in it, and its duration. In-process: this step alone.
+    batch_rows: int = 1
+    batch_tokens: int = 0
+    forward_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class BeamRow:
+    """One row of a multi-row (beam search) step: a copy of the session's row `parent` (its index
+    before this step) cut to its first `committed_len` tokens, then `append_ids` appended. The
+    prefix's KV cache is reused, never recomputed."""
+
+    parent: int
+    committed_len: int
+    append_ids: list[int]
+
+
+@dataclass(frozen=True)
+class StepCall:
+    """One session's step as the batching scheduler hands it to the model: a single-row step
+    (`committed_len`, `append_ids`, `draft_ids`) or, with `rows`, a multi-row step (beam search)."""
+
+    committed_len: int = 0
+    append_ids: list[int] = field(default_factory=list)
+    draft_ids: list[int] = field(default_factory=list)
+    top_k: int = 1
+    rows: list[BeamRow] | None = None
+
+    @property
+    def n_rows(self) -> int:
+        return 1 if self.rows is None else len(self.rows)
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens this step feeds the forward (a lower bound: a row that appends nothing re-feeds one)."""
+        if self.rows is None:
+            return max(1, len(self.append_ids) + len(self.draft_ids))
+        return sum(max(1, len(r.append_ids)) for r in self.rows)
 
 
 @dataclass(frozen=True)
@@ -43,6 +82,16 @@ class VerifierSession(Protocol):
     ) -> VerifyResult: ...
 
     def close(self) -> None: ...
+
+
+class MultiRowSession(VerifierSession, Protocol):
+    """A verifier session holding several rows over one source (the beams of one request).
+
+    After `open` the session has one empty row. `step_rows(rows, top_k)` replaces the session's
+    rows by `rows` (each forked from a current row, `BeamRow`) and scores the next token of each:
+    one `VerifyResult` with one position per row, in order. Rows not named as a parent are freed."""
+
+    def step_rows(self, rows: list[BeamRow], top_k: int) -> list[VerifyResult]: ...
 
 
 class Verifier(Protocol):

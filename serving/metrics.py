@@ -40,6 +40,35 @@ class Metric:
             return sorted(self._values.items())
 
 
+class Histogram(Metric):
+    """Cumulative buckets, `_sum` and `_count`, as the text format has them."""
+
+    def __init__(self, name: str, help_text: str, buckets: tuple[float, ...]) -> None:
+        super().__init__(name, help_text, "histogram")
+        self.buckets = tuple(sorted(buckets))
+
+    def observe(self, value: float, **labels: str) -> None:
+        key = _key(labels)
+        with self._lock:
+            for bound in self.buckets:
+                if value <= bound:
+                    self._inc(("_bucket", (*key, ("le", repr(float(bound))))))
+            self._inc(("_bucket", (*key, ("le", "+Inf"))))
+            self._inc(("_count", key))
+            self._values[("_sum", key)] = self._values.get(("_sum", key), 0.0) + value
+
+    def _inc(self, key) -> None:
+        self._values[key] = self._values.get(key, 0.0) + 1.0
+
+    def count(self, **labels: str) -> float:
+        with self._lock:
+            return self._values.get(("_count", _key(labels)), 0.0)
+
+    def rendered(self) -> list[tuple[str, Labels, float]]:
+        with self._lock:
+            return [(self.name + suffix, labels, v) for (suffix, labels), v in sorted(self._values.items())]
+
+
 class Registry:
     """Metrics of one service; `collectors` refresh gauges (e.g. KV cache bytes) at scrape time."""
 
@@ -54,6 +83,12 @@ class Registry:
     def gauge(self, name: str, help_text: str) -> Metric:
         return self._add(name, help_text, "gauge")
 
+    def histogram(self, name: str, help_text: str, buckets: tuple[float, ...]) -> Histogram:
+        full = f"{self.namespace}_{name}"
+        if full not in self._metrics:
+            self._metrics[full] = Histogram(full, help_text, buckets)
+        return self._metrics[full]  # type: ignore[return-value]
+
     def on_collect(self, fn: Callable[[], None]) -> None:
         self._collectors.append(fn)
 
@@ -64,10 +99,13 @@ class Registry:
         for m in self._metrics.values():
             lines.append(f"# HELP {m.name} {m.help}")
             lines.append(f"# TYPE {m.name} {m.kind}")
-            samples = m.samples() or [((), 0.0)]
-            for labels, value in samples:
+            if isinstance(m, Histogram):
+                samples = m.rendered()
+            else:
+                samples = [(m.name, labels, value) for labels, value in (m.samples() or [((), 0.0)])]
+            for name, labels, value in samples:
                 label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-                lines.append(f"{m.name}{{{label_text}}} {value!r}" if label_text else f"{m.name} {value!r}")
+                lines.append(f"{name}{{{label_text}}} {value!r}" if label_text else f"{name} {value!r}")
         return "\n".join(lines) + "\n"
 
     def _add(self, name: str, help_text: str, kind: str) -> Metric:
