@@ -14,13 +14,15 @@ order). So a flooding client fills at most its own share and a well-behaved clie
 next in line however long the flood's queue is.
 
 `AdmissionQueue` is the decision logic, pure and synchronous (unit-tested without servers);
-`Admission` runs it on the gateway's event loop with futures for the waiting requests.
+`Admission` runs it on the gateway's event loop with futures for the waiting requests, and reports
+how long each admitted request waited (`on_admitted`, the gateway's queue-wait histogram).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -149,9 +151,16 @@ class AdmissionQueue:
 class Admission:
     """`AdmissionQueue` on the event loop: `async with admission.slot(client, need, timeout):`."""
 
-    def __init__(self, queue: AdmissionQueue, on_change: Callable[[AdmissionQueue], None] | None = None) -> None:
+    def __init__(
+        self,
+        queue: AdmissionQueue,
+        on_change: Callable[[AdmissionQueue], None] | None = None,
+        on_admitted: Callable[[float], None] | None = None,
+    ) -> None:
         self.queue = queue
         self.on_change = on_change or (lambda q: None)
+        # Called with the seconds each admitted request waited (0 when admitted on arrival).
+        self.on_admitted = on_admitted or (lambda waited_s: None)
 
     def slot(self, client: str, need: Need, timeout: float | None) -> _Slot:
         return _Slot(self, client, need, timeout)
@@ -173,9 +182,11 @@ class _Slot:
 
     async def __aenter__(self) -> Ticket:
         a = self.admission
+        arrived = time.perf_counter()
         self.ticket = ticket = a.queue.enter(self.client, self.need)
         a.on_change(a.queue)
         if ticket.admitted:
+            a.on_admitted(0.0)
             return ticket
         admitted = asyncio.get_running_loop().create_future()
         ticket.on_admit = lambda: admitted.done() or admitted.set_result(None)
@@ -192,6 +203,7 @@ class _Slot:
         except BaseException:  # cancelled while waiting: give the place (or a slot just granted) back
             self._leave()
             raise
+        a.on_admitted(time.perf_counter() - arrived)
         return ticket
 
     async def __aexit__(self, *exc) -> None:

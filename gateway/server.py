@@ -45,7 +45,7 @@ from seq2seq_models.tokenizer import Tokenizer
 from serving.auth import BearerTokenInterceptor, read_token
 from serving.channels import channel_options
 from serving.host import ServiceHost
-from serving.metrics import Registry
+from serving.metrics import LATENCY_BUCKETS, Registry
 from serving.status import grpc_code, request_id_of
 from serving.tls import ServerTLS, open_channel, peer_tls
 
@@ -89,7 +89,9 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.registry = Registry()
         self._define_metrics()
         self.admission = Admission(
-            AdmissionQueue(self._budget, config.max_queued, config.max_per_client), self._admission_changed
+            AdmissionQueue(self._budget, config.max_queued, config.max_per_client),
+            self._admission_changed,
+            on_admitted=self.m_queue_wait.observe,
         )
         token = read_token(config.auth_token, config.auth_token_file)
         auth = [BearerTokenInterceptor(token)] if token else []
@@ -206,6 +208,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             cancellation.check()
 
         result, mode, total_s = await self._run(request, context, on_tokens, cancellation)
+        self.m_latency.observe(total_s, mode=mode.value, rpc="Generate")
         return gateway_pb2.GenerateResponse(
             text=self.tokenizer.decode(result.output_ids),
             output_ids=result.output_ids,
@@ -215,6 +218,8 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def GenerateStream(self, request, context):
         loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        first_token_s: float | None = None  # time to the first message that carries tokens
         chunks: asyncio.Queue[list[int]] = asyncio.Queue()
         cancellation = Cancellation()
 
@@ -241,6 +246,8 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
                 # Send only text that later tokens cannot change (a prefix of the text so far).
                 piece = text[len(sent_text) :] if text.startswith(sent_text) else ""
                 sent_text += piece
+                if first_token_s is None and block:
+                    first_token_s = time.perf_counter() - started
                 yield gateway_pb2.GenerateResponse(text=piece, output_ids=block)
             result, mode, total_s = task.result()
             while not chunks.empty():  # blocks queued after the task finished
@@ -248,6 +255,12 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             full = self.tokenizer.decode(result.output_ids)
             rest = result.output_ids[len(ids) :]
             tail = full[len(sent_text) :] if full.startswith(sent_text) else ""
+            if first_token_s is None and rest:
+                first_token_s = time.perf_counter() - started
+            # Both for streams that completed, when the mode is known (a stream cut short has no final stats).
+            self.m_latency.observe(total_s, mode=mode.value, rpc="GenerateStream")
+            if first_token_s is not None:
+                self.m_ttft.observe(first_token_s, mode=mode.value)
             yield gateway_pb2.GenerateResponse(
                 text=tail, output_ids=rest, stats=stats_to_wire(result.stats, mode, total_s), final=True
             )
@@ -424,6 +437,10 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.m_accepted.inc(s.accepted_tokens, mode=mode.value)
         for position, count in enumerate(s.accepted_per_position):
             self.m_accepted_pos.inc(count, position=str(position))
+            self.m_sd_accepted_pos.inc(count, mode=mode.value, position=str(position))
+        self.m_sd_draft.inc(s.drafted_tokens, mode=mode.value)
+        self.m_sd_accepted.inc(s.accepted_tokens, mode=mode.value)
+        self.m_sd_emitted.inc(len(result.output_ids), mode=mode.value)
         self.m_drafter_s.inc(s.drafter_time_s)
         self.m_verifier_s.inc(s.verifier_time_s)
         self.m_gateway_s.inc(max(total_s - s.drafter_time_s - s.verifier_time_s, 0.0))
@@ -451,6 +468,31 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.m_deadline = r.counter("gateway_deadline_exceeded", "requests whose own deadline passed")
         self.m_queued = r.gauge("gateway_queued_requests", "requests waiting for a worker and model sessions")
         self.m_admitted_v = r.gauge("gateway_verifier_sessions", "verifier sessions held by admitted requests")
+        # Load: histograms in seconds (1 ms to 60 s) of requests that completed.
+        self.m_latency = r.histogram(
+            "gateway_request_seconds", "request latency, admission wait included, by mode and rpc",
+            LATENCY_BUCKETS, labels=("mode", "rpc"),
+        )
+        self.m_ttft = r.histogram(
+            "gateway_time_to_first_token_seconds", "GenerateStream: time to the first message with tokens, by mode",
+            LATENCY_BUCKETS, labels=("mode",),
+        )
+        self.m_queue_wait = r.histogram(
+            "gateway_queue_wait_seconds", "time admitted requests waited for a worker and model sessions",
+            LATENCY_BUCKETS, labels=(),
+        )
+        # Speculative decoding, named as vLLM's spec_decode metrics (acceptance rate = accepted / draft).
+        self.m_sd_draft = r.counter("spec_decode_num_draft_tokens", "draft tokens proposed, by mode", labels=("mode",))
+        self.m_sd_accepted = r.counter(
+            "spec_decode_num_accepted_tokens", "draft tokens accepted, by mode", labels=("mode",)
+        )
+        self.m_sd_emitted = r.counter(
+            "spec_decode_num_emitted_tokens", "tokens emitted (output tokens), by mode", labels=("mode",)
+        )
+        self.m_sd_accepted_pos = r.counter(
+            "spec_decode_num_accepted_tokens_per_pos", "accepted draft tokens by draft position (0 = first), by mode",
+            labels=("mode", "position"),
+        )
 
 
 def _consume(task: asyncio.Future) -> None:

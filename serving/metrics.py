@@ -62,6 +62,7 @@ class Metric:
         # placeholder exports zero, as a metric nothing has happened to should.
         self._fixed = labels is not None
         self._labelnames: tuple[str, ...] = tuple(labels or ())
+        self._sorted_names = tuple(sorted(self._labelnames))
         self._impl = self._make(self._labelnames)
         registry.register(self._impl)
 
@@ -88,7 +89,7 @@ class Metric:
 
     def _child(self, labels: dict[str, str]):
         names = tuple(sorted(labels))
-        if not self._fixed or names != tuple(sorted(self._labelnames)):
+        if not self._fixed or names != self._sorted_names:
             self._fix(names)
         impl = self._impl
         return impl.labels(**labels) if labels else impl
@@ -96,7 +97,7 @@ class Metric:
     def _fix(self, names: tuple[str, ...]) -> None:
         with self._lock:
             if self._fixed:
-                if names != tuple(sorted(self._labelnames)):
+                if names != self._sorted_names:
                     raise ValueError(
                         f"metric {self.name} has labels {list(self._labelnames)}, used with {list(names)}"
                     )
@@ -105,7 +106,7 @@ class Metric:
                 impl = self._make(names)
                 self._registry.unregister(self._impl)
                 self._registry.register(impl)
-                self._impl, self._labelnames = impl, names
+                self._impl, self._labelnames, self._sorted_names = impl, names, names
             self._fixed = True
 
     def _sample_name(self) -> str:
