@@ -4,6 +4,7 @@
     python bench/bench_load.py --write              # also replace "## Load (serve all)" in BENCHMARKS.md
     python bench/bench_load.py --modes ar,gad --clients 1,4 --sentences 16     # a quick check
     python bench/bench_load.py --extra-mode "gad-adaptive:mode=gad,k=10,adaptive=true"
+    python bench/bench_load.py --set verifier.batch_wait_ms=2       # any other config key, every run
 
 For each batching setting the three services run as `specdec serve all` in their own process on
 loopback ports, configured by a TOML file this script writes: the gateway's `workers`,
@@ -18,8 +19,8 @@ know these keys yet (checked in-process with the same parser `serve` uses, or fo
 Every cell is a closed-loop `specdec loadtest` run (in-process calls to `specdec.loadtest`): the
 first `--sentences` UA-GEC test sentences, one request each, at 1, 4, 16 and 32 clients, for AR
 greedy, GAD k=10, IAD (k=32, as `specdec bench`) and beam 5, plus a `--waves` row at the largest
-client count (a static batch: the next wave starts when its slowest sentence is done) and any
-`--extra-mode`. The first cell of each mode on each server is preceded by a few unmeasured
+client count with batching on (a static batch: the next wave starts when its slowest sentence is
+done) and any `--extra-mode`. The first cell of each mode on each server is preceded by a few unmeasured
 requests (ONNX Runtime and the channels warm up). Mean batch rows come from the verifier's
 Prometheus endpoint (`*batch_rows` histograms) when it has one.
 """
@@ -138,8 +139,11 @@ def format_ratios(cells: list[Cell], clients: int) -> str:
         if on and off and off.output_tokens_per_s > 0 and off.latency_ms and on.latency_ms:
             on_off = (f"{on.output_tokens_per_s / off.output_tokens_per_s:.2f}x tokens/s, "
                       f"{on.latency_ms['p50'] / off.latency_ms['p50']:.2f}x p50 latency")
-        if on and static and static.output_tokens_per_s > 0:
-            refill = f"{on.output_tokens_per_s / static.output_tokens_per_s:.2f}x tokens/s"
+        closed = on
+        if static is None:  # services without batching keys: the unbatched run has the waves row
+            closed, static = find(mode, "unbatched", False), find(mode, "unbatched", True)
+        if closed and static and static.output_tokens_per_s > 0:
+            refill = f"{closed.output_tokens_per_s / static.output_tokens_per_s:.2f}x tokens/s"
         if (on_off, refill) != ("-", "-"):
             lines.append(f"| {mode} | {on_off} | {refill} |")
     if not lines:
@@ -168,6 +172,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-rows", type=int, help="batching on: [verifier]/[drafter] max_batch_rows")
     p.add_argument("--max-batch-tokens", type=int, help="batching on: [verifier]/[drafter] max_batch_tokens")
     p.add_argument("--batch-wait-ms", type=float, help="batching on: [verifier]/[drafter] batch_wait_ms")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="one more key of the services' TOML config for every run (a TOML value, e.g. "
+                   "'gateway.fallback=\"fail\"'); repeatable")
     p.add_argument("--no-waves", action="store_true", help="leave out the static-batch (--waves) rows")
     p.add_argument("--stream", action="store_true", help="GenerateStream instead of Generate")
     p.add_argument("--max-new-tokens", type=int, default=200, help="as `specdec bench` (default 200)")
@@ -249,14 +256,16 @@ def _run_server(args, batching: Batching, modes: list[Mode], clients: list[int],
     with tempfile.TemporaryDirectory() as tmp:
         metrics = {s: f"127.0.0.1:{_free_port()}" for s in MODEL_SECTIONS}
         config = Path(tmp) / "load.toml"
-        config.write_text(_config_toml(batching, most, metrics))
+        config.write_text(_config_toml(batching, most, metrics, _extra_keys(args.set)))
         server, address = _start(args, config, Path(tmp) / "serve.log")
         urls = [f"http://{metrics['verifier']}/metrics"]
         cells = []
         try:
             for mode in modes:
                 overrides = {**mode.overrides, "max_new_tokens": args.max_new_tokens}
-                runs = [(c, False) for c in clients] + ([] if args.no_waves else [(most, True)])
+                # The static batch is the comparison point of the batching scheduler's streaming refill.
+                waves = not args.no_waves and batching.name != "off"
+                runs = [(c, False) for c in clients] + ([(most, True)] if waves else [])
                 for n, (c, waves) in enumerate(runs):
                     spec = LoadSpec(address, texts, overrides, stream=args.stream, concurrency=c, waves=waves,
                                     requests=len(texts), timeout=600, warmup=WARMUP_REQUESTS if n == 0 else 0,
@@ -275,20 +284,35 @@ def _run_server(args, batching: Batching, modes: list[Mode], clients: list[int],
     return cells
 
 
-def _config_toml(batching: Batching, clients: int, metrics: dict[str, str]) -> str:
-    """Room for `clients` requests at once (beam 5 without batched beams: 5 verifier sessions each)."""
+def _config_toml(batching: Batching, clients: int, metrics: dict[str, str],
+                 extra: dict[str, dict[str, str]] | None = None) -> str:
+    """Room for `clients` requests at once (beam 5 without batched beams: 5 verifier sessions each);
+    `extra`: section -> key -> TOML value text, last (it wins)."""
     sessions = max(64, clients * 8)
-    lines = [
-        "[gateway]",
-        f"workers = {clients}",
-        f"max_queued = {max(64, clients * 4)}",
-        f"max_per_client = {max(16, clients * 2)}",
-        "request_timeout_s = 600.0",
-    ]
+    tables: dict[str, dict[str, str]] = {
+        "gateway": {"workers": str(clients), "max_queued": str(max(64, clients * 4)),
+                    "max_per_client": str(max(16, clients * 2)), "request_timeout_s": "600.0"},
+    }
     for section in MODEL_SECTIONS:
-        lines += ["", f"[{section}]", f"max_sessions = {sessions}", f'metrics_address = "{metrics[section]}"']
-        lines += [f"{k} = {v}" for k, v in batching.keys.get(section, {}).items()]
-    return "\n".join(lines) + "\n"
+        tables[section] = {"max_sessions": str(sessions), "metrics_address": f'"{metrics[section]}"'}
+        tables[section].update({k: str(v) for k, v in batching.keys.get(section, {}).items()})
+    for section, keys in (extra or {}).items():
+        tables.setdefault(section, {}).update(keys)
+    lines = []
+    for section, keys in tables.items():
+        lines += [f"[{section}]", *(f"{k} = {v}" for k, v in keys.items()), ""]
+    return "\n".join(lines)
+
+
+def _extra_keys(items: list[str]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not (eq and dot and section and name):
+            raise SystemExit(f"--set: expected SECTION.KEY=VALUE, got {item!r}")
+        out.setdefault(section, {})[name] = value.strip()
+    return out
 
 
 def _start(args, config: Path, log: Path) -> tuple[subprocess.Popen, str]:
@@ -329,7 +353,10 @@ def _section_body(args, note: str, texts: list[str], table: str, ratios: str) ->
     what = (f"Bundle: {Path(args.bundle).name}; the first {len(texts)} UA-GEC test sentences per cell, one "
             f"{'GenerateStream' if args.stream else 'Generate'} request each, max_new_tokens {args.max_new_tokens}. "
             "Services: `specdec serve all` in its own process; the client (`specdec.loadtest`, closed loop) in "
-            "another, over loopback. Clients N: N requests in flight at all times; N (waves): N requests sent "
+            f"another, over loopback; gateway workers = {max(_counts(args.clients))}, model services' max_sessions = "
+            f"{max(64, max(_counts(args.clients)) * 8)}"
+            + (f", and {', '.join(args.set)}" if args.set else "") + ". "
+            "Clients N: N requests in flight at all times; N (waves): N requests sent "
             "together, the next N once all answered (a static batch). Throughput over the cell's wall time; "
             f"latency over its requests. {note}")
     return "\n\n".join(filter(None, [stamp, what, table, ratios]))
