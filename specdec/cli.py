@@ -18,6 +18,7 @@ from core.errors import SpecdecError
 # Where `decode` looks for a bundle when --bundle is not given.
 DEFAULT_BUNDLE_ENV = "SPECDEC_BUNDLE"
 DEFAULT_BUNDLE_DIR = Path(__file__).resolve().parent.parent / "bundles" / "ua-gec"
+DEFAULT_LOADTEST_SENTENCES = 100  # `specdec loadtest` without --inputs / --ua-gec
 BACKEND_HELP = (
     f"backend of the verifier and the NAR drafter (default: {DEFAULT_BACKEND}, or the [verifier] and [drafter] "
     "backend keys of the config)"
@@ -152,14 +153,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from serving.auth import read_token
-    from serving.tls import ClientTLS
     from specdec.client import CallError, format_record, generate
 
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise ValueError("--tls-cert and --tls-key go together")
-    tls = ClientTLS(args.tls_ca, args.tls_cert, args.tls_key) if args.tls or args.tls_ca or args.tls_cert else None
-    token = read_token(args.token, args.token_file)
+    tls, token = _client_security(args)
     try:
         record = generate(args.addr, args.text, decoding_overrides(args), timeout=args.timeout, tls=tls, token=token)
     except CallError as exc:  # e.g. a missing token: one line, like specdec's own errors, not a traceback
@@ -167,6 +163,60 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         return 2
     print(format_record(record, args.json), flush=True)
     return 0
+
+
+def _cmd_loadtest(args: argparse.Namespace) -> int:
+    """Exit 0 when at least one request of every run succeeded, 1 otherwise (e.g. every call refused)."""
+    from specdec import loadtest
+
+    if args.sweep and (args.rate is not None or args.concurrency is not None):
+        raise ValueError("--sweep sets the concurrency of each run: leave out --concurrency and --rate")
+    if args.waves and args.rate is not None:
+        raise ValueError("--waves is a closed loop: give --concurrency (or --sweep), not --rate")
+    tls, token = _client_security(args)
+    if args.inputs:
+        inputs = loadtest.file_texts(args.inputs)
+    else:
+        inputs = loadtest.ua_gec_texts(args.ua_gec or DEFAULT_LOADTEST_SENTENCES, args.data_dir)
+    spec = loadtest.LoadSpec(
+        address=args.addr, inputs=inputs, overrides=decoding_overrides(args), stream=args.stream,
+        concurrency=args.concurrency or 1, rate=args.rate, waves=args.waves, requests=args.requests,
+        duration=args.duration, timeout=args.timeout, warmup=args.warmup, channels=args.channels,
+        client_id=args.client_id, tls=tls, token=token, metrics_urls=args.metrics_url or (),
+    )
+    progress = loadtest.progress_stream(args.progress)
+    if args.sweep:
+        reports = loadtest.run_sweep(spec, _parse_counts(args.sweep), progress)
+    else:
+        reports = [loadtest.run_load(spec, progress)]
+    if args.json:
+        print(loadtest.reports_json(reports, sweep=bool(args.sweep)), flush=True)
+    elif args.sweep:
+        print(loadtest.format_sweep(reports), flush=True)
+    else:
+        print(loadtest.format_report(reports[0]), flush=True)
+    return 0 if all(r.ok for r in reports) else 1
+
+
+def _parse_counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--sweep expects comma-separated client counts, e.g. 1,4,16,32; got {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--sweep expects client counts of at least 1; got {text!r}")
+    return counts
+
+
+def _client_security(args: argparse.Namespace):
+    """(ClientTLS or None, bearer token or None) from the security flags of `_add_client_security`."""
+    from serving.auth import read_token
+    from serving.tls import ClientTLS
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    tls = ClientTLS(args.tls_ca, args.tls_cert, args.tls_key) if args.tls or args.tls_ca or args.tls_cert else None
+    return tls, read_token(args.token, args.token_file)
 
 
 def _cmd_health(args: argparse.Namespace) -> int:
@@ -238,6 +288,18 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def _add_client_security(p: argparse.ArgumentParser) -> None:
+    """The TLS and token flags of the commands that call a gateway (`generate`, `loadtest`)."""
+    s = p.add_argument_group("security (README: Security)")
+    s.add_argument("--tls", action="store_true", help="connect over TLS, checking the gateway against the system's CAs")
+    s.add_argument("--tls-ca", help="connect over TLS, checking the gateway's certificate against this PEM CA")
+    s.add_argument("--tls-cert", help="PEM client certificate to present (the gateway's mTLS); needs --tls-key")
+    s.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    token = s.add_mutually_exclusive_group()
+    token.add_argument("--token", help="bearer token the gateway requires (visible in the process list)")
+    token.add_argument("--token-file", help="read the bearer token from this file")
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="specdec", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -285,16 +347,41 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--addr", default=GATEWAY_ADDRESS, help="gateway address")
     p.add_argument("--json", action="store_true", help="print the same JSON object as `specdec decode`")
     p.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
-    s = p.add_argument_group("security (README: Security)")
-    s.add_argument("--tls", action="store_true", help="connect over TLS, checking the gateway against the system's CAs")
-    s.add_argument("--tls-ca", help="connect over TLS, checking the gateway's certificate against this PEM CA")
-    s.add_argument("--tls-cert", help="PEM client certificate to present (the gateway's mTLS); needs --tls-key")
-    s.add_argument("--tls-key", help="PEM private key of --tls-cert")
-    token = s.add_mutually_exclusive_group()
-    token.add_argument("--token", help="bearer token the gateway requires (visible in the process list)")
-    token.add_argument("--token-file", help="read the bearer token from this file")
+    _add_client_security(p)
     add_decoding_flags(p)
     p.set_defaults(run=_cmd_generate)
+
+    p = sub.add_parser("loadtest", help="drive a running gateway with concurrent requests; throughput and latency")
+    p.add_argument("--addr", "--address", dest="addr", default=GATEWAY_ADDRESS, help="gateway address")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--inputs", metavar="FILE", help="input texts, one per line")
+    src.add_argument("--ua-gec", type=int, metavar="N", help="the first N sentences of the UA-GEC test split "
+                     f"(the default input, N={DEFAULT_LOADTEST_SENTENCES})")
+    p.add_argument("--data-dir", help="prepared training data dir whose test.text.jsonl to use (default: ua-gec)")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=int, help="closed loop: this many clients, each sends its next "
+                      "request when its previous one answered (default 1)")
+    load.add_argument("--rate", type=float, help="open loop: a request every 1/RATE seconds, answered or not")
+    p.add_argument("--sweep", metavar="N,N,...", help="a closed-loop run at each client count in turn; prints a table")
+    p.add_argument("--waves", action="store_true", help="closed loop in waves: the next N requests start "
+                   "together once all of the previous N answered (a static batch)")
+    p.add_argument("--stream", action="store_true", help="call GenerateStream (measures time to first token)")
+    p.add_argument("--requests", type=int, help="requests per run (default: one pass over the inputs, "
+                   "unless --duration bounds the run)")
+    p.add_argument("--duration", type=float, help="seconds after which no request starts (in-flight ones finish)")
+    p.add_argument("--warmup", type=int, default=0, help="requests sent, unmeasured, before each run")
+    p.add_argument("--timeout", type=float, default=120.0, help="per-request deadline in seconds")
+    p.add_argument("--channels", type=int, default=1, help="gRPC channels (connections) the requests share")
+    p.add_argument("--client-id", help="send this x-client-id on every request (one client for the gateway's "
+                   "fairness limit); default: one id per virtual client")
+    p.add_argument("--metrics-url", action="append", help="a Prometheus endpoint (e.g. the verifier's "
+                   "http://HOST:PORT/metrics) whose *batch_rows histograms give the mean rows per forward; repeatable")
+    p.add_argument("--json", action="store_true", help="print one JSON object (a sweep's runs under \"sweep\")")
+    p.add_argument("--progress", action="store_true", help="show the progress line on stderr even when it is "
+                   "not a terminal")
+    _add_client_security(p)
+    add_decoding_flags(p)
+    p.set_defaults(run=_cmd_loadtest)
 
     try:  # training/ ships with the source tree, not necessarily with an installed wheel
         from training.arguments import add_arguments as add_train_arguments
