@@ -22,12 +22,12 @@ from hypothesis import strategies as st
 
 from core.errors import SpecdecError, StatusCode
 from core.interfaces import BeamRow, Verifier, VerifierSession
+from core.multirow import RowsOverSessions, has_rows, open_rows
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.modes import MODES
 from gateway.policies.beam import beam_search
 from gateway.policies.loop import DecodeStats, PrefixSync
-from gateway.policies.multirow import RowsOverSessions, has_rows, open_rows
 from tests.zoo import FIRST_WORD, MAX_LEN, VOCAB, model_pool
 from tests.zoo import sources as zoo_sources
 from verifier_service.session import LocalVerifier

@@ -5,7 +5,7 @@ All live hypotheses are the rows of ONE multi-row verifier session (`core.interf
 each iteration is one `step_rows` call that forks every surviving child from its parent's row
 (`BeamRow(parent, len(parent), [token])`) and scores the next token of every row in one forward.
 Finished hypotheses are not continued, so their rows leave the batch. A verifier whose sessions
-have a single row gets the same `step_rows` from `gateway.policies.multirow.RowsOverSessions`
+have a single row gets the same `step_rows` from `core.multirow.RowsOverSessions`
 (one session per row), so the same code runs in-process, over gRPC and on either kind of backend.
 """
 
@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 
 from core.interfaces import BeamRow, Verifier
+from core.multirow import open_rows
 from gateway.policies.loop import DecodeStats
-from gateway.policies.multirow import open_rows
 
 
 @dataclass

@@ -6,6 +6,9 @@ index) is used as it is; for one whose sessions have a single row (a backend wit
 `step_rows`), `RowsOverSessions` offers the same `step_rows` over one single-row session per
 row, re-targeting idle sessions with the session protocol itself (roll back to the common
 prefix, append the rest), which is what beam search did before multi-row sessions existed.
+
+It lives in `core` (it needs only the interfaces) so that a verifier server whose backend has no
+`step_rows` can answer multi-row steps with it too.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from dataclasses import dataclass, field
 
 from core.errors import invalid, out_of_step
 from core.interfaces import BeamRow, MultiRowSession, Verifier, VerifierSession, VerifyResult
-from gateway.policies.loop import PrefixSync
 
 
 def open_rows(verifier: Verifier, source_ids: list[int], native: bool = True) -> MultiRowSession:
@@ -34,7 +36,14 @@ def has_rows(session: VerifierSession) -> bool:
 @dataclass(eq=False)
 class _Slot:
     session: VerifierSession
-    sync: PrefixSync = field(default_factory=PrefixSync)  # sync.seen: the tokens of the row it holds
+    seen: list[int] = field(default_factory=list)  # the tokens of the row the session holds
+
+    def delta(self, tokens: list[int]) -> tuple[int, list[int]]:
+        """(tokens kept, tokens to append) to re-target the session to `tokens`."""
+        n, limit = 0, min(len(self.seen), len(tokens))
+        while n < limit and self.seen[n] == tokens[n]:
+            n += 1
+        return n, tokens[n:]
 
 
 class RowsOverSessions:
@@ -55,7 +64,7 @@ class RowsOverSessions:
     @property
     def rows(self) -> list[list[int]]:
         """The tokens of every current row."""
-        return [list(slot.sync.seen) for slot in self._rows]
+        return [list(slot.seen) for slot in self._rows]
 
     def step_rows(self, rows: list[BeamRow], top_k: int) -> list[VerifyResult]:
         if not rows:
@@ -64,9 +73,9 @@ class RowsOverSessions:
         slots = self._assign(rows, targets)
         results = []
         for slot, tokens in zip(slots, targets, strict=True):
-            committed, append = slot.sync.delta(tokens)
+            committed, append = slot.delta(tokens)
             results.append(slot.session.step(committed, append, [], top_k))
-            slot.sync.seen = tokens
+            slot.seen = tokens
         taken = {id(slot) for slot in slots}
         self._idle = [slot for slot in self._rows + self._idle if id(slot) not in taken]
         self._rows = slots
@@ -76,7 +85,7 @@ class RowsOverSessions:
         """A single-row step on row 0 (the only row until a multi-row step forks it)."""
         slot = self._rows[0]
         result = slot.session.step(committed_len, append_ids, draft_ids, top_k)
-        slot.sync.seen = [*slot.sync.seen[:committed_len], *append_ids, *draft_ids]
+        slot.seen = [*slot.seen[:committed_len], *append_ids, *draft_ids]
         return result
 
     def close(self) -> None:
@@ -87,7 +96,7 @@ class RowsOverSessions:
     def _target(self, row: BeamRow) -> list[int]:
         if not 0 <= row.parent < len(self._rows):
             raise out_of_step(f"row parent {row.parent} is not one of the session's {len(self._rows)} rows")
-        parent = self._rows[row.parent].sync.seen
+        parent = self._rows[row.parent].seen
         if not 0 <= row.committed_len <= len(parent):
             raise out_of_step(f"committed_len {row.committed_len} does not fit parent row {row.parent} "
                               f"of {len(parent)} tokens")
@@ -109,7 +118,7 @@ class RowsOverSessions:
                 continue
             options = [slot for slot in pool if id(slot) not in taken]
             if options:
-                slot = max(options, key=lambda s: s.sync.delta(tokens)[0])
+                slot = max(options, key=lambda s: s.delta(tokens)[0])
             else:
                 slot = _Slot(self._verifier.open(self._source_ids))
                 self.sessions_opened += 1
