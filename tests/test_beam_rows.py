@@ -4,7 +4,7 @@ hypothesis, token for token, on random tiny models (float64: no near-ties).
 Three implementations are compared: the policy on the verifier's own `step_rows` (where the
 backend's sessions have it; otherwise `open_rows` gives the adapter, and the test ids say
 `adapter`), the policy forced onto the adapter over single-row sessions, and a frozen copy of the
-search as it was before multi-row sessions (`_reference_beam_search`, one session per hypothesis).
+search as it was before multi-row sessions (`tests.beam_reference`, one session per hypothesis).
 The multi-row session contract itself (`step_rows` forks rows by parent index) is checked against
 fresh single-row sessions.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import math
-import time
 from dataclasses import dataclass
 
 import pytest
@@ -21,13 +20,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.errors import SpecdecError, StatusCode
-from core.interfaces import BeamRow, Verifier, VerifierSession
+from core.interfaces import BeamRow, Verifier
 from core.multirow import RowsOverSessions, has_rows, open_rows
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.modes import MODES
 from gateway.policies.beam import beam_search
-from gateway.policies.loop import DecodeStats, PrefixSync
+from gateway.policies.loop import DecodeStats
+from tests.beam_reference import reference_beam_search
 from tests.zoo import FIRST_WORD, MAX_LEN, VOCAB, model_pool
 from tests.zoo import sources as zoo_sources
 from verifier_service.session import LocalVerifier
@@ -85,7 +85,7 @@ def _search(verifier: Verifier, source: list[int], width: int, max_new: int, del
 )
 def test_multirow_beam_equals_one_session_per_hypothesis(path, trio, source, max_new, width, delta, m):
     verifier = _verifier(trio)
-    reference = _search(verifier, source, width, max_new, delta, m, search=_reference_beam_search)
+    reference = _search(verifier, source, width, max_new, delta, m, search=reference_beam_search)
     adapter = _search(verifier, source, width, max_new, delta, m, native_rows=False)
     rows = _search(verifier, source, width, max_new, delta, m)
     assert adapter == reference
@@ -100,7 +100,7 @@ def test_beam_mode_through_decode_equals_the_reference(path, trio, source, max_n
     verifier = _verifier(trio)
     result = decode(source, DecodingConfig(mode=Mode.BEAM, max_new_tokens=max_new, num_beams=width), verifier)
     ids, (iterations, output_tokens, finish) = _search(
-        verifier, source, width, max_new, None, None, search=_reference_beam_search
+        verifier, source, width, max_new, None, None, search=reference_beam_search
     )
     assert result.output_ids == ids
     assert (result.stats.iterations, result.stats.output_tokens, result.stats.finish_reason) == (
@@ -205,101 +205,3 @@ def test_adapter_retargets_idle_sessions_instead_of_opening_more():
     assert verifier.opened == adapter.sessions_opened == 3
     adapter.close()
     assert verifier.closed == 3
-
-
-# ---- the search as it was before multi-row sessions (frozen; do not change) ----------------
-
-
-@dataclass
-class _Slot:
-    session: VerifierSession
-    sync: PrefixSync
-
-
-@dataclass
-class _Hyp:
-    tokens: list[int]
-    score: float
-    slot: _Slot | None = None
-
-
-@dataclass
-class _Finished:
-    tokens: list[int]
-    score: float
-    ended_by_eos: bool
-
-    @property
-    def length(self) -> int:
-        return len(self.tokens) + int(self.ended_by_eos)
-
-
-def _reference_beam_search(verifier, source_ids, width, max_new_tokens, stats, delta=None, max_candidates=None):
-    eos = verifier.eos_id
-    per_parent = min(width, max_candidates or width, verifier.vocab_size)
-    slots: list[_Slot] = []
-    try:
-        alive = [_Hyp([], 0.0, _open(verifier, source_ids, slots))]
-        finished: list[_Finished] = []
-        while alive and len(finished) < width:
-            candidates = []
-            t0 = time.perf_counter()
-            for j, hyp in enumerate(alive):
-                slot = hyp.slot
-                assert slot is not None
-                committed, append = slot.sync.delta(hyp.tokens)
-                res = slot.session.step(committed, append, [], per_parent)
-                slot.sync.seen = list(hyp.tokens)
-                for r in range(per_parent):
-                    candidates.append((hyp.score + res.topk_logprobs[0][r], j, r, res.topk_ids[0][r]))
-            stats.verifier_time_s += time.perf_counter() - t0
-            stats.iterations += 1
-            candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
-            if delta is not None:
-                best = candidates[0][0]
-                candidates = [c for c in candidates if c[0] >= best - delta]
-            grown: list[tuple[_Hyp, _Hyp]] = []
-            for score, j, _, token in candidates[: width - len(finished)]:
-                parent = alive[j]
-                if token == eos:
-                    finished.append(_Finished(parent.tokens, score, ended_by_eos=True))
-                elif len(parent.tokens) + 1 >= max_new_tokens:
-                    finished.append(_Finished([*parent.tokens, token], score, ended_by_eos=False))
-                else:
-                    grown.append((parent, _Hyp([*parent.tokens, token], score)))
-            alive = _assign_slots(grown, alive, verifier, source_ids, slots)
-        best = max(finished, key=lambda f: f.score / f.length)
-        stats.output_tokens = len(best.tokens)
-        stats.finish_reason = "eos" if best.ended_by_eos else "length"
-        return best.tokens
-    finally:
-        for slot in slots:
-            slot.session.close()
-
-
-def _assign_slots(grown, old, verifier, source_ids, slots):
-    free = [h.slot for h in old if h.slot is not None]
-    taken: set[int] = set()
-    children = [child for _, child in grown]
-    pending = []
-    for parent, child in grown:
-        if parent.slot is not None and id(parent.slot) not in taken:
-            child.slot = parent.slot
-            taken.add(id(parent.slot))
-        else:
-            pending.append(child)
-    for child in pending:
-        options = [s for s in free if id(s) not in taken]
-        if options:
-            slot = max(options, key=lambda s: s.sync.delta(child.tokens)[0])
-        else:
-            slot = _open(verifier, source_ids, slots)
-        child.slot = slot
-        taken.add(id(slot))
-    return children
-
-
-def _open(verifier, source_ids, slots):
-    slot = _Slot(verifier.open(source_ids), PrefixSync())
-    slots.append(slot)
-    return slot
