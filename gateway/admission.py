@@ -3,9 +3,9 @@ sessions it will open are free, so its own requests never meet the verifier's RE
 mid-request; otherwise it waits in a bounded queue, or is refused with RESOURCE_EXHAUSTED by the
 gateway itself when the queue, or the client's own share, is full.
 
-What a request needs (`sessions_needed`): one verifier session for the draft-verify modes and AR,
-`num_beams` for beam search (one session per live hypothesis, ARCHITECTURE.md section 7), and one
-drafter session for the drafter modes.
+What a request needs (`sessions_needed`): one verifier session for every mode (beam search keeps
+its hypotheses as the rows of one multi-row session, ARCHITECTURE.md section 7), and one drafter
+session for the drafter modes.
 
 Fairness: a client (the `x-client-id` metadata value, else the host of the gRPC peer address) may
 have at most `max_per_client` requests in the gateway, running or queued; and when capacity frees,

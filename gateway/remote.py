@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from core.errors import SpecdecError, StatusCode
-from core.interfaces import Draft, VerifyResult
+from core.interfaces import BeamRow, Draft, VerifyResult
 from core.sampling import SamplingParams
 from core.wire import source_len_from_wire, target_len_from_wire
 from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
@@ -152,28 +152,61 @@ class RemoteVerifier:
 
 
 class RemoteVerifierSession:
+    """One Verify stream: single-row steps (`step`) and multi-row beam steps (`step_rows`,
+    `core.interfaces.MultiRowSession`). Every result carries the forward's load figures
+    (`batch_rows`, `batch_tokens`, `forward_s`) as the verifier reports them (0: not reported,
+    an older verifier)."""
+
     def __init__(self, stream: _Stream) -> None:
         self._stream = stream
         self._opened = False
 
     def step(self, committed_len: int, append_ids: list[int], draft_ids: list[int], top_k: int) -> VerifyResult:
-        if not self._opened:
-            self._stream.receive()  # `opened`
-            self._opened = True
         step = verifier_pb2.VerifyStep(
             committed_len=committed_len, append_ids=append_ids, draft_ids=draft_ids, top_k=top_k
         )
-        res = self._stream.exchange(verifier_pb2.VerifyRequest(step=step)).step
+        res = self._exchange(step)
         positions = res.positions
         return VerifyResult(
             top1=[p.top1 for p in positions],
             topk_ids=[list(p.topk_ids) for p in positions],
             topk_logprobs=[list(p.topk_logprobs) for p in positions],
             draft_logprobs=[p.draft_logprob for p in positions[: len(draft_ids)]],
+            **_load(res),
         )
+
+    def step_rows(self, rows: list[BeamRow], top_k: int) -> list[VerifyResult]:
+        wire_rows = [
+            verifier_pb2.BeamRow(parent=r.parent, committed_len=r.committed_len, append_ids=r.append_ids) for r in rows
+        ]
+        res = self._exchange(verifier_pb2.VerifyStep(rows=wire_rows, top_k=top_k))
+        if len(res.positions) != len(rows):
+            # A peer's fault, not the request's: e.g. a verifier that does not know `rows` and
+            # answered an empty single-row step with one position.
+            raise RemoteCallError(
+                "verifier", grpc.StatusCode.INTERNAL,
+                f"answered {len(res.positions)} positions to a {len(rows)}-row step (no multi-row support?)",
+            )
+        load = _load(res)
+        return [
+            VerifyResult(top1=[p.top1], topk_ids=[list(p.topk_ids)], topk_logprobs=[list(p.topk_logprobs)],
+                         draft_logprobs=[], **load)
+            for p in res.positions
+        ]
 
     def close(self) -> None:
         self._stream.close()
+
+    def _exchange(self, step: verifier_pb2.VerifyStep) -> verifier_pb2.VerifyStepResult:
+        if not self._opened:
+            self._stream.receive()  # `opened`
+            self._opened = True
+        return self._stream.exchange(verifier_pb2.VerifyRequest(step=step)).step
+
+
+def _load(res: verifier_pb2.VerifyStepResult) -> dict:
+    """The forward a step ran in, as `VerifyResult` fields."""
+    return {"batch_rows": res.batch_rows, "batch_tokens": res.batch_tokens, "forward_s": res.forward_ms / 1000.0}
 
 
 class RemoteDrafter:

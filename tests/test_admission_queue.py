@@ -24,8 +24,8 @@ def _refusal(queue: AdmissionQueue, client: str, need: Need) -> str:
     ("mode", "beams", "with_drafter", "need"),
     [
         (Mode.AR, 4, True, Need(1, 0)),
-        (Mode.BEAM, 4, True, Need(4, 0)),
-        (Mode.BEAM, 16, False, Need(16, 0)),
+        (Mode.BEAM, 4, True, Need(1, 0)),  # every hypothesis is a row of one multi-row session
+        (Mode.BEAM, 16, False, Need(1, 0)),
         (Mode.GAD, 4, True, Need(1, 1)),
         (Mode.GAD, 4, False, Need(1, 0)),
         (Mode.MJSD, 4, True, Need(1, 1)),  # the drafter's beams live in its one session

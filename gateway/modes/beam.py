@@ -1,10 +1,12 @@
-"""AR beam search with the verifier: its own loop (`gateway.policies.beam`), not draft-verify."""
+"""AR beam search with the verifier: its own loop (`gateway.policies.beam`), not draft-verify.
+
+One request holds one verifier session: its hypotheses are the rows of that session."""
 
 from __future__ import annotations
 
 from core.interfaces import Verifier
 from gateway.decoding_config import DecodingConfig, Mode
-from gateway.modes.mode_spec import DrafterMethod, ModeSpec
+from gateway.modes.mode_spec import DrafterMethod, ModeSpec, one_session
 from gateway.policies.beam import beam_search
 from gateway.policies.loop import DecodeStats
 
@@ -23,5 +25,5 @@ def run(source_ids: list[int], config: DecodingConfig, verifier: Verifier, stats
 
 SPEC = ModeSpec(
     Mode.BEAM, wire="MODE_AR_BEAM", lossless=False, drafter=DrafterMethod.NONE, run=run, title="beam search",
-    verifier_sessions=lambda config: config.num_beams,  # one session per live hypothesis
+    verifier_sessions=one_session,  # every live hypothesis is a row of one multi-row session
 )

@@ -1,0 +1,107 @@
+"""AR beam search as it was before multi-row verifier sessions (gateway/policies/beam.py at
+dde4ce7): one single-row verifier session per live hypothesis, re-targeted by rolling back to the
+common prefix. Frozen: the multi-row policy must equal it token for token (tests/test_beam_rows.py),
+and bench/bench_beam.py times it as "today's" beam search. Do not change it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from core.interfaces import VerifierSession
+from gateway.policies.loop import PrefixSync
+
+
+@dataclass
+class _Slot:
+    session: VerifierSession
+    sync: PrefixSync
+
+
+@dataclass
+class _Hyp:
+    tokens: list[int]
+    score: float
+    slot: _Slot | None = None
+
+
+@dataclass
+class _Finished:
+    tokens: list[int]
+    score: float
+    ended_by_eos: bool
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens) + int(self.ended_by_eos)
+
+
+def reference_beam_search(verifier, source_ids, width, max_new_tokens, stats, delta=None, max_candidates=None):
+    eos = verifier.eos_id
+    per_parent = min(width, max_candidates or width, verifier.vocab_size)
+    slots: list[_Slot] = []
+    try:
+        alive = [_Hyp([], 0.0, _open(verifier, source_ids, slots))]
+        finished: list[_Finished] = []
+        while alive and len(finished) < width:
+            candidates = []
+            t0 = time.perf_counter()
+            for j, hyp in enumerate(alive):
+                slot = hyp.slot
+                assert slot is not None
+                committed, append = slot.sync.delta(hyp.tokens)
+                res = slot.session.step(committed, append, [], per_parent)
+                slot.sync.seen = list(hyp.tokens)
+                for r in range(per_parent):
+                    candidates.append((hyp.score + res.topk_logprobs[0][r], j, r, res.topk_ids[0][r]))
+            stats.verifier_time_s += time.perf_counter() - t0
+            stats.iterations += 1
+            candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
+            if delta is not None:
+                best = candidates[0][0]
+                candidates = [c for c in candidates if c[0] >= best - delta]
+            grown: list[tuple[_Hyp, _Hyp]] = []
+            for score, j, _, token in candidates[: width - len(finished)]:
+                parent = alive[j]
+                if token == eos:
+                    finished.append(_Finished(parent.tokens, score, ended_by_eos=True))
+                elif len(parent.tokens) + 1 >= max_new_tokens:
+                    finished.append(_Finished([*parent.tokens, token], score, ended_by_eos=False))
+                else:
+                    grown.append((parent, _Hyp([*parent.tokens, token], score)))
+            alive = _assign_slots(grown, alive, verifier, source_ids, slots)
+        best = max(finished, key=lambda f: f.score / f.length)
+        stats.output_tokens = len(best.tokens)
+        stats.finish_reason = "eos" if best.ended_by_eos else "length"
+        return best.tokens
+    finally:
+        for slot in slots:
+            slot.session.close()
+
+
+def _assign_slots(grown, old, verifier, source_ids, slots):
+    free = [h.slot for h in old if h.slot is not None]
+    taken: set[int] = set()
+    children = [child for _, child in grown]
+    pending = []
+    for parent, child in grown:
+        if parent.slot is not None and id(parent.slot) not in taken:
+            child.slot = parent.slot
+            taken.add(id(parent.slot))
+        else:
+            pending.append(child)
+    for child in pending:
+        options = [s for s in free if id(s) not in taken]
+        if options:
+            slot = max(options, key=lambda s: s.sync.delta(child.tokens)[0])
+        else:
+            slot = _open(verifier, source_ids, slots)
+        child.slot = slot
+        taken.add(id(slot))
+    return children
+
+
+def _open(verifier, source_ids, slots):
+    slot = _Slot(verifier.open(source_ids), PrefixSync())
+    slots.append(slot)
+    return slot

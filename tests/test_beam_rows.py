@@ -1,0 +1,207 @@
+"""Beam search on one multi-row verifier session equals the beam search of one session per
+hypothesis, token for token, on random tiny models (float64: no near-ties).
+
+Three implementations are compared: the policy on the verifier's own `step_rows` (where the
+backend's sessions have it; otherwise `open_rows` gives the adapter, and the test ids say
+`adapter`), the policy forced onto the adapter over single-row sessions, and a frozen copy of the
+search as it was before multi-row sessions (`tests.beam_reference`, one session per hypothesis).
+The multi-row session contract itself (`step_rows` forks rows by parent index) is checked against
+fresh single-row sessions.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from core.errors import SpecdecError, StatusCode
+from core.interfaces import BeamRow, Verifier
+from core.multirow import RowsOverSessions, has_rows, open_rows
+from gateway.decode import decode
+from gateway.decoding_config import DecodingConfig, Mode
+from gateway.modes import MODES
+from gateway.policies.beam import beam_search
+from gateway.policies.loop import DecodeStats
+from tests.beam_reference import reference_beam_search
+from tests.zoo import FIRST_WORD, MAX_LEN, VOCAB, model_pool
+from tests.zoo import sources as zoo_sources
+from verifier_service.session import LocalVerifier
+
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+trios = st.integers(0, 3)
+
+
+@functools.cache
+def _verifier(trio: int) -> LocalVerifier:
+    return LocalVerifier(model_pool()[trio].verifier)
+
+
+class _CountingVerifier(LocalVerifier):
+    """The real verifier, counting the sessions opened and closed through it."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.opened = 0
+        self.closed = 0
+
+    def open(self, source_ids: list[int]):
+        self.opened += 1
+        session = super().open(source_ids)
+        close = session.close
+
+        def counted_close() -> None:
+            self.closed += 1
+            close()
+
+        session.close = counted_close  # type: ignore[method-assign]
+        return session
+
+
+# Which multi-row path the policy takes on the torch backend: the session's own, or the adapter.
+PATH = "native" if has_rows(_verifier(0).open([FIRST_WORD])) else "adapter"
+
+
+def _search(verifier: Verifier, source: list[int], width: int, max_new: int, delta, m, **how):
+    stats = DecodeStats()
+    search = how.pop("search", beam_search)
+    out = search(verifier, source, width, max_new, stats, delta=delta, max_candidates=m, **how)
+    return out, (stats.iterations, stats.output_tokens, stats.finish_reason)
+
+
+@pytest.mark.parametrize("path", [PATH])
+@PROPERTY
+@given(
+    trio=trios,
+    source=zoo_sources(),
+    max_new=st.integers(1, 40),
+    width=st.integers(1, 6),
+    delta=st.one_of(st.none(), st.just(math.inf), st.floats(0, 4, allow_nan=False)),
+    m=st.one_of(st.none(), st.integers(1, 6)),
+)
+def test_multirow_beam_equals_one_session_per_hypothesis(path, trio, source, max_new, width, delta, m):
+    verifier = _verifier(trio)
+    reference = _search(verifier, source, width, max_new, delta, m, search=reference_beam_search)
+    adapter = _search(verifier, source, width, max_new, delta, m, native_rows=False)
+    rows = _search(verifier, source, width, max_new, delta, m)
+    assert adapter == reference
+    assert rows == reference
+
+
+@pytest.mark.parametrize("path", [PATH])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trio=trios, source=zoo_sources(), max_new=st.integers(1, 30), width=st.integers(1, 5))
+def test_beam_mode_through_decode_equals_the_reference(path, trio, source, max_new, width):
+    """The mode registry runs the multi-row policy: `decode()` gives the reference's output and stats."""
+    verifier = _verifier(trio)
+    result = decode(source, DecodingConfig(mode=Mode.BEAM, max_new_tokens=max_new, num_beams=width), verifier)
+    ids, (iterations, output_tokens, finish) = _search(
+        verifier, source, width, max_new, None, None, search=reference_beam_search
+    )
+    assert result.output_ids == ids
+    assert (result.stats.iterations, result.stats.output_tokens, result.stats.finish_reason) == (
+        iterations, output_tokens, finish,
+    )
+
+
+def test_beam_holds_one_verifier_session_per_request():
+    """Gateway admission counts one verifier session for a beam request, whatever its width."""
+    assert MODES[Mode.BEAM].verifier_sessions(DecodingConfig(mode=Mode.BEAM, num_beams=16)) == 1
+
+
+@pytest.mark.parametrize("native", [True, False], ids=[f"open_rows-{PATH}", "adapter"])
+def test_search_opens_and_closes_its_sessions(native):
+    """One session on the multi-row path; at most `width` sessions on the adapter (idle ones are
+    re-targeted, never leaked); every session is closed when the search ends."""
+    verifier = _CountingVerifier(model_pool()[1].verifier)
+    source = [5, 6, 7, 8, 9, 10, 11, 12]
+    beam_search(verifier, source, 5, 20, DecodeStats(), native_rows=native)
+    if native and PATH == "native":
+        assert verifier.opened == 1
+    else:
+        assert 1 < verifier.opened <= 5
+    assert verifier.closed == verifier.opened
+
+
+# ---- the multi-row session contract: rows fork by parent index -----------------------------
+
+
+@dataclass(frozen=True)
+class _Program:
+    source: list[int]
+    steps: list[list[BeamRow]]
+
+
+@st.composite
+def _programs(draw) -> _Program:
+    """Random multi-row step sequences: every row forks a random current row, cut anywhere."""
+    words = st.integers(FIRST_WORD, VOCAB - 1)
+    source = draw(st.lists(words, min_size=1, max_size=20))
+    lengths = [0]  # tokens of each current row
+    steps = []
+    for _ in range(draw(st.integers(1, 6))):
+        rows = []
+        for _ in range(draw(st.integers(1, 5))):
+            parent = draw(st.integers(0, len(lengths) - 1))
+            keep = draw(st.integers(0, lengths[parent]))
+            append = draw(st.lists(words, max_size=min(3, MAX_LEN - 2 - keep)))
+            rows.append(BeamRow(parent, keep, append))
+        steps.append(rows)
+        lengths = [r.committed_len + len(r.append_ids) for r in rows]
+    return _Program(source, steps)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=[f"open_rows-{PATH}", "adapter"])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trio=trios, program=_programs())
+def test_step_rows_scores_each_row_as_a_fresh_session_would(native, trio, program):
+    verifier = _verifier(trio)
+    session = open_rows(verifier, program.source, native=native)
+    tokens: list[list[int]] = [[]]
+    try:
+        for rows in program.steps:
+            tokens = [[*tokens[r.parent][: r.committed_len], *r.append_ids] for r in rows]
+            results = session.step_rows(rows, 4)
+            assert len(results) == len(rows)
+            for row_tokens, res in zip(tokens, results, strict=True):
+                fresh = verifier.open(program.source)
+                want = fresh.step(0, row_tokens, [], 4)
+                fresh.close()
+                assert res.topk_ids == want.topk_ids
+                assert res.top1 == want.top1
+                assert res.topk_logprobs[0] == pytest.approx(want.topk_logprobs[0], abs=1e-9)
+                assert res.draft_logprobs == []
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("native", [True, False], ids=[f"open_rows-{PATH}", "adapter"])
+@pytest.mark.parametrize("row", [BeamRow(1, 0, []), BeamRow(0, 2, []), BeamRow(-1, 0, [])])
+def test_a_row_out_of_step_is_failed_precondition(native, row):
+    """A parent that is not a current row, or a cut longer than the parent, is out of step."""
+    session = open_rows(_verifier(0), [5, 6, 7], native=native)
+    try:
+        session.step_rows([BeamRow(0, 0, [8])], 2)  # one row of one token
+        with pytest.raises(SpecdecError) as err:
+            session.step_rows([BeamRow(0, 1, [9]), row], 2)
+        assert err.value.code == StatusCode.FAILED_PRECONDITION
+    finally:
+        session.close()
+
+
+def test_adapter_retargets_idle_sessions_instead_of_opening_more():
+    """Width 3, then one row, then 3 rows again: the two sessions left idle are re-targeted."""
+    verifier = _CountingVerifier(model_pool()[0].verifier)
+    adapter = RowsOverSessions(verifier, [5, 6, 7], verifier.open([5, 6, 7]))
+    adapter.step_rows([BeamRow(0, 0, [])], 2)
+    adapter.step_rows([BeamRow(0, 0, [5]), BeamRow(0, 0, [6]), BeamRow(0, 0, [7])], 2)
+    adapter.step_rows([BeamRow(1, 1, [8])], 2)
+    adapter.step_rows([BeamRow(0, 2, [9]), BeamRow(0, 2, [10]), BeamRow(0, 1, [11])], 2)
+    assert adapter.rows == [[6, 8, 9], [6, 8, 10], [6, 11]]
+    assert verifier.opened == adapter.sessions_opened == 3
+    adapter.close()
+    assert verifier.closed == 3
