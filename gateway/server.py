@@ -20,6 +20,7 @@ import structlog
 
 from core.errors import SpecdecError, StatusCode, invalid
 from core.wire import SPECIAL_ID_FIELDS, source_len_from_wire, target_len_from_wire
+from gateway import kserve
 from gateway.admission import Admission, AdmissionQueue, Budget, client_of, sessions_needed
 from gateway.config import GatewayConfig
 from gateway.decode import decode
@@ -94,10 +95,12 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         token = read_token(config.auth_token, config.auth_token_file)
         auth = [BearerTokenInterceptor(token)] if token else []
         self.host = ServiceHost(
-            "gateway", [SERVICE_NAME], self.registry, interceptors=auth,
+            "gateway", [SERVICE_NAME, kserve.SERVICE_NAME], self.registry, interceptors=auth,
             max_message_bytes=config.max_request_bytes,
         )
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(self, self.host.server)
+        # KServe v2 / Open Inference Protocol on the same port, through the same request path (`_run`).
+        kserve.add_kserve_servicer(self, config.kserve_model)
 
     # ---- start-up and peers ----------------------------------------------------------------------
 
