@@ -2,6 +2,7 @@
 
     python bench/bench_services.py            # print the table
     python bench/bench_services.py --write    # also update "## Services round trip (CPU)" in BENCHMARKS.md
+    python bench/bench_services.py --triton   # also: the Triton-hosted verifier against the native one
 
 The three services run as `specdec serve all` in a separate process (as a user runs them); the
 client calls `Generate` over loopback with one request in flight. In-process runs `decode()` on
@@ -39,6 +40,7 @@ from specdec.benchmark import quick_configs
 from verifier_service.session import make_verifier
 
 SECTION = "## Services round trip (CPU)"
+TRITON_MODES = ("AR greedy", "IAD", "GAD k=")  # lossless rows: same tokens, so the same iterations
 TEXTS = [
     "Я хочу подякувати вам за вашу допомогу.",
     "Вчора ми ходили до парку і бачили багато людей.",
@@ -52,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=5, help="passes over the inputs per mode (median taken)")
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--triton", action="store_true", help="add the Triton-hosted verifier rows "
+                        "(tritonserver from deploy/triton/setup.sh; both verifiers on torch)")
     parser.add_argument("--output", type=Path, default=Path(__file__).resolve().parents[1] / "BENCHMARKS.md")
     args = parser.parse_args(argv)
 
@@ -64,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             server.terminate()
             server.wait(timeout=30)
     table = _table(rows)
+    if args.triton:
+        with tempfile.TemporaryDirectory() as tmp:
+            bundle_dir = Path(args.bundle) if args.bundle else make_tiny_bundle(Path(tmp) / "bundle", seed=0)
+            table += "\n\n" + _triton_table(_measure_triton(bundle_dir, Path(tmp), args))
     print(table)
     if args.write:
         stamp = (
@@ -119,6 +127,68 @@ def _measure(bundle_dir: Path, address: str, args) -> list[dict]:
                 }
             )
     return rows
+
+
+def _measure_triton(bundle_dir: Path, tmp: Path, args) -> list[dict]:
+    """Generate through two gateways: one on the native verifier (torch), one on the same verifier
+    hosted by Triton (`verifier_url = triton://...`); per request, both with one request in flight."""
+    from specdec.triton_export import export_triton
+    from tests.triton.tritonserver import start_triton, why_not_runnable
+
+    reason = why_not_runnable()
+    if reason:
+        raise SystemExit(f"--triton: {reason}")
+    export_triton(bundle_dir, tmp / "repository")
+    triton = start_triton(tmp / "repository", tmp / "tritonserver.log")
+    native, native_address = start_services(bundle_dir, "torch")
+    os.environ["SPECDEC__GATEWAY__VERIFIER_URL"] = triton.url("specdec_verifier")
+    try:
+        hosted, hosted_address = start_services(bundle_dir, "torch")
+    finally:
+        del os.environ["SPECDEC__GATEWAY__VERIFIER_URL"]
+    rows = []
+    try:
+        with grpc.insecure_channel(native_address) as a, grpc.insecure_channel(hosted_address) as b:
+            stubs = [gateway_pb2_grpc.GatewayServiceStub(a), gateway_pb2_grpc.GatewayServiceStub(b)]
+            for bench_config in quick_configs():
+                if not bench_config.name.startswith(TRITON_MODES):
+                    continue
+                overrides = {**bench_config.overrides, "max_new_tokens": args.max_new_tokens, "seed": 1}
+                wire = overrides_to_wire(overrides)
+                times: list[list[float]] = [[], []]
+                for _ in range(args.repeats + 1):
+                    outputs = []
+                    for side, stub in enumerate(stubs):
+                        t0 = time.perf_counter()
+                        outputs.append([stub.Generate(gateway_pb2.GenerateRequest(text=t, config=wire), timeout=120)
+                                        for t in TEXTS])
+                        times[side].append(time.perf_counter() - t0)
+                    for x, y in zip(*outputs, strict=True):
+                        if list(x.output_ids) != list(y.output_ids):
+                            raise AssertionError(f"{bench_config.name}: the Triton-hosted verifier's output differs")
+                iterations = sum(r.stats.iterations for r in outputs[0]) / len(TEXTS)
+                # The first pass warms both up and is dropped.
+                native_ms, hosted_ms = (statistics.median(t[1:]) * 1000 / len(TEXTS) for t in times)
+                rows.append({"mode": bench_config.name, "iterations": iterations, "native_ms": native_ms,
+                             "triton_ms": hosted_ms, "extra_per_iteration_ms": (hosted_ms - native_ms) / iterations})
+    finally:
+        for proc in (hosted, native):
+            proc.terminate()
+            proc.wait(timeout=30)
+        triton.stop()
+    return rows
+
+
+def _triton_table(rows: list[dict]) -> str:
+    lines = [
+        "| configuration (verifier on torch) | iterations / request | native verifier ms / request | "
+        "Triton-hosted verifier ms / request | extra ms / iteration |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['mode']} | {r['iterations']:.1f} | {r['native_ms']:.1f} | {r['triton_ms']:.1f} | "
+                     f"{r['extra_per_iteration_ms']:.2f} |")
+    return "\n".join(lines)
 
 
 def _table(rows: list[dict]) -> str:

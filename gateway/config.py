@@ -19,7 +19,12 @@ FALLBACK_POLICIES = ("ar", "fail")
 class GatewayConfig:
     address: str = GATEWAY_ADDRESS
     verifier_address: str = VERIFIER_ADDRESS
+    # Where the verifier runs, as a URL: "grpc://HOST:PORT" (a specdec verifier, the same as
+    # verifier_address) or "triton://HOST:PORT/MODEL" (the model `specdec export-triton` writes, on a
+    # Triton Inference Server). None: verifier_address.
+    verifier_url: str | None = None
     drafter_address: str | None = DRAFTER_ADDRESS  # "" or None: no drafter (AR, beam, IAD only)
+    kserve_model: str = "specdec"  # the model name the KServe v2 endpoint (gateway/kserve.py) serves
     metrics_address: str | None = None  # host:port of the Prometheus endpoint; None: off
     workers: int = 8  # requests decoded at once (each holds a worker thread)
     # Admission (gateway/admission.py): requests that cannot get a worker and their verifier /
@@ -57,9 +62,45 @@ class GatewayConfig:
     limits: DecodingLimits = field(default_factory=DecodingLimits)
 
     def __post_init__(self) -> None:
+        if self.verifier_url is not None:
+            verifier_target(self.verifier_url)  # a malformed URL fails at start-up, naming the key
+        if not self.kserve_model:
+            raise ValueError("[gateway] kserve_model: must not be empty")
         for name, least in (("workers", 1), ("max_queued", 0), ("max_per_client", 1)):
             if getattr(self, name) < least:
                 raise ValueError(f"[gateway] {name}: must be at least {least}; got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class VerifierTarget:
+    """Where the gateway's verifier runs: `kind` "grpc" (specdec.v1 VerifierService) or "triton"."""
+
+    kind: str
+    address: str  # host:port
+    model: str = ""  # the Triton model name (kind "triton")
+
+
+def verifier_target(url: str) -> VerifierTarget:
+    """Parse `verifier_url` (ValueError naming the key when it is malformed)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("grpc", "triton"):
+        raise ValueError(f"[gateway] verifier_url: expected grpc://HOST:PORT or triton://HOST:PORT/MODEL, got {url!r}")
+    address, _, model = rest.partition("/")
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"[gateway] verifier_url: {url!r} needs HOST:PORT")
+    if scheme == "triton" and (not model or "/" in model):
+        raise ValueError(f"[gateway] verifier_url: {url!r} needs the model name: triton://HOST:PORT/MODEL")
+    if scheme == "grpc" and model:
+        raise ValueError(f"[gateway] verifier_url: {url!r}: a grpc:// verifier has no model path")
+    return VerifierTarget(scheme, address, model)
+
+
+def verifier_of(config: GatewayConfig) -> VerifierTarget:
+    """The verifier a gateway config names: `verifier_url` when set, else `verifier_address`."""
+    if config.verifier_url is None:
+        return VerifierTarget("grpc", config.verifier_address)
+    return verifier_target(config.verifier_url)
 
 
 # Fields that the [gateway] table may not set: they come from [defaults] and [limits].

@@ -20,8 +20,9 @@ import structlog
 
 from core.errors import SpecdecError, StatusCode, invalid
 from core.wire import SPECIAL_ID_FIELDS, source_len_from_wire, target_len_from_wire
+from gateway import kserve
 from gateway.admission import Admission, AdmissionQueue, Budget, client_of, sessions_needed
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, verifier_of
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode, validate
 from gateway.inputs import check_input_size, source_ids
@@ -39,6 +40,7 @@ from gateway.remote import (
     fetch_drafter_info,
     fetch_verifier_info,
 )
+from gateway.triton_verifier import TritonVerifierClient
 from gateway.wire import overrides_from_wire, stats_to_wire
 from protos.specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.tokenizer import Tokenizer
@@ -73,7 +75,10 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.tokenizer = tokenizer
         self.log = structlog.get_logger(service="gateway")
         peers = peer_tls(config)
-        self.verifier_channel = open_channel(config.verifier_address, peers, channel_options())
+        target = verifier_of(config)
+        # verifier_url = "triton://HOST:PORT/MODEL": the Triton-hosted verifier (gateway.triton_verifier).
+        self.triton = TritonVerifierClient(target.address, target.model) if target.kind == "triton" else None
+        self.verifier_channel = open_channel(target.address, peers, channel_options())
         self.drafter_channel = (
             open_channel(config.drafter_address, peers, channel_options()) if config.drafter_address else None
         )
@@ -96,17 +101,24 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         token = read_token(config.auth_token, config.auth_token_file)
         auth = [BearerTokenInterceptor(token)] if token else []
         self.host = ServiceHost(
-            "gateway", [SERVICE_NAME], self.registry, interceptors=auth,
+            "gateway", [SERVICE_NAME, kserve.SERVICE_NAME], self.registry, interceptors=auth,
             max_message_bytes=config.max_request_bytes,
         )
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(self, self.host.server)
+        # KServe v2 / Open Inference Protocol on the same port, through the same request path (`_run`).
+        kserve.add_kserve_servicer(self, config.kserve_model)
 
     # ---- start-up and peers ----------------------------------------------------------------------
 
     def check_peers(self) -> None:
         """Wait for the verifier; check a reachable drafter against it and the tokenizer."""
         try:
-            self.verifier_info = _wait_info(fetch_verifier_info, self.verifier_channel, self.config.startup_timeout_s)
+            if self.triton is not None:
+                self.verifier_info = _wait_triton_info(self.triton, self.config.startup_timeout_s)
+            else:
+                self.verifier_info = _wait_info(
+                    fetch_verifier_info, self.verifier_channel, self.config.startup_timeout_s
+                )
         except (grpc.RpcError, grpc.FutureTimeoutError) as exc:
             raise SpecdecError(StatusCode.UNAVAILABLE, f"verifier at {self.config.verifier_address}: {exc}") from None
         if self.verifier_info.tokenizer_fingerprint != self.tokenizer.fingerprint:
@@ -196,6 +208,8 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         while self.m_active.value() > 0 and loop.time() < deadline:
             await asyncio.sleep(0.02)
         self.verifier_channel.close()
+        if self.triton is not None:
+            self.triton.close()
         if self.drafter_channel is not None:
             self.drafter_channel.close()
 
@@ -390,7 +404,10 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
     def _decode(self, source, config: DecodingConfig, options: CallOptions, on_tokens: OnTokens, log) -> DecodeResult:
         """Worker thread: decode through the services; on drafter trouble, again as plain AR."""
         assert self.verifier_info is not None
-        verifier = RemoteVerifier(self.verifier_channel, self.verifier_info, options)
+        verifier = (
+            self.triton.verifier(self.verifier_info, options) if self.triton is not None
+            else RemoteVerifier(self.verifier_channel, self.verifier_info, options)
+        )
         committed: list[int] = []
 
         def counting(block: list[int]) -> None:
@@ -506,6 +523,18 @@ async def _abort(context, code: grpc.StatusCode, details: str) -> None:
     if context.done():
         raise asyncio.CancelledError()
     await context.abort(code, details)
+
+
+def _wait_triton_info(triton: TritonVerifierClient, timeout: float) -> common_pb2.ModelInfo:
+    """The Triton-hosted verifier's ModelInfo, once the server is up and the model loaded."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return triton.fetch_info(timeout=min(5.0, max(deadline - time.monotonic(), 0.1)))
+        except SpecdecError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _wait_info(fetch, channel: grpc.Channel, timeout: float) -> common_pb2.ModelInfo:

@@ -259,6 +259,20 @@ def _cmd_export_onnx(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export_triton(args: argparse.Namespace) -> int:
+    from specdec.triton_export import TritonExportOptions, export_triton
+
+    options = TritonExportOptions(
+        model=args.model, backend=args.backend or "torch", device=args.device,
+        instance_kind="KIND_GPU" if args.device.startswith("cuda") else "KIND_CPU",
+        max_sessions=args.max_sessions, session_idle_s=args.session_idle_s, threads=args.threads, onnx=args.onnx,
+    )
+    model_dir = export_triton(resolve_bundle(args.bundle), args.out, options)
+    repository = str(Path(args.out).resolve())
+    print(json.dumps({"repository": repository, "model": options.model, "directory": str(model_dir)}))
+    return 0
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from training.pipeline import run_from_args
 
@@ -322,6 +336,18 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="cache root (default: $SPECDEC_ONNX_CACHE or BUNDLE/onnx)")
     p.add_argument("--force", action="store_true", help="re-export even when the cache has this fingerprint")
     p.set_defaults(run=_cmd_export_onnx)
+
+    p = sub.add_parser("export-triton", help="write a Triton Inference Server model repository for the verifier")
+    p.add_argument("--bundle", help=f"model bundle directory (default: ${DEFAULT_BUNDLE_ENV} or bundles/ua-gec)")
+    p.add_argument("--out", required=True, help="model repository directory (tritonserver --model-repository)")
+    p.add_argument("--model", default="specdec_verifier", help="model name (verifier_url triton://HOST:PORT/MODEL)")
+    p.add_argument("--backend", choices=BACKENDS, default=None, help="the verifier backend inside the model")
+    p.add_argument("--device", default="cpu", help="where the model runs inside Triton: cpu, cuda or cuda:N")
+    p.add_argument("--max-sessions", type=int, default=64, help="sessions (sequences) the model holds at once")
+    p.add_argument("--session-idle-s", type=float, default=300.0, help="the model frees sessions idle this long")
+    p.add_argument("--threads", type=int, default=1, help="torch threads in the model instance")
+    p.add_argument("--onnx", action="store_true", help="also the ONNX encoder/decoder on the onnxruntime backend")
+    p.set_defaults(run=_cmd_export_triton)
 
     p = sub.add_parser("serve", help="run the verifier, drafter or gateway service (or all three)")
     p.add_argument("role", choices=["verifier", "drafter", "gateway", "all"])

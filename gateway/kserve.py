@@ -1,0 +1,301 @@
+"""The gateway's KServe v2 / Open Inference Protocol endpoint (`inference.GRPCInferenceService`).
+
+Served beside `specdec.v1.GatewayService` on the same port, so `tritonclient`, KServe clients and
+Triton's tooling can call the stack. One model (default name `specdec`, `[gateway] kserve_model`):
+
+- input `TEXT` (BYTES, one element) or `INPUT_IDS` (INT64, shape [N] or [1, N]);
+- decoding settings as request parameters named as the CLI flags (`mode`: "gad", `k`: 10, `beta`,
+  `tau`, `beams`, `max_new_tokens`, ...; dashes or underscores), valued as the flags are: numbers,
+  or strings that parse as the flag's type;
+- outputs `TEXT` (BYTES [1]) and `OUTPUT_IDS` (INT64 [N]); the decoding stats as response parameters.
+
+A request is translated into a `GenerateRequest` and run by the gateway's own request path
+(`GatewayServer._run`: admission, limits, deadline, cancellation, metrics), so it is validated and
+answered with the same status codes as `Generate`. What only this protocol can get wrong (an unknown
+model, a wrong datatype or shape, an unknown parameter) is INVALID_ARGUMENT, but an unknown model is
+NOT_FOUND as Triton answers it.
+
+The messages are tritonclient's compiled KServe stubs (`tritonclient.grpc.service_pb2`): the server
+then speaks exactly the client's wire format, and a second copy of `grpc_service.proto` in our protos
+would clash with tritonclient's in the one protobuf descriptor pool of any process that loads both.
+tritonclient's grpc package needs only numpy, ml_dtypes, python-rapidjson and packaging (no torch).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import numpy as np
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+
+from core.errors import SpecdecError, invalid
+from gateway.decoding_config import DecodingConfig, Mode, cli_flag, parse_mode
+from gateway.remote import Cancellation
+from gateway.wire import overrides_to_wire
+from protos.specdec.v1 import gateway_pb2
+from serving.status import grpc_code
+
+if TYPE_CHECKING:
+    from gateway.server import GatewayServer
+
+SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+MODEL_VERSION = "1"
+TEXT, INPUT_IDS, OUTPUT_IDS = "TEXT", "INPUT_IDS", "OUTPUT_IDS"
+OUTPUTS = (TEXT, OUTPUT_IDS)
+# Parameters a KServe/Triton client may send that are not decoding settings: accepted and ignored
+# (the deadline travels as the gRPC deadline; the gateway has no priorities).
+_IGNORED_PARAMETERS = {"priority", "timeout"}
+
+
+def parameter_names() -> dict[str, str]:
+    """Request parameter name -> DecodingConfig field: each flag without its dashes (`--beams` ->
+    `beams`, `--max-new-tokens` -> `max_new_tokens`), and the field's own name."""
+    names: dict[str, str] = {}
+    for f in fields(DecodingConfig):
+        names[cli_flag(f).lstrip("-").replace("-", "_")] = f.name
+        names[f.name] = f.name
+    return names
+
+
+_PARAMETERS = parameter_names()
+_TYPES = {f.name: f.type for f in fields(DecodingConfig)}
+
+
+def add_kserve_servicer(gateway: GatewayServer, model_name: str) -> None:
+    """Register the KServe v2 servicer on the gateway's grpc server (same port, auth, limits)."""
+    servicer = KServeServicer(gateway, model_name)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, gateway.host.server)
+
+
+class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, gateway: GatewayServer, model_name: str) -> None:
+        self.gateway = gateway
+        self.model_name = model_name
+
+    # ---- health and metadata ---------------------------------------------------------------------
+
+    async def ServerLive(self, request, context):
+        return service_pb2.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):
+        return service_pb2.ServerReadyResponse(ready=self._ready())
+
+    async def ServerMetadata(self, request, context):
+        return service_pb2.ServerMetadataResponse(name="specdec", version="1", extensions=["parameters"])
+
+    async def ModelReady(self, request, context):
+        # As Triton: an unknown model is simply not ready (no error).
+        return service_pb2.ModelReadyResponse(ready=self._known(request.name, request.version) and self._ready())
+
+    async def ModelMetadata(self, request, context):
+        await self._check_model(request.name, request.version, context)
+        tensor = service_pb2.ModelMetadataResponse.TensorMetadata
+        return service_pb2.ModelMetadataResponse(
+            name=self.model_name,
+            versions=[MODEL_VERSION],
+            platform="specdec",
+            inputs=[
+                tensor(name=TEXT, datatype="BYTES", shape=[1]), tensor(name=INPUT_IDS, datatype="INT64", shape=[-1])
+            ],
+            outputs=[
+                tensor(name=TEXT, datatype="BYTES", shape=[1]), tensor(name=OUTPUT_IDS, datatype="INT64", shape=[-1])
+            ],
+        )
+
+    async def ModelConfig(self, request, context):
+        await self._check_model(request.name, request.version, context)
+        mc = model_config_pb2
+        io = {"BYTES": mc.TYPE_STRING, "INT64": mc.TYPE_INT64}
+        config = mc.ModelConfig(
+            name=self.model_name,
+            platform="specdec",
+            max_batch_size=0,
+            input=[
+                mc.ModelInput(name=TEXT, data_type=io["BYTES"], dims=[1], optional=True),
+                mc.ModelInput(name=INPUT_IDS, data_type=io["INT64"], dims=[-1], optional=True),
+            ],
+            output=[
+                mc.ModelOutput(name=TEXT, data_type=io["BYTES"], dims=[1]),
+                mc.ModelOutput(name=OUTPUT_IDS, data_type=io["INT64"], dims=[-1]),
+            ],
+        )
+        return service_pb2.ModelConfigResponse(config=config)
+
+    # ---- inference -------------------------------------------------------------------------------
+
+    async def ModelInfer(self, request: service_pb2.ModelInferRequest, context):
+        await self._check_model(request.model_name, request.model_version, context)
+        try:
+            generate = generate_request(request)
+            wanted = requested_outputs(request)
+        except SpecdecError as exc:
+            self.gateway.m_errors.inc(code=exc.code.value)
+            await context.abort(grpc_code(exc.code), exc.message)
+        cancellation = Cancellation()
+        result, mode, total_s = await self.gateway._run(generate, context, lambda _: cancellation.check(), cancellation)
+        response = service_pb2.ModelInferResponse(
+            model_name=self.model_name, model_version=MODEL_VERSION, id=request.id
+        )
+        tensors = {
+            TEXT: ("BYTES", [1], _bytes_tensor(self.gateway.tokenizer.decode(result.output_ids).encode())),
+            OUTPUT_IDS: ("INT64", [len(result.output_ids)], np.asarray(result.output_ids, "<i8").tobytes()),
+        }
+        for name in wanted:
+            datatype, shape, raw = tensors[name]
+            response.outputs.add(name=name, datatype=datatype, shape=shape)
+            response.raw_output_contents.append(raw)
+        _stats_parameters(response, result.stats, mode, total_s)
+        return response
+
+    # ---- helpers ---------------------------------------------------------------------------------
+
+    def _ready(self) -> bool:
+        return self.gateway.verifier_info is not None and not self.gateway.host.draining
+
+    def _known(self, name: str, version: str) -> bool:
+        return name == self.model_name and version in ("", MODEL_VERSION)
+
+    async def _check_model(self, name: str, version: str, context) -> None:
+        if not self._known(name, version):
+            shown = f"{name!r}" + (f" version {version!r}" if version else "")
+            message = f"unknown model {shown}; this server has {self.model_name!r}"
+            await context.abort(grpc.StatusCode.NOT_FOUND, message)
+
+
+def generate_request(request: service_pb2.ModelInferRequest) -> gateway_pb2.GenerateRequest:
+    """The `GenerateRequest` a ModelInfer request stands for (INVALID_ARGUMENT when it has none)."""
+    inputs = {t.name: i for i, t in enumerate(request.inputs)}
+    unknown = set(inputs) - {TEXT, INPUT_IDS}
+    if unknown or len(inputs) != len(request.inputs):
+        raise invalid(f"inputs must be {TEXT} or {INPUT_IDS}, each once; got {[t.name for t in request.inputs]}")
+    if len(inputs) != 1:
+        raise invalid(f"set exactly one input, {TEXT} (BYTES) or {INPUT_IDS} (INT64)")
+    (name, index), = inputs.items()
+    tensor = request.inputs[index]
+    raw = request.raw_input_contents[index] if request.raw_input_contents else None
+    if request.raw_input_contents and len(request.raw_input_contents) != len(request.inputs):
+        raise invalid("raw_input_contents must have one entry per input")
+    config = overrides_to_wire(decoding_overrides(request.parameters))
+    if name == TEXT:
+        return gateway_pb2.GenerateRequest(text=_text(tensor, raw), config=config)
+    return gateway_pb2.GenerateRequest(input_ids=_ids(tensor, raw), config=config)
+
+
+def decoding_overrides(parameters) -> dict[str, Any]:
+    """Request parameters -> DecodingConfig overrides, each converted to its field's type."""
+    out: dict[str, Any] = {}
+    for key, param in parameters.items():
+        if key in _IGNORED_PARAMETERS:
+            continue
+        name = _PARAMETERS.get(key)
+        if name is None:
+            raise invalid(f"unknown decoding parameter {key!r}; known: {sorted(set(_PARAMETERS))}")
+        out[name] = _convert(key, _TYPES[name], param)
+    return out
+
+
+def requested_outputs(request: service_pb2.ModelInferRequest) -> list[str]:
+    names = [o.name for o in request.outputs] or list(OUTPUTS)
+    unknown = [n for n in names if n not in OUTPUTS]
+    if unknown:
+        raise invalid(f"unknown outputs {unknown}; this model has {list(OUTPUTS)}")
+    return names
+
+
+def _convert(key: str, kind: str, param) -> Any:
+    which = param.WhichOneof("parameter_choice")
+    value = getattr(param, which) if which else None
+    if value is None:
+        raise invalid(f"parameter {key!r} has no value")
+    if which == "bool_param":  # never a number: True would silently be 1
+        raise invalid(f"parameter {key!r} must be a {_kind_name(kind)}, not a bool")
+    if "Mode" in kind:
+        if which != "string_param":
+            raise invalid(f"parameter {key!r} must be a string (one of {[m.value for m in Mode]})")
+        return parse_mode(value).value
+    try:
+        if "int" in kind:
+            if which == "double_param":
+                raise ValueError
+            return int(value)
+        return float(value)
+    except ValueError:
+        raise invalid(f"parameter {key!r} must be a {_kind_name(kind)}, got {value!r}") from None
+
+
+def _kind_name(kind: str) -> str:
+    return "integer" if "int" in kind else "number"
+
+
+def _text(tensor, raw: bytes | None) -> str:
+    if tensor.datatype != "BYTES":
+        raise invalid(f"input {TEXT} must be BYTES, got {tensor.datatype}")
+    elements = _split_bytes(raw) if raw is not None else list(tensor.contents.bytes_contents)
+    _check_shape(tensor, len(elements))
+    if len(elements) != 1:
+        raise invalid(f"input {TEXT} must hold one element (one text per request), got {len(elements)}")
+    try:
+        return elements[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise invalid(f"input {TEXT} is not valid UTF-8") from None
+
+
+def _ids(tensor, raw: bytes | None) -> list[int]:
+    if tensor.datatype != "INT64":
+        raise invalid(f"input {INPUT_IDS} must be INT64, got {tensor.datatype}")
+    if raw is not None:
+        if len(raw) % 8:
+            raise invalid(f"input {INPUT_IDS}: {len(raw)} bytes is not a whole number of INT64 values")
+        ids = np.frombuffer(raw, "<i8").tolist()
+    else:
+        ids = list(tensor.contents.int64_contents)
+    _check_shape(tensor, len(ids))
+    if len(tensor.shape) > 2 or (len(tensor.shape) == 2 and tensor.shape[0] != 1):
+        raise invalid(f"input {INPUT_IDS} must have shape [N] or [1, N], got {list(tensor.shape)}")
+    return ids
+
+
+def _check_shape(tensor, count: int) -> None:
+    size = int(np.prod(tensor.shape)) if len(tensor.shape) else 1
+    if any(d < 0 for d in tensor.shape) or size != count:
+        raise invalid(f"input {tensor.name}: shape {list(tensor.shape)} does not match its {count} elements")
+
+
+def _split_bytes(raw: bytes) -> list[bytes]:
+    """Triton's raw BYTES layout: each element is a 4-byte little-endian length, then its bytes."""
+    out: list[bytes] = []
+    at = 0
+    while at < len(raw):
+        if at + 4 > len(raw):
+            raise invalid(f"input {TEXT}: truncated BYTES element length")
+        (n,) = struct.unpack_from("<I", raw, at)
+        at += 4
+        if at + n > len(raw):
+            raise invalid(f"input {TEXT}: a BYTES element runs past the tensor's end")
+        out.append(raw[at : at + n])
+        at += n
+    return out
+
+
+def _bytes_tensor(value: bytes) -> bytes:
+    return struct.pack("<I", len(value)) + value
+
+
+def _stats_parameters(response: service_pb2.ModelInferResponse, stats, mode: Mode, total_s: float) -> None:
+    """The DecodingStats of `Generate`, as response parameters (lists as comma-separated strings)."""
+    gateway_s = max(total_s - stats.drafter_time_s - stats.verifier_time_s, 0.0)
+    p = response.parameters
+    p["mode"].string_param = mode.value
+    p["iterations"].int64_param = stats.iterations
+    p["drafted_tokens"].int64_param = stats.drafted_tokens
+    p["accepted_tokens"].int64_param = stats.accepted_tokens
+    p["accepted_per_position"].string_param = ",".join(str(n) for n in stats.accepted_per_position)
+    p["mean_accepted_length"].double_param = stats.mean_accepted_length
+    p["drafter_time_ms"].double_param = stats.drafter_time_s * 1e3
+    p["verifier_time_ms"].double_param = stats.verifier_time_s * 1e3
+    p["gateway_time_ms"].double_param = gateway_s * 1e3
+    p["degraded"].bool_param = stats.degraded
+    p["finish_reason"].string_param = stats.finish_reason
