@@ -95,9 +95,37 @@ class Cross:
         return int(self.k.shape[3])
 
 
-def gather(blocks: Sequence[RowBlock], sources: Sequence[Cross], zeros: Zeros) -> dict[str, Any]:
+class CrossStack:
+    """The batch's padded cross-attention K/V [L, N, H, S, hd], remade only when the batch's sources
+    change: a scheduler's consecutive forwards mostly hold the same sessions, and restacking every
+    source's K/V each step would cost about as much as gathering the rows' pasts."""
+
+    def __init__(self) -> None:
+        self._sources: tuple[Cross, ...] = ()
+        self._stacked: tuple[Any, Any] | None = None
+
+    def stack(self, sources: Sequence[Cross], zeros: Zeros) -> tuple[Any, Any]:
+        if len(sources) == 1:  # one source (one session, or one multi-row session): no copy
+            return sources[0].k, sources[0].v
+        same = len(sources) == len(self._sources) and all(a is b for a, b in zip(sources, self._sources, strict=True))
+        if not same or self._stacked is None:
+            layers, _, heads, _, hd = sources[0].k.shape
+            s = max(c.length for c in sources)
+            cross_k = zeros((layers, len(sources), heads, s, hd))
+            cross_v = zeros((layers, len(sources), heads, s, hd))
+            for j, c in enumerate(sources):
+                cross_k[:, j, :, : c.length] = c.k[:, 0]
+                cross_v[:, j, :, : c.length] = c.v[:, 0]
+            self._sources, self._stacked = tuple(sources), (cross_k, cross_v)
+        return self._stacked
+
+
+def gather(
+    blocks: Sequence[RowBlock], sources: Sequence[Cross], zeros: Zeros, crosses: CrossStack | None = None
+) -> dict[str, Any]:
     """The batched decoder's inputs (`batch_graph.BATCH_INPUTS` plus `targets`) for `blocks`:
-    int inputs as int64 numpy arrays, K/V padded with zeros in the backend's own arrays."""
+    int inputs as int64 numpy arrays, K/V padded with zeros in the backend's own arrays; `crosses`
+    keeps the last stack of sources for the next call."""
     b = len(blocks)
     t = max(len(r.fed) for r in blocks)
     p = max(r.past_len for r in blocks)
@@ -115,15 +143,7 @@ def gather(blocks: Sequence[RowBlock], sources: Sequence[Cross], zeros: Zeros) -
         if r.past_len:
             past_k[:, i, :, : r.past_len] = r.kv.k[:, :, : r.past_len]
             past_v[:, i, :, : r.past_len] = r.kv.v[:, :, : r.past_len]
-    if len(sources) == 1:  # one source (one session, or one multi-row session): no copy
-        cross_k, cross_v = sources[0].k, sources[0].v
-    else:
-        s = max(c.length for c in sources)
-        cross_k = zeros((layers, len(sources), heads, s, hd))
-        cross_v = zeros((layers, len(sources), heads, s, hd))
-        for j, c in enumerate(sources):
-            cross_k[:, j, :, : c.length] = c.k[:, 0]
-            cross_v[:, j, :, : c.length] = c.v[:, 0]
+    cross_k, cross_v = (crosses or CrossStack()).stack(sources, zeros)
     return {
         "tokens": tokens,
         "block_lens": np.array([len(r.fed) for r in blocks], np.int64),

@@ -32,7 +32,7 @@ from core.checks import check_session_step
 from core.errors import out_of_step
 from core.interfaces import BeamRow, StepCall, VerifyResult
 from seq2seq_models.config import ModelConfig
-from seq2seq_models.row_cache import Cross, RowBlock, RowKV, Zeros, gather, scatter
+from seq2seq_models.row_cache import Cross, CrossStack, RowBlock, RowKV, Zeros, gather, scatter
 from verifier_service.model_verifier import ModelVerifier
 
 StepOutcome = VerifyResult | list[VerifyResult] | BaseException
@@ -120,6 +120,7 @@ class BatchVerifier(ModelVerifier):
         super().__init__(config)
         self.config = config
         self.engine = engine
+        self._crosses = CrossStack()  # the last forward's stacked sources, reused while they stay
 
     def open(self, source_ids: list[int]) -> BatchSession:
         return BatchSession(self, source_ids)
@@ -210,7 +211,7 @@ class BatchVerifier(ModelVerifier):
                 blocks.append(b)
         top_k = min(self.vocab_size, max(p.call.top_k for p in planned))
         if blocks:
-            feeds = gather(blocks, crosses, self.engine.zeros)
+            feeds = gather(blocks, crosses, self.engine.zeros, self._crosses)
             block_k, block_v, topk_lp, topk_ids, target_lp = self.engine.forward(feeds, top_k)
             scatter(blocks, block_k, block_v)
         forward_s = time.perf_counter() - started
