@@ -1,4 +1,4 @@
-"""The two attention kernels the model's layers run with: one for eager torch, one for ONNX export.
+"""The attention kernels the model's layers run with: one for eager torch, two for ONNX export.
 
 A kernel owns the three steps that differ between the paths: splitting a projection into heads,
 the scaled dot-product attention itself, and merging the heads back. The layers
