@@ -1,4 +1,4 @@
-"""The two attention kernels the model's layers run with: one for eager torch, one for ONNX export.
+"""The attention kernels the model's layers run with: one for eager torch, two for ONNX export.
 
 A kernel owns the three steps that differ between the paths: splitting a projection into heads,
 the scaled dot-product attention itself, and merging the heads back. The layers
@@ -10,6 +10,9 @@ eager model and the exported graphs share every other op.
 * `GRAPH`: for tracing one sequence (batch 1): `reshape(1, -1, ...)`, so the traced length stays
   symbolic where `view(b, t, ...)` would freeze it as a constant, and plain matmul-softmax, which
   exports to standard ops that ONNX Runtime fuses on its own.
+* `BATCHED`: `GRAPH` for tracing a ragged batch (`seq2seq_models.batch_graph`): the batch and the
+  block length both stay symbolic (the head split reshapes with the traced sizes of the input,
+  the merge flattens the last two axes), with the same matmul-softmax.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["EAGER", "GRAPH", "AttentionKernel", "EagerAttention", "GraphAttention"]
+__all__ = ["BATCHED", "EAGER", "GRAPH", "AttentionKernel", "BatchedGraphAttention", "EagerAttention", "GraphAttention"]
 
 
 class AttentionKernel(Protocol):
@@ -75,5 +78,17 @@ class GraphAttention:
         return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
+class BatchedGraphAttention(GraphAttention):
+    """`GRAPH` with a symbolic batch axis: sizes come from the traced input's shape, never from
+    Python ints, so one exported graph serves any batch and block length."""
+
+    def split_heads(self, x: Tensor, n_heads: int, head_dim: int) -> Tensor:
+        return x.unflatten(-1, (n_heads, head_dim)).transpose(1, 2)
+
+    def merge_heads(self, x: Tensor, n_heads: int, head_dim: int) -> Tensor:
+        return x.transpose(1, 2).flatten(2)
+
+
 EAGER: AttentionKernel = EagerAttention()
 GRAPH: AttentionKernel = GraphAttention()
+BATCHED: AttentionKernel = BatchedGraphAttention()

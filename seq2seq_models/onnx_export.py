@@ -14,6 +14,11 @@ its mask positions.
   target_logprobs [R].
   The graph slices the past to `past_len` itself, so rolling back is only a smaller `past_len`
   and the cache never has to leave the device (CUDA + I/O binding) to be cut.
+* `decoder_batch.onnx` (verifier only): the ragged batched decoder of `batch_graph` (B rows, each
+  with its own past length, block length and source) with the fused head over the wanted rows:
+  `batch_graph.BATCH_INPUTS` + targets [R], top_k [1] -> block_k/block_v [L, B, H, T, hd] (the
+  block's own K/V only; the host keeps each row's cache), topk_logprobs [R, k], topk_ids [R, k],
+  target_logprobs [R]. B, T, P, N, S and R are all dynamic.
 * `decoder.onnx` of the NAR drafter: tokens [1, T], past_len, past_k/past_v, cross_k/cross_v,
   mask_from [] -> present_k/present_v, draft_ids [T - mask_from]. Block rows before `mask_from`
   are committed tokens appended causally; rows from `mask_from` on are the k [MASK]s, which see the
@@ -40,15 +45,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels.attention import GRAPH
+from kernels.attention import BATCHED, GRAPH
 from kernels.graph_head import output_head_graph
+from seq2seq_models.batch_graph import BATCH_INPUTS, BatchedDecoder
 from seq2seq_models.transformer import Seq2SeqTransformer
 
 OPSET = 17
-EXPORT_FORMAT = 2  # bump when the graphs' interface changes, so stale caches are not reused
+EXPORT_FORMAT = 3  # bump when the graphs' interface changes, so stale caches are not reused
 CACHE_ENV = "SPECDEC_ONNX_CACHE"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
+BATCH_DECODER_FILE = "decoder_batch.onnx"
 MANIFEST_FILE = "manifest.json"
 USER_CACHE = Path.home() / ".cache" / "specdec" / "onnx"
 
@@ -56,6 +63,8 @@ ENCODER_INPUTS = ["src"]
 ENCODER_OUTPUTS = ["cross_k", "cross_v"]
 DECODER_INPUTS = ["tokens", "past_len", "past_k", "past_v", "cross_k", "cross_v", "head_from", "targets", "top_k"]
 DECODER_OUTPUTS = ["present_k", "present_v", "topk_logprobs", "topk_ids", "target_logprobs"]
+BATCH_DECODER_INPUTS = [*BATCH_INPUTS, "targets", "top_k"]
+BATCH_DECODER_OUTPUTS = ["block_k", "block_v", "topk_logprobs", "topk_ids", "target_logprobs"]
 NAR_DECODER_INPUTS = ["tokens", "past_len", "past_k", "past_v", "cross_k", "cross_v", "mask_from"]
 NAR_DECODER_OUTPUTS = ["present_k", "present_v", "draft_ids"]
 ROLES = ("verifier", "nar_drafter")
@@ -74,6 +83,12 @@ class OnnxExport:
     @property
     def decoder(self) -> Path:
         return self.directory / DECODER_FILE
+
+    @property
+    def batch_decoder(self) -> Path | None:
+        """The ragged batched decoder (verifier exports only)."""
+        path = self.directory / BATCH_DECODER_FILE
+        return path if path.is_file() else None
 
 
 def export_dir(cache_root: Path, fingerprint: str, role: str = "verifier") -> Path:
@@ -166,6 +181,37 @@ def export_verifier(model: Seq2SeqTransformer, out: Path) -> None:
         "topk_ids": {0: "rows", 1: "k"},
         "target_logprobs": {0: "rows"},
     })
+    _export_batch_decoder(model32, out)
+
+
+def _export_batch_decoder(model32: Seq2SeqTransformer, out: Path) -> None:
+    """decoder_batch.onnx: `batch_graph.BatchedDecoder` with the BATCHED kernel and the fused head."""
+    cfg = model32.config
+    layers, heads, hd = cfg.decoder_layers, cfg.n_heads, cfg.d_model // cfg.n_heads
+    # Every traced size distinct (B 2, T 3, P 5, N 2, S 4, R 4), so none is mistaken for another.
+    example = (
+        torch.tensor([[7, 8, 9], [7, 0, 0]]) % cfg.vocab_size,  # tokens
+        torch.tensor([3, 1]), torch.tensor([5, 2]),  # block_lens, past_lens
+        torch.zeros(layers, 2, heads, 5, hd), torch.zeros(layers, 2, heads, 5, hd),  # past_k, past_v
+        torch.zeros(layers, 2, heads, 4, hd), torch.zeros(layers, 2, heads, 4, hd),  # cross_k, cross_v
+        torch.tensor([4, 3]), torch.tensor([1, 0]),  # src_lens, row_src
+        torch.tensor([0, 1, 2, 3]), torch.tensor([8, 9, -1, -1]), torch.tensor([2]),  # head_rows, targets, top_k
+    )
+    axes = {
+        "tokens": {0: "batch", 1: "block"}, "block_lens": {0: "batch"}, "past_lens": {0: "batch"},
+        "past_k": {1: "batch", 3: "past"}, "past_v": {1: "batch", 3: "past"},
+        "cross_k": {1: "sources", 3: "src_len"}, "cross_v": {1: "sources", 3: "src_len"},
+        "src_lens": {0: "sources"}, "row_src": {0: "batch"}, "head_rows": {0: "rows"}, "targets": {0: "rows"},
+        "block_k": {1: "batch", 3: "block"}, "block_v": {1: "batch", 3: "block"},
+        "topk_logprobs": {0: "rows", 1: "k"}, "topk_ids": {0: "rows", 1: "k"}, "target_logprobs": {0: "rows"},
+    }
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # tracer warnings about shape arithmetic are expected
+        torch.onnx.export(
+            _BatchedVerifierStep(model32), example, str(out / BATCH_DECODER_FILE), dynamo=False,
+            opset_version=OPSET, input_names=BATCH_DECODER_INPUTS, output_names=BATCH_DECODER_OUTPUTS,
+            dynamic_axes=axes,
+        )
 
 
 def export_nar_drafter(model: Seq2SeqTransformer, out: Path) -> None:
@@ -265,6 +311,19 @@ class _DecoderStep(_ModelGraph):
         rows = hidden.index_select(0, torch.arange(head_from, t))
         head = output_head_graph(rows, m.embed.weight, m.out_bias, top_k, targets)
         return present_k, present_v, head.topk_logprobs, head.topk_ids, head.target_logprobs
+
+
+class _BatchedVerifierStep(_ModelGraph):
+    def __init__(self, model: Seq2SeqTransformer) -> None:
+        super().__init__(model)
+        self.decoder = BatchedDecoder(model, BATCHED)
+
+    def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        *batch, targets, top_k = inputs
+        rows, block_k, block_v = self.decoder(*batch)
+        m = self.model
+        head = output_head_graph(rows, m.embed.weight, m.out_bias, top_k, targets)
+        return block_k, block_v, head.topk_logprobs, head.topk_ids, head.target_logprobs
 
 
 class _NarDecoderStep(_ModelGraph):

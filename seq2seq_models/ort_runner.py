@@ -3,7 +3,9 @@
 A runner holds the encoder and decoder sessions of one role's export (`onnx_export.OnnxExport`)
 and calls them: `encode` a source into cross-attention K/V, `empty_past` for a fresh session,
 `decode` with named feeds. K/V tensors are the runner's own type (numpy arrays on CPU, device
-OrtValues on CUDA), so callers only pass them back in; `nbytes` sizes them.
+OrtValues on CUDA), so callers only pass them back in; `nbytes` sizes them. For the verifier,
+`decode_batch` calls the ragged batched decoder, whose K/V inputs and outputs are host numpy
+arrays on every provider (the rows' caches live on the host).
 
 `OrtRunner` uses the CPU execution provider. `CudaOrtRunner` uses the CUDA provider (on the GPU
 `device_id` a "cuda:N" device names) with I/O binding: past and cross-attention K/V stay on the
@@ -72,6 +74,8 @@ class OrtRunner:
     def __init__(self, export: OnnxExport, intra_op_threads: int | None, providers: list[Any]) -> None:
         self.encoder = inference_session(export.encoder, intra_op_threads, providers)
         self.decoder = inference_session(export.decoder, intra_op_threads, providers)
+        batch = export.batch_decoder
+        self.batch_decoder = None if batch is None else inference_session(batch, intra_op_threads, providers)
 
     def encode(self, source_ids: list[int], eos_id: int) -> tuple[Any, Any]:
         """Cross-attention K and V [L, 1, H, S, hd] of one source (EOS appended here)."""
@@ -91,6 +95,14 @@ class OrtRunner:
         lists or arrays, all int64); the outputs in the graph's order, K/V runner-native."""
         inputs = {**_kv_feeds(past, cross), **{name: np.asarray(value, np.int64) for name, value in feeds.items()}}
         return tuple(self.decoder.run(None, inputs))
+
+
+    def decode_batch(self, feeds: dict[str, Any]) -> tuple[Any, ...]:
+        """One call of the batched decoder (`onnx_export.BATCH_DECODER_INPUTS` by name, numpy arrays);
+        its outputs as numpy arrays. On CUDA, ORT copies the inputs to the device and back."""
+        if self.batch_decoder is None:
+            raise ValueError("this export has no batched decoder (only the verifier's has)")
+        return tuple(self.batch_decoder.run(None, feeds))
 
 
 class CudaOrtRunner(OrtRunner):

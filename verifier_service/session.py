@@ -1,84 +1,77 @@
-"""A verifier session: the AR model's KV cache over one source, rolled back on every step.
+"""The in-process verifier on eager torch: the AR model's KV caches, stepped in ragged batches.
 
-This is the in-process `core.interfaces.Verifier`; the gRPC servicer hosts the same sessions.
+`LocalVerifier` is the torch backend of `verifier_service.batch_session.BatchVerifier`: sessions,
+`step_batch` and multi-row (beam) sessions are written once there; this module gives the torch
+`Engine`, which runs `seq2seq_models.batch_graph.BatchedDecoder` eagerly in the model's own dtype and
+device (float64 models make batched and one-row steps comparable exactly) and the output head of
+`kernels.output_head` on the wanted rows. The gRPC servicer hosts the same sessions.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
 
 from core.backends import BACKENDS
 from core.errors import invalid
-from core.interfaces import VerifyResult
 from kernels import output_head
-from seq2seq_models.config import ModelConfig
-from seq2seq_models.prefix_state import PrefixState
+from kernels.attention import EAGER
+from seq2seq_models.batch_graph import BATCH_INPUTS, BatchedDecoder
+from seq2seq_models.row_cache import Cross
 from seq2seq_models.transformer import Seq2SeqTransformer
+from verifier_service.batch_session import BatchSession, BatchVerifier
+from verifier_service.model_verifier import ModelVerifier
+
+__all__ = ["LocalVerifier", "ModelVerifier", "TorchEngine", "VerifierSession", "make_verifier"]
+
+VerifierSession = BatchSession  # the session type both backends hand out
 
 
-class VerifierSession:
-    def __init__(self, model: Seq2SeqTransformer, source_ids: list[int], head=output_head) -> None:
-        self._state = PrefixState(model, source_ids)
-        self._head = head
+class TorchEngine:
+    """The batched decoder and the output head on eager torch (see the module docstring)."""
 
-    @property
-    def tokens(self) -> list[int]:
-        return self._state.tokens
+    def __init__(self, model: Seq2SeqTransformer, head=output_head) -> None:
+        self.model = model
+        self.head = head
+        self.decoder = BatchedDecoder(model, EAGER)
+        weight = model.embed.weight
+        self._dtype, self._device = weight.dtype, weight.device
 
-    @property
-    def cache_bytes(self) -> int:
-        return self._state.cache_bytes
+    def zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.zeros(shape, dtype=self._dtype, device=self._device)
 
-    def step(
-        self, committed_len: int, append_ids: list[int], draft_ids: list[int], top_k: int
-    ) -> VerifyResult:
-        model = self._state.model
-        self._state.sync(committed_len, append_ids, lookahead=len(draft_ids))
-        if draft_ids:
-            self._state.extend(draft_ids)
-        # Rows that predict d_1 .. d_n and the token past the draft; row 0 is BOS's state.
-        first = committed_len + len(append_ids)
-        with torch.no_grad():
-            rows = self._state.cache.hidden[0, first : first + len(draft_ids) + 1]
-            targets = torch.tensor([*draft_ids, -1], device=rows.device)
-            out = self._head(rows, model.embed.weight, model.out_bias, top_k, targets)
-        topk_ids = out.topk_ids.tolist()
-        return VerifyResult(
-            top1=[row[0] for row in topk_ids],
-            topk_ids=topk_ids,
-            topk_logprobs=out.topk_logprobs.tolist(),
-            draft_logprobs=out.target_logprobs[:-1].tolist(),
-        )
+    @torch.no_grad()
+    def encode(self, source_ids: list[int]) -> Cross:
+        m = self.model
+        src = torch.tensor([[*source_ids, m.config.eos_id]], device=self._device)
+        ks, vs = m.cross_kv(m.encode(src, None))
+        return Cross(torch.stack(ks), torch.stack(vs))
 
-    def close(self) -> None:
-        self._state = None  # type: ignore[assignment]
+    @torch.no_grad()
+    def forward(self, feeds: dict[str, Any], top_k: int) -> tuple[Any, Any, np.ndarray, np.ndarray, np.ndarray]:
+        inputs = [self._tensor(feeds[name]) for name in BATCH_INPUTS]
+        rows, block_k, block_v = self.decoder(*inputs)
+        m = self.model
+        out = self.head(rows, m.embed.weight, m.out_bias, top_k, self._tensor(feeds["targets"]))
+        return (block_k, block_v, out.topk_logprobs.cpu().numpy(), out.topk_ids.cpu().numpy(),
+                out.target_logprobs.cpu().numpy())
+
+    def _tensor(self, value: Any) -> torch.Tensor:
+        return torch.from_numpy(value).to(self._device) if isinstance(value, np.ndarray) else value
 
 
-class ModelVerifier:
-    """The `core.interfaces.Verifier` attributes, read off the model's config (both backends)."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        self.vocab_size = config.vocab_size
-        self.bos_id = config.bos_id
-        self.eos_id = config.eos_id
-        # The model's max_len counts the source's EOS and the target's BOS; the interface does not.
-        self.max_source_len = config.max_len - 1
-        self.max_target_len = config.max_len - 1
-
-
-class LocalVerifier(ModelVerifier):
-    """In-process verifier over one AR model."""
+class LocalVerifier(BatchVerifier):
+    """In-process verifier over one AR model (eager torch)."""
 
     backend = "torch"
 
     def __init__(self, model: Seq2SeqTransformer, head=output_head) -> None:
-        super().__init__(model.config)
+        super().__init__(model.config, TorchEngine(model, head))
         self.model = model
         self.head = head
         self.device = str(model.embed.weight.device)  # "cpu" or "cuda:N", for GetModelInfo.backend
-
-    def open(self, source_ids: list[int]) -> VerifierSession:
-        return VerifierSession(self.model, source_ids, self.head)
 
 
 def make_verifier(bundle, backend: str = "torch", head=output_head, device: str | None = None, **onnx_options):

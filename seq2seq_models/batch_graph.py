@@ -1,0 +1,89 @@
+"""The decoder over a ragged batch of rows, written once for eager torch and the ONNX export.
+
+`BatchedDecoder` runs one forward over B rows that each have their own cached past, their own
+block of new tokens and their own source; it is what the verifier's batching (`step_batch`,
+multi-row sessions) runs on both backends. Eagerly (the torch backend) it runs in the model's own
+dtype with the EAGER attention kernel, so float64 tests can compare it with one-row steps; the
+ONNX export (`onnx_export`, `decoder_batch.onnx`) traces the same module with the BATCHED kernel,
+which keeps the batch and block axes symbolic.
+
+Inputs (int tensors are int64):
+
+* `tokens` [B, T]: each row's block, right-padded to the longest (pad value irrelevant);
+* `block_lens` [B]: the real tokens of each row's block (>= 1);
+* `past_lens` [B]: the cached positions of each row; its block sits at positions
+  `past_lens[b] + t`;
+* `past_k` / `past_v` [L, B, H, P, hd]: each row's cached K/V, right-padded to P = max past_lens
+  (the padding must be finite: zeros);
+* `cross_k` / `cross_v` [L, N, H, S, hd]: the cross-attention K/V of the N distinct sources in
+  the batch, right-padded to S; `src_lens` [N] their lengths (EOS included) and `row_src` [B] the
+  source of every row (rows of one multi-row session share one source);
+* `head_rows` [R]: flat indices `b * T + t` of the block positions whose final states are wanted.
+
+Outputs: the wanted final-layer states [R, D], and the block's own K/V [L, B, H, T, hd] (the
+host appends each row's first `block_lens[b]` positions to that row's cache; nothing of the past
+is returned, so a step never copies a row's past back).
+
+Masks: a past key is visible iff its index < that row's past length; a block key iff it is at or
+before the query and inside the row's block. A padded query (t >= block_lens[b]) also sees its own
+key, so no query row is ever fully masked (no NaN from an all -inf softmax), and no real query
+ever sees a padded key.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from kernels.attention import EAGER, AttentionKernel
+from seq2seq_models.transformer import Seq2SeqTransformer
+
+BATCH_INPUTS = [
+    "tokens", "block_lens", "past_lens", "past_k", "past_v", "cross_k", "cross_v", "src_lens", "row_src", "head_rows",
+]
+
+
+class BatchedDecoder(nn.Module):
+    """`model`'s decoder over a ragged batch (see the module docstring), with `kernel`'s attention."""
+
+    def __init__(self, model: Seq2SeqTransformer, kernel: AttentionKernel = EAGER) -> None:
+        super().__init__()
+        self.model = model
+        self.kernel = kernel
+
+    def forward(
+        self, tokens: Tensor, block_lens: Tensor, past_lens: Tensor, past_k: Tensor, past_v: Tensor,
+        cross_k: Tensor, cross_v: Tensor, src_lens: Tensor, row_src: Tensor, head_rows: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        m = self.model
+        device = tokens.device
+        # Sizes come from the inputs' shapes (traced as graph ops), never from Python ints.
+        offsets = torch.arange(tokens.shape[1], device=device)  # [T]
+        positions = past_lens[:, None] + offsets[None, :]  # [B, T]
+        query = offsets[None, :, None]  # [1, T, 1]
+        past_keys = torch.arange(past_k.shape[3], device=device)[None, None, :]  # [1, 1, P]
+        block_keys = offsets[None, None, :]  # [1, 1, T]
+        # `query >= 0` only broadcasts the past mask over the block's queries ([B, T, P]).
+        past_visible = (past_keys < past_lens[:, None, None]) & (query >= 0)
+        in_block = (block_keys < block_lens[:, None, None]) | (block_keys == query)
+        block_visible = (block_keys <= query) & in_block  # [B, T, T]
+        self_mask = torch.cat([past_visible, block_visible], dim=2)[:, None]  # [B, 1, T, P + T]
+
+        row_src_lens = src_lens.index_select(0, row_src)
+        src_keys = torch.arange(cross_k.shape[3], device=device)[None, :]
+        cross_mask = (src_keys < row_src_lens[:, None])[:, None, None, :]  # [B, 1, 1, S]
+        row_cross_k = cross_k.index_select(1, row_src)
+        row_cross_v = cross_v.index_select(1, row_src)
+
+        block_k: list[Tensor] = []
+        block_v: list[Tensor] = []
+
+        def join_past(i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+            block_k.append(k)
+            block_v.append(v)
+            return torch.cat([past_k[i], k], dim=2), torch.cat([past_v[i], v], dim=2)
+
+        x = m.embed_target(tokens, positions.clamp(max=m.config.max_len - 1))
+        hidden = m.run_decoder(x, self_mask, row_cross_k, row_cross_v, cross_mask, self.kernel, join_past)
+        rows = hidden.flatten(0, 1).index_select(0, head_rows)
+        return rows, torch.stack(block_k), torch.stack(block_v)

@@ -1,0 +1,215 @@
+"""Batched verify steps (`step_batch`, multi-row sessions) equal one-row steps.
+
+Torch backend on the zoo's float64 models: a batch of any composition (ragged prefixes, rollbacks,
+appends, drafts, multi-row forks, several sources) gives every row exactly the one-row result
+(same ids; log-probs to 1e-9, summation order aside). ONNX Runtime's batched graph agrees with
+torch on the tiny float32 bundle. A closed session or a bad item fails alone.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from core.errors import SpecdecError, StatusCode
+from core.interfaces import BeamRow, StepCall, VerifyResult
+from seq2seq_models.bundle import load_bundle, make_tiny_bundle
+from tests import zoo
+from verifier_service.session import LocalVerifier, make_verifier
+
+W = zoo.FIRST_WORD
+
+
+def _same(ref: VerifyResult, got: VerifyResult, tol: float, where=None) -> None:
+    assert got.top1 == ref.top1, where
+    assert got.topk_ids == ref.topk_ids, where
+    for a, b in zip(ref.topk_logprobs, got.topk_logprobs, strict=True):
+        assert b == pytest.approx(a, abs=tol), where
+    assert got.draft_logprobs == pytest.approx(ref.draft_logprobs, abs=tol, nan_ok=True), where
+
+
+def _random_call(rng: random.Random, held: int, vocab: int, max_out: int) -> StepCall:
+    committed = rng.randint(0, held)
+    append = [rng.randrange(W, vocab) for _ in range(rng.randint(0, 3))]
+    room = max_out - committed - len(append)
+    draft = [rng.randrange(W, vocab) for _ in range(min(room, rng.randint(0, 6)))]
+    return StepCall(committed, append, draft, rng.randint(1, 5))
+
+
+@pytest.mark.parametrize("trio", zoo.model_pool()[:2], ids=lambda t: t.label)
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31 - 1), sessions=st.integers(1, 5))
+def test_batches_equal_one_row_steps(trio, seed, sessions):
+    """Random sessions step in random subsets, single-row or multi-row; every row equals a one-row
+    reference (single-row: its twin session stepped alone; a beam row: a fresh session fed the
+    row's whole prefix)."""
+    rng = random.Random(seed)
+    batched, alone = LocalVerifier(trio.verifier), LocalVerifier(trio.verifier)
+    vocab, max_out = zoo.VOCAB, 40
+    srcs = [[rng.randrange(W, vocab) for _ in range(rng.randint(1, 20))] for _ in range(sessions)]
+    multi = [rng.random() < 0.4 for _ in srcs]
+    pairs = [(batched.open(s), alone.open(s)) for s in srcs]
+    beams: list[list[list[int]]] = [[[]] for _ in srcs]  # each multi-row session's rows' tokens
+    for _ in range(6):
+        chosen = [i for i in range(sessions) if rng.random() < 0.7] or [0]
+        items, checks = [], []
+        for i in chosen:
+            session, twin = pairs[i]
+            if multi[i]:
+                rows = []
+                for _ in range(rng.randint(1, 4)):
+                    parent = rng.randrange(len(beams[i]))
+                    committed = rng.randint(0, min(len(beams[i][parent]), max_out - 3))
+                    rows.append(BeamRow(parent, committed, [rng.randrange(W, vocab) for _ in range(rng.randint(0, 2))]))
+                top_k = rng.randint(1, 4)
+                items.append((session, StepCall(top_k=top_k, rows=rows)))
+                new = [beams[i][r.parent][: r.committed_len] + r.append_ids for r in rows]
+                beams[i] = new
+                checks.append([_fresh_row(alone, srcs[i], toks, top_k) for toks in new])
+            else:
+                call = _random_call(rng, len(twin.tokens), vocab, max_out)
+                items.append((session, call))
+                checks.append(twin.step(call.committed_len, call.append_ids, call.draft_ids, call.top_k))
+        outcomes = batched.step_batch(items)
+        rows_in_batch = sum(call.n_rows for _, call in items)
+        for got, ref in zip(outcomes, checks, strict=True):
+            if isinstance(ref, list):
+                assert isinstance(got, list) and len(got) == len(ref)
+                for g, r in zip(got, ref, strict=True):
+                    _same(r, g, 1e-9, seed)
+                    assert g.batch_rows == rows_in_batch
+            else:
+                _same(ref, got, 1e-9, seed)
+                assert got.batch_rows == rows_in_batch
+        for (session, twin), m in zip(pairs, multi, strict=True):
+            if not m:
+                assert session.tokens == twin.tokens
+
+
+def _fresh_row(verifier: LocalVerifier, source: list[int], tokens: list[int], top_k: int) -> VerifyResult:
+    """The next-token view after `tokens` from a session of its own (the prefix recomputed)."""
+    return verifier.open(source).step(0, tokens, [], top_k)
+
+
+def test_one_row_step_equals_the_full_forward():
+    # An independent reference: the whole target through the model's non-incremental forward.
+    model = zoo.model_pool()[0].verifier
+    cfg = model.config
+    session = LocalVerifier(model).open([5, 6, 7, 9, 9])
+    session.step(0, [5, 6], [], 1)
+    got = session.step(1, [7], [9, 10, 11], top_k=4)
+    tgt = torch.tensor([[cfg.bos_id, 5, 7, 9, 10, 11]])
+    src = torch.tensor([[5, 6, 7, 9, 9, cfg.eos_id]])
+    with torch.no_grad():
+        logp = F.log_softmax(model(src, torch.ones_like(src, dtype=torch.bool), tgt)[0, 2:], dim=-1)
+    assert got.top1 == logp.argmax(-1).tolist()
+    for row, ref in zip(got.topk_logprobs, logp.topk(4).values.tolist(), strict=True):
+        assert row == pytest.approx(ref, abs=1e-9)
+    assert got.draft_logprobs == pytest.approx([float(logp[i, t]) for i, t in enumerate([9, 10, 11])], abs=1e-9)
+
+
+@pytest.mark.parametrize("trio", zoo.model_pool()[:2], ids=lambda t: t.label)
+def test_greedy_through_step_batch_equals_unbatched_greedy(trio):
+    gen = torch.Generator().manual_seed(3)
+    sources = [zoo.random_source(gen, n) for n in (3, 9, 17, 25, 12, 1)]
+    verifier = LocalVerifier(trio.verifier)
+
+    def greedy_alone(src: list[int]) -> list[int]:
+        session, out = verifier.open(src), []
+        while len(out) < 30:
+            tok = session.step(max(0, len(out) - 1), out[-1:], [], 1).top1[0]
+            out.append(tok)
+            if tok == verifier.eos_id:
+                break
+        return out
+
+    sessions = [verifier.open(s) for s in sources]
+    outs: list[list[int]] = [[] for _ in sources]
+    live = list(range(len(sources)))
+    while live:  # finished rows leave the batch; the others go on in one forward per step
+        results = verifier.step_batch(
+            [(sessions[i], StepCall(max(0, len(outs[i]) - 1), outs[i][-1:], [], 1)) for i in live])
+        for i, r in zip(list(live), results, strict=True):
+            assert isinstance(r, VerifyResult) and r.batch_rows == len(results)
+            outs[i].append(r.top1[0])
+            if r.top1[0] == verifier.eos_id or len(outs[i]) >= 30:
+                live.remove(i)
+    assert outs == [greedy_alone(s) for s in sources]
+
+
+def test_a_closed_session_and_a_bad_item_fail_alone():
+    model = zoo.model_pool()[1].verifier
+    verifier = LocalVerifier(model)
+    ok1, closed, bad, ok2 = (verifier.open(s) for s in ([5, 6, 7], [8, 9], [10, 11, 12], [13]))
+    twins = [LocalVerifier(model).open(s) for s in ([5, 6, 7], [13])]
+    closed.close()
+    items = [
+        (ok1, StepCall(0, [5, 6], [7], 3)),
+        (closed, StepCall(0, [5], [], 1)),
+        (bad, StepCall(4, [5], [], 1)),  # keeps more than the session holds
+        (ok2, StepCall(0, [], [13, 14], 2)),
+        (ok1, StepCall(0, [5], [], 1)),  # a second step of one session in one batch
+        (bad, StepCall(0, [], [], 1, rows=[BeamRow(3, 0, [])])),  # no such parent row
+    ]
+    out = verifier.step_batch(items)
+    _same(twins[0].step(0, [5, 6], [7], 3), out[0], 1e-12)
+    _same(twins[1].step(0, [], [13, 14], 2), out[3], 1e-12)
+    for i in (1, 2, 4, 5):
+        assert isinstance(out[i], SpecdecError) and out[i].code == StatusCode.FAILED_PRECONDITION, out[i]
+    assert out[0].batch_rows == 2
+    assert ok1.tokens == [5, 6, 7] and bad.tokens == []
+    with pytest.raises(SpecdecError, match="closed"):
+        closed.step(0, [5], [], 1)
+
+
+def test_multi_row_forks_reuse_and_free_rows():
+    model = zoo.model_pool()[0].verifier
+    verifier = LocalVerifier(model)
+    session = verifier.open([5, 6, 7, 8])
+    first = session.step_rows([BeamRow(0, 0, [])], top_k=3)
+    assert len(first) == 1 and len(first[0].top1) == 1
+    # Fork row 0 three ways, then keep rows 2 and 0 (in that order); row 1 is freed.
+    session.step_rows([BeamRow(0, 0, [5]), BeamRow(0, 0, [6]), BeamRow(0, 0, [7])], top_k=2)
+    assert [r.tokens for r in session.rows] == [[5], [6], [7]]
+    out = session.step_rows([BeamRow(2, 1, [8]), BeamRow(0, 1, [9, 10])], top_k=2)
+    assert [r.tokens for r in session.rows] == [[7, 8], [5, 9, 10]]
+    for got, toks in zip(out, ([7, 8], [5, 9, 10]), strict=True):
+        _same(_fresh_row(LocalVerifier(model), [5, 6, 7, 8], toks, 2), got, 1e-9)
+    assert session.rows[0].kv is not session.rows[1].kv
+
+
+# ---- ONNX Runtime --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return load_bundle(make_tiny_bundle(tmp_path_factory.mktemp("bundle"), seed=7))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_onnx_batches_agree_with_torch_one_row_steps(bundle, tmp_path, seed):
+    rng = random.Random(seed)
+    onnx = make_verifier(bundle, "onnxruntime", cache_root=tmp_path)
+    torch_v = LocalVerifier(bundle.verifier)
+    vocab = onnx.vocab_size
+    srcs = [[rng.randrange(W, vocab) for _ in range(rng.randint(1, 25))] for _ in range(6)]
+    pairs = [(onnx.open(s), torch_v.open(s)) for s in srcs]
+    beam, beam_rows = onnx.open(srcs[0]), [[]]
+    for step in range(6):
+        chosen = [p for p in pairs if rng.random() < 0.75] or pairs[:1]
+        calls = [_random_call(rng, len(t.tokens), vocab, 40) for _, t in chosen]
+        rows = [BeamRow(rng.randrange(len(beam_rows)), 0, [rng.randrange(W, vocab)]) for _ in range(3)]
+        rows = [BeamRow(r.parent, rng.randint(0, len(beam_rows[r.parent])), r.append_ids) for r in rows]
+        out = onnx.step_batch([*((o, c) for (o, _), c in zip(chosen, calls, strict=True)),
+                               (beam, StepCall(top_k=3, rows=rows))])
+        for (o, t), c, got in zip(chosen, calls, out[:-1], strict=True):
+            _same(t.step(c.committed_len, c.append_ids, c.draft_ids, c.top_k), got, 1e-4, (seed, step))
+            assert o.tokens == t.tokens
+        beam_rows = [beam_rows[r.parent][: r.committed_len] + r.append_ids for r in rows]
+        for got, toks in zip(out[-1], beam_rows, strict=True):
+            _same(_fresh_row(torch_v, srcs[0], toks, 3), got, 1e-4, (seed, step, "beam"))

@@ -1,0 +1,240 @@
+"""Verifier sessions whose steps run in ragged batches, written once for both backends.
+
+A session holds one source's cross-attention K/V and one or more rows (`Row`: output tokens and a
+capacity-buffer KV cache, `seq2seq_models.row_cache.RowKV`). `BatchVerifier.step_batch` takes the
+steps of many sessions (`core.interfaces.StepCall`, single- or multi-row), validates each, runs ONE
+forward of `seq2seq_models.batch_graph.BatchedDecoder` over all their rows (an `Engine`: eager torch
+or ONNX Runtime), appends every row's block to its cache and answers each item in its slot: a
+`VerifyResult`, a list of them for a multi-row step, or the exception that item raised (a closed
+session, a step out of step, ...) without failing the others. `session.step` is a batch of one.
+
+A single-row step is today's protocol: keep `committed_len` tokens, append `append_ids`, score
+`draft_ids`; the block fed is `append + draft` after the kept prefix. When nothing is appended,
+the position whose state predicts d_1 is already cached: it is re-fed (its K/V are recomputed
+identically), so the head rows always start inside the block and no hidden states are kept.
+
+A multi-row step (`step_rows`, beam search) replaces the session's rows: row i forks the current
+row `parent` (cut to `committed_len`, then `append_ids`), one head position each. The first child
+of a parent takes over the parent's buffer; further children get a copy of its kept prefix (made
+before the forward writes anything); rows no child names are freed. The prefix is never recomputed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from core.checks import check_session_step
+from core.errors import out_of_step
+from core.interfaces import BeamRow, StepCall, VerifyResult
+from seq2seq_models.config import ModelConfig
+from seq2seq_models.row_cache import Cross, CrossStack, RowBlock, RowKV, Zeros, gather, scatter
+from verifier_service.model_verifier import ModelVerifier
+
+StepOutcome = VerifyResult | list[VerifyResult] | BaseException
+
+
+class Engine(Protocol):
+    """One backend's forward: encoding a source, zero arrays, and the batched decoder with the head."""
+
+    zeros: Zeros
+
+    def encode(self, source_ids: list[int]) -> Cross: ...
+
+    def forward(self, feeds: dict[str, Any], top_k: int) -> tuple[Any, Any, np.ndarray, np.ndarray, np.ndarray]:
+        """`row_cache.gather`'s feeds -> block_k, block_v [L, B, H, T, hd] (backend arrays) and the
+        head's topk_logprobs [R, top_k], topk_ids [R, top_k], target_logprobs [R] as numpy."""
+        ...
+
+
+@dataclass
+class Row:
+    tokens: list[int]  # output tokens after BOS whose K/V the row holds (drafts included)
+    kv: RowKV
+
+
+class BatchSession:
+    """A verifier session (`core.interfaces.VerifierSession` and `MultiRowSession`) of a `BatchVerifier`."""
+
+    def __init__(self, verifier: BatchVerifier, source_ids: list[int]) -> None:
+        self._verifier = verifier
+        self.cross: Cross | None = verifier.engine.encode(source_ids)
+        self.rows: list[Row] = [Row([], verifier.new_kv())]
+
+    @property
+    def closed(self) -> bool:
+        return self.cross is None
+
+    @property
+    def tokens(self) -> list[int]:
+        """Row 0's tokens (the only row of a single-row session)."""
+        return self.rows[0].tokens if self.rows else []
+
+    @property
+    def cache_bytes(self) -> int:
+        if self.cross is None:
+            return 0
+        return int(self.cross.k.nbytes) * 2 + sum(r.kv.nbytes for r in self.rows)
+
+    def step(self, committed_len: int, append_ids: list[int], draft_ids: list[int], top_k: int) -> VerifyResult:
+        result = self._verifier.step_batch([(self, StepCall(committed_len, append_ids, draft_ids, top_k))])[0]
+        if isinstance(result, BaseException):
+            raise result
+        assert isinstance(result, VerifyResult)
+        return result
+
+    def step_rows(self, rows: list[BeamRow], top_k: int) -> list[VerifyResult]:
+        result = self._verifier.step_batch([(self, StepCall(top_k=top_k, rows=list(rows)))])[0]
+        if isinstance(result, BaseException):
+            raise result
+        assert isinstance(result, list)
+        return result
+
+    def close(self) -> None:
+        self.cross = None
+        self.rows = []
+
+
+@dataclass
+class _Planned:
+    """One item of a batch after validation: its rows' blocks and how to commit them."""
+
+    slot: int
+    session: BatchSession
+    call: StepCall
+    blocks: list[RowBlock]
+    new_rows: list[Row]
+    draft_lens: list[int] = field(default_factory=list)
+
+
+class BatchVerifier(ModelVerifier):
+    """The `core.interfaces.Verifier` of both backends, with `step_batch` (see the module docstring)."""
+
+    engine: Engine
+
+    def __init__(self, config: ModelConfig, engine: Engine) -> None:
+        super().__init__(config)
+        self.config = config
+        self.engine = engine
+        self._crosses = CrossStack()  # the last forward's stacked sources, reused while they stay
+
+    def open(self, source_ids: list[int]) -> BatchSession:
+        return BatchSession(self, source_ids)
+
+    def new_kv(self) -> RowKV:
+        cfg = self.config
+        return RowKV(self.engine.zeros, cfg.decoder_layers, cfg.n_heads, cfg.d_model // cfg.n_heads)
+
+    def step_batch(self, items: Sequence[tuple[BatchSession, StepCall]]) -> list[StepOutcome]:
+        """One forward over every valid item's rows; one outcome per item, in order."""
+        outcomes: list[StepOutcome | None] = [None] * len(items)
+        planned: list[_Planned] = []
+        seen: set[int] = set()
+        for slot, (session, call) in enumerate(items):
+            try:
+                if id(session) in seen:
+                    raise out_of_step("the session already has a step in this batch")
+                planned.append(self._plan(slot, session, call))
+                seen.add(id(session))
+            except Exception as e:  # the item's own failure goes in its slot
+                outcomes[slot] = e
+        if planned:
+            try:
+                self._run(planned, outcomes)
+            except Exception as e:  # a failed forward fails the items in it
+                for p in planned:
+                    outcomes[p.slot] = e
+        return outcomes  # type: ignore[return-value]
+
+    # ---- planning: validation and forks, nothing committed ------------------------------------
+
+    def _plan(self, slot: int, session: BatchSession, call: StepCall) -> _Planned:
+        if not isinstance(session, BatchSession) or session._verifier is not self:
+            raise ValueError("the session does not belong to this verifier")
+        if session.closed:
+            raise out_of_step("the session is closed")
+        if call.rows is None:
+            row = session.rows[0]
+            block = self._row_block(row, call.committed_len, call.append_ids, call.draft_ids)
+            return _Planned(slot, session, call, [block], [row], [len(call.draft_ids)])
+        return self._plan_rows(slot, session, call)
+
+    def _plan_rows(self, slot: int, session: BatchSession, call: StepCall) -> _Planned:
+        assert call.rows is not None
+        taken: set[int] = set()
+        blocks: list[RowBlock] = []
+        new_rows: list[Row] = []
+        for r in call.rows:
+            if not 0 <= r.parent < len(session.rows):
+                raise out_of_step(f"row parent {r.parent} but the session has {len(session.rows)} rows")
+            parent = session.rows[r.parent]
+            check_session_step(r.committed_len, len(parent.tokens), len(r.append_ids), 0, self.config)
+        for r in call.rows:
+            parent = session.rows[r.parent]
+            if r.parent in taken:  # a further child: its own copy of the kept prefix
+                row = Row(parent.tokens[: r.committed_len], parent.kv.fork(1 + r.committed_len))
+            else:  # the first child takes the parent's buffer over
+                taken.add(r.parent)
+                row = Row(parent.tokens, parent.kv)
+            blocks.append(self._row_block(row, r.committed_len, r.append_ids, []))
+            new_rows.append(row)
+        return _Planned(slot, session, call, blocks, new_rows, [0] * len(blocks))
+
+    def _row_block(self, row: Row, committed_len: int, append_ids: list[int], draft_ids: list[int]) -> RowBlock:
+        cfg = self.config
+        check_session_step(committed_len, len(row.tokens), len(append_ids), len(draft_ids), cfg)
+        # Position 0 is BOS; reuse the kept positions' K/V except the one predicting d_1 when
+        # nothing is appended (re-fed, see the module docstring); a fresh row feeds BOS too.
+        sequence = [cfg.bos_id, *row.tokens[:committed_len], *append_ids, *draft_ids]
+        first_row = committed_len + len(append_ids)
+        past_len = min(1 + committed_len if append_ids else committed_len, row.kv.held)
+        return RowBlock(row.kv, sequence[past_len:], past_len, first_row - past_len, [*draft_ids, -1], 0)
+
+    # ---- the forward and the commit -------------------------------------------------------------
+
+    def _run(self, planned: list[_Planned], outcomes: list[StepOutcome | None]) -> None:
+        started = time.perf_counter()
+        sources: dict[int, int] = {}
+        crosses: list[Cross] = []
+        blocks: list[RowBlock] = []
+        for p in planned:
+            src = sources.setdefault(id(p.session), len(crosses))
+            if src == len(crosses):
+                assert p.session.cross is not None
+                crosses.append(p.session.cross)
+            for b in p.blocks:
+                b.source = src
+                blocks.append(b)
+        top_k = min(self.vocab_size, max(p.call.top_k for p in planned))
+        if blocks:
+            feeds = gather(blocks, crosses, self.engine.zeros, self._crosses)
+            block_k, block_v, topk_lp, topk_ids, target_lp = self.engine.forward(feeds, top_k)
+            scatter(blocks, block_k, block_v)
+        forward_s = time.perf_counter() - started
+        load = {"batch_rows": len(blocks), "batch_tokens": sum(len(b.fed) for b in blocks), "forward_s": forward_s}
+        head = 0
+        for p in planned:
+            if p.session.closed:  # closed while its forward ran: refused, its rows not revived
+                outcomes[p.slot] = out_of_step("the session is closed")
+                head += sum(n + 1 for n in p.draft_lens)
+                continue
+            k = min(p.call.top_k, self.vocab_size)
+            results = []
+            for block, row, n_draft in zip(p.blocks, p.new_rows, p.draft_lens, strict=True):
+                n = n_draft + 1
+                ids = topk_ids[head : head + n, :k].tolist()
+                results.append(VerifyResult(
+                    top1=[r[0] for r in ids],
+                    topk_ids=ids,
+                    topk_logprobs=topk_lp[head : head + n, :k].tolist(),
+                    draft_logprobs=target_lp[head : head + n_draft].tolist(),
+                    **load,
+                ))
+                head += n
+                row.tokens = row.tokens[: block.past_len - 1] + block.fed if block.past_len else block.fed[1:]
+            p.session.rows = p.new_rows
+            outcomes[p.slot] = results[0] if p.call.rows is None else results
