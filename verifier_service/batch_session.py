@@ -39,7 +39,10 @@ StepOutcome = VerifyResult | list[VerifyResult] | BaseException
 
 
 class Engine(Protocol):
-    """One backend's forward: encoding a source, zero arrays, and the batched decoder with the head."""
+    """One backend's forward: encoding a source, zero arrays, and the batched decoder with the head.
+
+    An engine may also have `forward_one(block, cross, top_k)`, the same forward for a batch of one
+    row without padding (ONNX Runtime's one-row graph); `step_batch` uses it for lone rows."""
 
     zeros: Zeros
 
@@ -210,7 +213,11 @@ class BatchVerifier(ModelVerifier):
                 b.source = src
                 blocks.append(b)
         top_k = min(self.vocab_size, max(p.call.top_k for p in planned))
-        if blocks:
+        one = getattr(self.engine, "forward_one", None)
+        if len(blocks) == 1 and one is not None:  # a lone row: the engine's unpadded path
+            block_k, block_v, topk_lp, topk_ids, target_lp = one(blocks[0], crosses[0], top_k)
+            scatter(blocks, block_k, block_v)
+        elif blocks:
             feeds = gather(blocks, crosses, self.engine.zeros, self._crosses)
             block_k, block_v, topk_lp, topk_ids, target_lp = self.engine.forward(feeds, top_k)
             scatter(blocks, block_k, block_v)

@@ -20,7 +20,7 @@ import numpy as np
 
 from seq2seq_models.onnx_model import OnnxModel
 from seq2seq_models.ort_runner import OrtRunner
-from seq2seq_models.row_cache import Cross
+from seq2seq_models.row_cache import Cross, RowBlock
 from seq2seq_models.transformer import Seq2SeqTransformer
 from verifier_service.batch_session import BatchSession, BatchVerifier
 
@@ -44,6 +44,21 @@ class OrtEngine:
 
     def forward(self, feeds: dict[str, Any], top_k: int) -> tuple[Any, ...]:
         return self.runner.decode_batch({**feeds, "top_k": np.array([top_k], np.int64)})
+
+    def forward_one(self, block: RowBlock, cross: Cross, top_k: int) -> tuple[Any, ...]:
+        """A forward of one row through the one-row graph (`decoder.onnx`): no padding, no masks
+        and no gather; its past is the row's capacity buffer itself (the graph slices it to
+        `past_len`). A lone request (one client) is the most common batch, and the batched graph's
+        masking and gathers cost it ~10-25% (bench/bench_batch_forward.py). Same outputs as
+        `forward` for a batch of one, with block_k/v [L, 1, H, T, hd]."""
+        kv = block.kv
+        past = (kv.k[:, None], kv.v[:, None])  # views: [L, 1, H, capacity, hd]
+        present_k, present_v, topk_lp, topk_ids, target_lp = self.runner.decode(
+            past, (cross.k, cross.v), tokens=[block.fed], past_len=block.past_len,
+            head_from=block.head_from, targets=block.targets, top_k=[top_k],
+        )
+        start = block.past_len
+        return _host(present_k)[:, :, :, start:], _host(present_v)[:, :, :, start:], topk_lp, topk_ids, target_lp
 
 
 class OnnxVerifier(OnnxModel, BatchVerifier):
