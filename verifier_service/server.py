@@ -138,8 +138,6 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         if step.committed_len or step.append_ids or step.draft_ids:
             raise invalid("a step with rows must leave committed_len, append_ids and draft_ids empty")
         check_wire_top_k(step.top_k, self.model_info.vocab_size)
-        if not hasattr(session, "step_rows"):
-            raise invalid(f"the {self.model_info.backend} verifier has no multi-row steps")
         rows = []
         for i, row in enumerate(step.rows):
             check_length(row.append_ids, self.max_output_len, f"rows[{i}].append_ids")
@@ -148,6 +146,8 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
             if row.parent < 0 or row.committed_len < 0:
                 raise out_of_step(f"rows[{i}]: parent {row.parent} and committed_len {row.committed_len} must be >= 0")
             rows.append(BeamRow(row.parent, row.committed_len, append))
+        if not hasattr(session, "step_rows"):
+            raise invalid(f"the {self.model_info.backend} verifier has no multi-row steps")
         return rows
 
     def _run_batch(self, items: list[tuple[VerifierSession, StepCall]]) -> list:
