@@ -63,7 +63,7 @@ class BatchLimits:
 
 @dataclass(frozen=True)
 class BatchStats:
-    """One forward, as `on_batch` hears of it (on the worker thread, after the results went out)."""
+    """One forward, as `on_batch` hears of it (on the worker thread, before the results go out)."""
 
     items: int  # steps in it
     rows: int  # their rows (a multi-row step counts each)
@@ -236,19 +236,22 @@ class BatchScheduler:
         except Exception as exc:  # the whole call failed: only this batch's steps fail with it
             results = [exc] * len(live)
         forward_s = time.perf_counter() - started
+        # Observed before the results go out, so a caller that has its answer sees its forward counted.
+        if self.on_batch is not None:
+            stats = BatchStats(
+                items=len(live),
+                rows=sum(s.rows for s in live),
+                tokens=sum(s.tokens for s in live),
+                forward_s=forward_s,
+                waits_s=tuple(started - s.queued for s in live),
+                dropped=dropped,
+            )
+            try:
+                self.on_batch(stats)
+            except Exception:  # metrics must never cost a caller its result
+                log.exception("on_batch failed")
         for step, result in zip(live, results, strict=True):
             _call_soon(step.future, _settle, step.future, result)
-        if self.on_batch is not None:
-            self.on_batch(
-                BatchStats(
-                    items=len(live),
-                    rows=sum(s.rows for s in live),
-                    tokens=sum(s.tokens for s in live),
-                    forward_s=forward_s,
-                    waits_s=tuple(started - s.queued for s in live),
-                    dropped=dropped,
-                )
-            )
 
 
 def one_by_one(items: list[tuple[Any, Any]], step: Callable[[Any, Any], Any]) -> list[Any]:
