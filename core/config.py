@@ -11,8 +11,10 @@ One file configures all three services (see config/specdec.example.toml):
     [defaults]  DecodingConfig fields (mode, k, beta, tau, ...): used for unset request fields
     [limits]    DecodingLimits fields (max_k, max_beta, ...): per-request bounds
     [verifier]  address, backend (torch | onnxruntime), device (auto | cpu | cuda | cuda:N),
-                metrics_address, max_sessions, session_idle_s, max_draft_len, max_source_len
-    [drafter]   address, backend, device, metrics_address, max_sessions, session_idle_s, max_draft_len
+                metrics_address, max_sessions, session_idle_s, max_draft_len, max_source_len,
+                max_batch_rows, max_batch_tokens, batch_wait_ms (the batching scheduler)
+    [drafter]   address, backend, device, metrics_address, max_sessions, session_idle_s, max_draft_len,
+                max_beams, max_batch_rows, max_batch_tokens, batch_wait_ms
     every server: tls_cert + tls_key (PEM paths: serve TLS), tls_ca (PEM path: require client
                 certificates this CA signed, i.e. mTLS)
 

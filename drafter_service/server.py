@@ -1,6 +1,7 @@
 """The DrafterService: `Draft` bidi streams, one stream = one `DrafterSession` (ARCHITECTURE.md section 4).
 
-Hosts the bundle's NAR block drafter and/or small AR drafter. Model work runs on a worker thread.
+Hosts the bundle's NAR block drafter and/or small AR drafter. Model work runs on a worker thread;
+NAR block drafts of concurrent sessions are batched into one forward (serving/batching.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from core.wire import sampling_from_wire
 from drafter_service.session import DRAFTER_ROLES, DrafterSession, LocalDrafter, make_drafter
 from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, bundle_roles, load_bundle
+from serving.batching import BatchStats, one_by_one
 from serving.model_service import ModelService, SessionLimits, make_model_info
 
 SERVICE = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"]
@@ -61,6 +63,8 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
         # Sessions hold max_len - 1 source tokens (plus EOS) and output tokens (plus BOS).
         self.max_source_len = self.max_output_len = min(m.config.max_len for m in self.models.values()) - 1
         self.m_drafts = self.registry.counter("drafter_drafts", "drafts made, by kind")
+        # NAR block drafts of concurrent sessions gathered into one forward (serving/batching.py).
+        self.scheduler = self.make_scheduler(self._run_batch, limits)
         self.model_info = make_model_info(
             first.config,
             tokenizer_fingerprint=bundle.tokenizer.fingerprint,
@@ -80,8 +84,10 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
         def run() -> None:
             for role in self.models:
                 session = self.drafter.open([eos], seed=0)
-                if role == "nar_drafter":
-                    session.draft_block(0, [], 1)
+                if role == "nar_drafter":  # through the batch path blocks take (draft_batch if any)
+                    for result in self._run_batch([(session, BlockCall(0, [], 1))]):
+                        if isinstance(result, BaseException):
+                            raise result
                 else:
                     session.draft_beam(0, [], 1, 1)
                 session.close()
@@ -105,8 +111,24 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
         if method == "block":
             n = step.block.k
             check_positive(n, "k")
-            call = partial(session.draft_block, committed, append, n)
-        elif method == "beam":
+            check_draft_len(n, self.limits.max_draft_len)
+            # NAR blocks of concurrent sessions share a forward (the scheduler's batch).
+            draft: Draft = await self.scheduler.submit(session, BlockCall(committed, append, n))
+        else:
+            # AR drafts (beam, sample) run one at a time on the same worker.
+            started = time.perf_counter()
+            draft = await self.executor.run(self._ar_call(session, step, method, committed, append))
+            self.m_step_s.inc(time.perf_counter() - started, kind=method)
+        self.m_drafts.inc(kind=method)
+        self.m_draft_tokens.inc(len(draft.ids), kind=method)
+        result = drafter_pb2.DraftResult(committed_len=committed + len(append), ids=draft.ids, cum_logq=draft.cum_logq)
+        for ids, probs in draft.q_rows:
+            result.q_rows.add(ids=ids, probs=probs)
+        return drafter_pb2.DraftResponse(result=result)
+
+    def _ar_call(self, session: DrafterSession, step: drafter_pb2.DraftStep, method: str | None, committed, append):
+        """An AR draft step, checked, as a call for the worker."""
+        if method == "beam":
             n, num_beams = step.beam.gamma, step.beam.num_beams
             check_positive(n, "gamma")
             check_bounded("num_beams", num_beams, 1, self.limits.max_beams)
@@ -120,15 +142,41 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
         else:
             raise invalid("a DraftStep needs one of block, beam or sample")
         check_draft_len(n, self.limits.max_draft_len)
-        started = time.perf_counter()
-        draft: Draft = await self.executor.run(call)
-        self.m_step_s.inc(time.perf_counter() - started, kind=method)
-        self.m_drafts.inc(kind=method)
-        self.m_draft_tokens.inc(len(draft.ids), kind=method)
-        result = drafter_pb2.DraftResult(committed_len=committed + len(append), ids=draft.ids, cum_logq=draft.cum_logq)
-        for ids, probs in draft.q_rows:
-            result.q_rows.add(ids=ids, probs=probs)
-        return drafter_pb2.DraftResponse(result=result)
+        return call
+
+    def _run_batch(self, items: list[tuple[DrafterSession, BlockCall]]) -> list:
+        """Worker thread: NAR blocks as one forward (the backend's `draft_batch`), or one by one."""
+        draft_batch = getattr(self.drafter, "draft_batch", None)
+        if draft_batch is not None:
+            return draft_batch(items)
+        return one_by_one(items, _draft_block)
+
+    def observe_batch(self, stats: BatchStats) -> None:
+        super().observe_batch(stats)
+        self.m_step_s.inc(stats.forward_s, kind="block")
+
+
+@dataclass(frozen=True)
+class BlockCall:
+    """One session's NAR block draft as the scheduler hands it to the model. The batch helper's
+    `core.interfaces.BlockCall` (same fields) replaces this when both land."""
+
+    committed_len: int
+    append_ids: list[int]
+    k: int
+
+    @property
+    def n_rows(self) -> int:
+        return 1
+
+    @property
+    def n_tokens(self) -> int:
+        """The appended tokens plus the k mask positions the block fills."""
+        return len(self.append_ids) + self.k
+
+
+def _draft_block(session: DrafterSession, call: BlockCall) -> Draft:
+    return session.draft_block(call.committed_len, call.append_ids, call.k)
 
 
 def _load_drafters(path: Path) -> ModelBundle:

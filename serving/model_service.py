@@ -19,6 +19,7 @@ from core.checks import check_source_ids
 from core.config import ServiceSection
 from core.wire import SPECIAL_ID_FIELDS, source_len_to_wire, target_len_to_wire
 from protos.specdec.v1 import common_pb2
+from serving.batching import BatchLimits, BatchScheduler, BatchStats, RunBatch
 from serving.host import ServiceHost
 from serving.metrics import Registry
 from serving.sessions import SessionStreams, StepExecutor
@@ -80,8 +81,36 @@ class ModelService:
         self.m_draft_tokens = r.counter(f"{name}_draft_tokens", self.draft_tokens_help)
         self.m_step_s = r.counter(f"{name}_step_seconds", self.step_seconds_help)
         self.m_kv = r.gauge(f"{name}_kv_cache_bytes", "KV cache bytes held by open sessions")
+        # The batching scheduler's view of load (`make_scheduler`): one observation per forward,
+        # and the queue wait once per step.
+        self.m_forwards = r.counter(f"{name}_forwards", "batched forwards run (each holds one or more steps)")
+        self.m_batch = r.gauge(f"{name}_batch_size", "rows in the last forward")
+        self.m_batch_rows = r.histogram(f"{name}_batch_rows", "rows per forward", ROW_BUCKETS)
+        self.m_batch_tokens = r.histogram(f"{name}_batch_tokens", "tokens per forward", TOKEN_BUCKETS)
+        self.m_forward_s = r.histogram(f"{name}_forward_seconds", "duration of a forward", SECONDS_BUCKETS)
+        self.m_wait_s = r.histogram(
+            f"{name}_queue_wait_seconds", "time a step waited for the model worker", SECONDS_BUCKETS
+        )
+        self.m_dropped = r.counter(f"{name}_dropped_steps", "steps dropped unrun: their stream ended while queued")
         r.on_collect(lambda: self.m_kv.set(sum(_cache_bytes(s) for s in list(self.streams.sessions))))
         add_to_server(self, self.host.server)
+
+    def make_scheduler(self, run_batch: RunBatch, limits: SessionLimits) -> BatchScheduler:
+        """The batching scheduler of this service's steps, on its worker, with the limits' batch keys;
+        every forward it runs is observed by `observe_batch`."""
+        return BatchScheduler(self.executor, run_batch, BatchLimits.of(limits), on_batch=self.observe_batch)
+
+    def observe_batch(self, stats: BatchStats) -> None:
+        """Worker thread, after each forward: the load metrics. Subclasses add their own."""
+        self.m_forwards.inc()
+        self.m_batch.set(stats.rows)
+        self.m_batch_rows.observe(stats.rows)
+        self.m_batch_tokens.observe(stats.tokens)
+        self.m_forward_s.observe(stats.forward_s)
+        for wait in stats.waits_s:
+            self.m_wait_s.observe(wait)
+        if stats.dropped:
+            self.m_dropped.inc(stats.dropped)
 
     @classmethod
     async def start(cls, bundle: Any, section: ServiceSection, limits: SessionLimits | None = None) -> Self:
@@ -170,6 +199,12 @@ def make_model_info(
     )
 
 
+# Histogram buckets of the load metrics: rows and tokens per forward, seconds (queue wait, forward).
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
 def _cache_bytes(session: Any) -> int:
     try:
         return session.cache_bytes
@@ -187,6 +222,12 @@ class SessionLimits:
     # A stream with no message for this long is ended (DEADLINE_EXCEEDED) and its session freed, so
     # idle clients cannot hold every session; 0: never.
     session_idle_s: float = 60.0
+    # The batching scheduler (serving/batching.py): the rows and tokens one forward may hold (a step
+    # bigger than that runs alone), and how long a step may wait for company when the forward is not
+    # full (0: never). max_batch_rows = 1 turns batching off: one step per forward.
+    max_batch_rows: int = 32
+    max_batch_tokens: int = 512
+    batch_wait_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
@@ -194,6 +235,13 @@ class SessionLimits:
         if self.session_idle_s < 0:
             raise ValueError(
                 f"[{self.section}] session_idle_s: must be positive, or 0 for never; got {self.session_idle_s}"
+            )
+        for key in ("max_batch_rows", "max_batch_tokens"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"[{self.section}] {key}: must be at least 1; got {getattr(self, key)}")
+        if self.batch_wait_ms < 0:
+            raise ValueError(
+                f"[{self.section}] batch_wait_ms: must be positive, or 0 for never; got {self.batch_wait_ms}"
             )
 
 

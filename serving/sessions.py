@@ -1,57 +1,19 @@
-"""The "one stream = one session" protocol the Verify and Draft RPCs share, and the worker thread
-model work runs on."""
+"""The "one stream = one session" protocol the Verify and Draft RPCs share. Model work runs on the
+service's `StepExecutor` (serving/batching.py: one worker thread and its batching scheduler)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import grpc
 
 from core.errors import SpecdecError, StatusCode, invalid
+from serving.batching import StepExecutor
 from serving.host import ServiceHost
 from serving.metrics import Registry
 from serving.status import abort_with, request_id_of
 
-
-class StepExecutor:
-    """Runs model work (torch ops) off the event loop, on one worker thread.
-
-    One thread, because torch already uses every core inside one op and two sessions' forwards
-    would only contend. In the verifier this is the seam for the batching scheduler
-    (ARCHITECTURE.md section 8): a scheduler would replace `run` with a queue that gathers steps of many sessions
-    into one ragged forward; the servicer's code would not change.
-    """
-
-    def __init__(self, name: str) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-model")
-
-    async def run(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-
-    async def run_owned(self, fn, release, *args):
-        """`run` for work that makes something its caller must release (a session). If the caller is
-        cancelled before the work is done, nobody would receive the result: `release(result)` runs
-        on the worker as soon as the work finishes instead, so nothing is leaked."""
-        future = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            future.add_done_callback(lambda done: self._release_abandoned(done, release))
-            raise
-
-    def _release_abandoned(self, done: asyncio.Future, release) -> None:
-        if not done.cancelled() and done.exception() is None:
-            self.submit(release, done.result())
-
-    def submit(self, fn, *args) -> None:
-        with contextlib.suppress(RuntimeError):  # shut down: nothing left to free
-            self._pool.submit(fn, *args)
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+__all__ = ["SessionStreams", "StepExecutor"]
 
 
 class SessionStreams:

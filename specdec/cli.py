@@ -14,6 +14,7 @@ from pathlib import Path
 from core.backends import BACKENDS, DEFAULT_BACKEND
 from core.config import DEVICE_HELP, DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS
 from core.errors import SpecdecError
+from specdec.serve import add_batch_flags
 
 # Where `decode` looks for a bundle when --bundle is not given.
 DEFAULT_BUNDLE_ENV = "SPECDEC_BUNDLE"
@@ -132,13 +133,15 @@ def _cmd_decode(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from core.config import load_sections
-    from specdec.serve import serve_forever
+    from specdec.serve import batch_overrides, serve_forever
 
     overrides = {
         "gateway": {"address": args.gateway_addr, "verifier_address": args.verifier_addr,
                     "drafter_address": args.drafter_addr},
-        "verifier": {"address": args.verifier_addr, "backend": args.backend, "device": args.device},
-        "drafter": {"address": args.drafter_addr, "backend": args.backend, "device": args.device},
+        "verifier": {"address": args.verifier_addr, "backend": args.backend, "device": args.device,
+                     **batch_overrides(args)},
+        "drafter": {"address": args.drafter_addr, "backend": args.backend, "device": args.device,
+                    **batch_overrides(args)},
     }
     sections = load_sections(args.config, overrides=overrides)
     # Every role gets the default bundle (the gateway reads its tokenizer), as the README says.
@@ -359,6 +362,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKENDS, default=None, help=BACKEND_HELP)
     p.add_argument("--device", help=f"where the verifier's and drafter's models run: {DEVICE_HELP} "
                    "(default: auto, or the [verifier] and [drafter] device keys of the config)")
+    add_batch_flags(p)
     p.set_defaults(run=_cmd_serve)
 
     p = sub.add_parser("health", help="exit 0 when a server reports SERVING (grpc.health.v1), else 1")

@@ -1,7 +1,8 @@
 """The VerifierService: `Verify` bidi streams, one stream = one `VerifierSession` (ARCHITECTURE.md section 4).
 
-Model work runs on `StepExecutor` (a worker thread), never on the event loop. The executor is the
-seam for the batching scheduler of ARCHITECTURE.md section 8; today it runs one session's step at a time.
+Model work runs on `StepExecutor` (a worker thread), never on the event loop. Steps go through its
+batching scheduler (serving/batching.py, ARCHITECTURE.md section 8): the steps of concurrent
+sessions run as one forward (`step_batch`), up to [verifier] max_batch_rows / max_batch_tokens.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.checks import check_draft_len, check_ids, check_length, check_wire_top_k
+from core.errors import invalid, out_of_range, out_of_step
+from core.interfaces import BeamRow, StepCall, VerifyResult
 from core.wire import sends_candidates, session_top_k
 from protos.specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, load_bundle
+from serving.batching import BatchStats, one_by_one, with_batch_load
 from serving.model_service import ModelService, SessionLimits, make_model_info
 from verifier_service.session import VerifierSession, make_verifier
 
@@ -28,7 +32,7 @@ class VerifierLimits(SessionLimits):
 
 
 class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
-    step_seconds_help = "time spent in verify steps"
+    step_seconds_help = "time the model worker spent in verify forwards"
     draft_tokens_help = "draft tokens scored"
     limits_type = VerifierLimits
 
@@ -48,10 +52,11 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         self.max_source_len = min(limits.max_source_len or self.verifier.max_source_len, self.verifier.max_source_len)
         self.max_output_len = self.verifier.max_target_len
         r = self.registry
-        self.m_steps = r.counter("verifier_steps", "verify steps (one forward each)")
+        self.m_steps = r.counter("verifier_steps", "verify steps (several share a forward when batched)")
         self.m_scored = r.counter("verifier_scored_tokens", "tokens scored (append + draft)")
         self.m_queue_s = r.counter("verifier_queue_seconds", "time steps waited for the model worker")
-        self.m_batch = r.gauge("verifier_batch_size", "sessions in the last forward")
+        # Steps of concurrent sessions gathered into one forward (serving/batching.py).
+        self.scheduler = self.make_scheduler(self._run_batch, limits)
         self.model_info = make_model_info(
             cfg,
             tokenizer_fingerprint=bundle.tokenizer.fingerprint,
@@ -69,9 +74,11 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
     async def warm_up(self) -> None:
         eos = self.model_info.eos_id
 
-        def run() -> None:
+        def run() -> None:  # through the batch path the steps take (step_batch when the backend has it)
             session = self.verifier.open([eos])
-            session.step(0, [], [eos], 1)
+            for result in self._run_batch([(session, StepCall(0, [], [eos], 1))]):
+                if isinstance(result, BaseException):
+                    raise result
             session.close()
 
         await self.executor.run(run)
@@ -84,7 +91,36 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         return self.verifier.open(source)
 
     async def _step(self, session: VerifierSession, step: verifier_pb2.VerifyStep) -> verifier_pb2.VerifyResponse:
+        call = self._checked_call(session, step)
+        result = await self.scheduler.submit(session, call)
+        self.m_steps.inc()
+        appended = sum(len(r.append_ids) for r in call.rows) if call.rows else len(call.append_ids)
+        self.m_scored.inc(appended + len(call.draft_ids))
+        self.m_draft_tokens.inc(len(call.draft_ids))
+        candidates = sends_candidates(step.top_k)
+        if call.rows is None:
+            positions = [_position(result, i, candidates, i < len(call.draft_ids)) for i in range(len(result.top1))]
+            load = result
+            committed = step.committed_len + len(call.append_ids)
+        else:  # one position per row, each row's result holding its one position
+            positions = [_position(row, 0, candidates, False) for row in result]
+            load = result[0]
+            committed = 0
+        return verifier_pb2.VerifyResponse(
+            step=verifier_pb2.VerifyStepResult(
+                committed_len=committed,
+                positions=positions,
+                batch_rows=load.batch_rows,
+                batch_tokens=load.batch_tokens,
+                forward_ms=load.forward_s * 1000.0,
+            )
+        )
+
+    def _checked_call(self, session: VerifierSession, step: verifier_pb2.VerifyStep) -> StepCall:
+        """The step as the scheduler takes it, after the checks of what the client controls."""
         vocab = self.model_info.vocab_size
+        if step.rows:
+            return StepCall(top_k=session_top_k(step.top_k), rows=self._checked_rows(session, step))
         # Lengths before per-id work: a 16 MiB message holds millions of ids.
         check_draft_len(len(step.draft_ids), self.limits.max_draft_len)
         check_length(step.append_ids, self.max_output_len, "append_ids")
@@ -92,29 +128,56 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         check_wire_top_k(step.top_k, vocab)
         check_ids(append, vocab, "append_ids")
         check_ids(draft, vocab, "draft_ids")
-        queued = time.perf_counter()
+        return StepCall(step.committed_len, append, draft, session_top_k(step.top_k))
 
-        def run():
-            started = time.perf_counter()
-            return started, session.step(step.committed_len, append, draft, session_top_k(step.top_k))
+    def _checked_rows(self, session: VerifierSession, step: verifier_pb2.VerifyStep) -> list[BeamRow]:
+        """A multi-row (beam) step's rows. Whether each parent and committed_len fit the session's
+        rows is the backend's check (FAILED_PRECONDITION), the one that knows them."""
+        if len(step.rows) > self.limits.max_draft_len:
+            raise out_of_range(f"step has {len(step.rows)} rows; the limit is {self.limits.max_draft_len}")
+        if step.committed_len or step.append_ids or step.draft_ids:
+            raise invalid("a step with rows must leave committed_len, append_ids and draft_ids empty")
+        check_wire_top_k(step.top_k, self.model_info.vocab_size)
+        rows = []
+        for i, row in enumerate(step.rows):
+            check_length(row.append_ids, self.max_output_len, f"rows[{i}].append_ids")
+            append = list(row.append_ids)
+            check_ids(append, self.model_info.vocab_size, f"rows[{i}].append_ids")
+            if row.parent < 0 or row.committed_len < 0:
+                raise out_of_step(f"rows[{i}]: parent {row.parent} and committed_len {row.committed_len} must be >= 0")
+            rows.append(BeamRow(row.parent, row.committed_len, append))
+        if not hasattr(session, "step_rows"):
+            raise invalid(f"the {self.model_info.backend} verifier has no multi-row steps")
+        return rows
 
-        started, result = await self.executor.run(run)
-        done = time.perf_counter()
-        self.m_steps.inc()
-        self.m_batch.set(1)  # no batching scheduler yet: every forward is one session's step
-        self.m_queue_s.inc(started - queued)
-        self.m_step_s.inc(done - started)
-        self.m_scored.inc(len(append) + len(draft))
-        self.m_draft_tokens.inc(len(draft))
-        positions = []
-        for i, top1 in enumerate(result.top1):
-            pos = verifier_pb2.Position(top1=top1)
-            if sends_candidates(step.top_k):
-                pos.topk_ids.extend(result.topk_ids[i])
-                pos.topk_logprobs.extend(result.topk_logprobs[i])
-            if i < len(draft):
-                pos.draft_logprob = result.draft_logprobs[i]
-            positions.append(pos)
-        return verifier_pb2.VerifyResponse(
-            step=verifier_pb2.VerifyStepResult(committed_len=step.committed_len + len(append), positions=positions)
-        )
+    def _run_batch(self, items: list[tuple[VerifierSession, StepCall]]) -> list:
+        """Worker thread: the scheduler's batch as one forward (the backend's `step_batch`), or, on a
+        backend without one, each step in turn, stamped with the batch they ran in together."""
+        step_batch = getattr(self.verifier, "step_batch", None)
+        if step_batch is not None:
+            return step_batch(items)
+        started = time.perf_counter()
+        results = one_by_one(items, _step_one)
+        rows, tokens = sum(c.n_rows for _, c in items), sum(c.n_tokens for _, c in items)
+        return with_batch_load(results, rows, tokens, time.perf_counter() - started)
+
+    def observe_batch(self, stats: BatchStats) -> None:
+        super().observe_batch(stats)
+        self.m_queue_s.inc(sum(stats.waits_s))
+        self.m_step_s.inc(stats.forward_s)
+
+
+def _step_one(session: VerifierSession, call: StepCall):
+    if call.rows is None:
+        return session.step(call.committed_len, call.append_ids, call.draft_ids, call.top_k)
+    return session.step_rows(call.rows, call.top_k)
+
+
+def _position(result: VerifyResult, i: int, candidates: bool, drafted: bool) -> verifier_pb2.Position:
+    pos = verifier_pb2.Position(top1=result.top1[i])
+    if candidates:
+        pos.topk_ids.extend(result.topk_ids[i])
+        pos.topk_logprobs.extend(result.topk_logprobs[i])
+    if drafted:
+        pos.draft_logprob = result.draft_logprobs[i]
+    return pos

@@ -1,0 +1,352 @@
+"""The model worker and its continuous-batching scheduler (ARCHITECTURE.md section 8).
+
+`StepExecutor` is the one thread model work runs on, off the event loop. Its queue holds two kinds
+of work, in arrival order:
+
+- tasks (`run`, `run_owned`, `submit`): opening and closing sessions, warm-up, any one-off call;
+- steps (`BatchScheduler.submit`): one session's step each. Whenever the worker is free and the
+  oldest entry is a step, it takes every pending step of that scheduler, in order, up to
+  `max_rows` rows and `max_tokens` tokens (a step that does not fit ends the batch and heads the
+  next one, so nobody is overtaken; a single step bigger than the limits runs alone), waiting at
+  most `wait_s` for company when the batch is not full, and runs them as one `run_batch` call.
+
+One queue keeps each session's work in order: a session's close is queued after its last step,
+and a stream's next step only after its previous one was answered, so a batch may pass over a
+task (another session's open or close) without reordering anything of one session. A step whose
+caller was cancelled while queued is dropped and never reaches the model; one step failing
+fails only its own caller; `run_batch` itself raising fails only that batch's callers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+class Sized(Protocol):
+    """What the scheduler reads off a call (core.interfaces.StepCall, the drafter's BlockCall)."""
+
+    @property
+    def n_rows(self) -> int: ...
+
+    @property
+    def n_tokens(self) -> int: ...
+
+
+# run_batch: [(session, call), ...] -> one result per item, in order; an item's exception is its
+# result (it fails that item only).
+RunBatch = Callable[[list[tuple[Any, Any]]], Sequence[Any]]
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """How much one forward may hold, and how long a step may wait for company (0: never)."""
+
+    max_rows: int = 32
+    max_tokens: int = 512
+    wait_s: float = 0.0
+
+    @classmethod
+    def of(cls, limits: Any) -> BatchLimits:
+        """From a service's limits (serving.model_service.SessionLimits): its batch keys."""
+        return cls(limits.max_batch_rows, limits.max_batch_tokens, limits.batch_wait_ms / 1000.0)
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """One forward, as `on_batch` hears of it (on the worker thread, before the results go out)."""
+
+    items: int  # steps in it
+    rows: int  # their rows (a multi-row step counts each)
+    tokens: int  # their tokens (StepCall.n_tokens)
+    forward_s: float  # the run_batch call's duration
+    waits_s: tuple[float, ...]  # each step's time from submit to the forward's start
+    dropped: int  # steps whose callers were cancelled while queued (never run)
+
+
+class StepExecutor:
+    """Runs model work off the event loop, on one worker thread, in the order it was queued.
+
+    One thread, because torch already uses every core inside one op and two forwards would only
+    contend; batching (`BatchScheduler`) is how several sessions share a forward.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._cond = threading.Condition()
+        self._queue: deque[_Task | _Step] = deque()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    async def run(self, fn, *args):
+        """`fn(*args)` on the worker. A caller cancelled before it starts: it never runs."""
+        return await self._task(fn, args, None)
+
+    async def run_owned(self, fn, release, *args):
+        """`run` for work that makes something its caller must release (a session). If the caller is
+        cancelled before the work is done, nobody would receive the result: `release(result)` runs
+        on the worker as soon as the work finishes instead, so nothing is leaked."""
+        # The release runs on the worker too: model objects are only touched from that thread.
+        return await self._task(fn, args, lambda made: self.submit(release, made))
+
+    def submit(self, fn, *args) -> None:
+        """Fire and forget (closing a session): `fn(*args)` on the worker; nothing after shutdown."""
+        with contextlib.suppress(RuntimeError):  # shut down: nothing left to free
+            self._put(_Task(fn, args, None, None))
+
+    def shutdown(self) -> None:
+        """Cancel everything queued; the work running now finishes; the worker then exits."""
+        with self._cond:
+            self._closed = True
+            pending = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        for entry in pending:
+            if entry.future is not None:
+                _call_soon(entry.future, entry.future.cancel)
+
+    # ---- the queue -----------------------------------------------------------------------------
+
+    async def _task(self, fn, args, release):
+        future = asyncio.get_running_loop().create_future()
+        self._put(_Task(fn, args, future, release))
+        return await future
+
+    def _put(self, entry: _Task | _Step) -> None:
+        with self._cond:
+            if self._closed:
+                raise RuntimeError(f"the {self.name} model worker is shut down")
+            self._queue.append(entry)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name=f"{self.name}-model", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                head = self._queue[0]
+                if isinstance(head, _Task):
+                    self._queue.popleft()
+                    job: Callable[[], None] | None = head.run
+                else:
+                    job = head.scheduler._take(self._queue, self._cond)
+            if job is not None:
+                try:
+                    job()
+                except Exception:  # a bug in delivery or metrics must not kill the only worker
+                    log.exception("the %s model worker's job failed", self.name)
+
+
+class BatchScheduler:
+    """Gathers the steps of many sessions into one `run_batch` call on an executor's worker.
+
+    `await scheduler.submit(session, call)` returns `run_batch`'s result for that item, or raises
+    its exception. `on_batch(BatchStats)` runs on the worker after every forward (metrics).
+    """
+
+    def __init__(
+        self,
+        executor: StepExecutor,
+        run_batch: RunBatch,
+        limits: BatchLimits = BatchLimits(),
+        on_batch: Callable[[BatchStats], None] | None = None,
+    ) -> None:
+        if limits.max_rows < 1 or limits.max_tokens < 1 or limits.wait_s < 0:
+            raise ValueError(f"batch limits must be positive; got {limits}")
+        self.executor = executor
+        self.run_batch = run_batch
+        self.limits = limits
+        self.on_batch = on_batch
+
+    async def submit(self, session: Any, call: Sized) -> Any:
+        """Queue one step; its result once the forward it joined has run. Cancelling the caller
+        while the step is queued drops it (it never runs); once running, its result is discarded."""
+        future = asyncio.get_running_loop().create_future()
+        self.executor._put(_Step(self, session, call, future, time.perf_counter(), call.n_rows, call.n_tokens))
+        return await future
+
+    # ---- the worker's side ---------------------------------------------------------------------
+
+    def _take(self, queue: deque, cond: threading.Condition) -> Callable[[], None] | None:
+        """Under `cond`, with one of this scheduler's steps at the head of `queue`: remove the next
+        batch from the queue (waiting up to wait_s for company) and return the job that runs it;
+        None when nothing is left to run (every step gathered was cancelled)."""
+        limits = self.limits
+        while True:
+            batch, dropped, full = self._scan(queue)
+            if not batch or full or not limits.wait_s:
+                break
+            remaining = batch[0].queued + limits.wait_s - time.perf_counter()
+            if remaining <= 0:
+                break
+            cond.wait(remaining)  # a new step wakes us; then look again
+            if not queue:  # shut down meanwhile (only the worker removes entries otherwise)
+                return None
+        _remove(queue, [*batch, *dropped])
+        if not batch:
+            return None
+        return lambda: self._run(batch, len(dropped))
+
+    def _scan(self, queue: deque) -> tuple[list[_Step], list[_Step], bool]:
+        """The next batch in queue order: (its steps, cancelled steps passed over, whether it is full)."""
+        max_rows, max_tokens = self.limits.max_rows, self.limits.max_tokens
+        batch: list[_Step] = []
+        dropped: list[_Step] = []
+        rows = tokens = 0
+        for entry in queue:
+            if not isinstance(entry, _Step) or entry.scheduler is not self:
+                continue  # a task, or another scheduler's step: it keeps its place
+            if entry.future.cancelled():
+                dropped.append(entry)
+                continue
+            if batch and (rows + entry.rows > max_rows or tokens + entry.tokens > max_tokens):
+                return batch, dropped, True  # it heads the next batch
+            batch.append(entry)
+            rows += entry.rows
+            tokens += entry.tokens
+            if rows >= max_rows or tokens >= max_tokens:
+                return batch, dropped, True
+        return batch, dropped, False
+
+    def _run(self, batch: list[_Step], dropped: int) -> None:
+        # A caller cancelled since the scan: drop it too (the last moment before the forward).
+        live = [s for s in batch if not s.future.cancelled()]
+        dropped += len(batch) - len(live)
+        if not live:
+            return
+        started = time.perf_counter()
+        try:
+            results = list(self.run_batch([(s.session, s.call) for s in live]))
+            if len(results) != len(live):
+                raise RuntimeError(f"run_batch returned {len(results)} results for {len(live)} steps")
+        except Exception as exc:  # the whole call failed: only this batch's steps fail with it
+            results = [exc] * len(live)
+        forward_s = time.perf_counter() - started
+        # Observed before the results go out, so a caller that has its answer sees its forward counted.
+        if self.on_batch is not None:
+            stats = BatchStats(
+                items=len(live),
+                rows=sum(s.rows for s in live),
+                tokens=sum(s.tokens for s in live),
+                forward_s=forward_s,
+                waits_s=tuple(started - s.queued for s in live),
+                dropped=dropped,
+            )
+            try:
+                self.on_batch(stats)
+            except Exception:  # metrics must never cost a caller its result
+                log.exception("on_batch failed")
+        for step, result in zip(live, results, strict=True):
+            _call_soon(step.future, _settle, step.future, result)
+
+
+def one_by_one(items: list[tuple[Any, Any]], step: Callable[[Any, Any], Any]) -> list[Any]:
+    """`run_batch` for a backend with no batched forward: `step(session, call)` for each item in
+    turn, an item's exception being its result (the others still run)."""
+    results: list[Any] = []
+    for session, call in items:
+        try:
+            results.append(step(session, call))
+        except Exception as exc:
+            results.append(exc)
+    return results
+
+
+def with_batch_load(results: list[Any], rows: int, tokens: int, forward_s: float) -> list[Any]:
+    """Results (`core.interfaces.VerifyResult`, or lists of them) stamped with the forward they ran
+    in; exceptions pass through."""
+
+    def stamp(result: Any) -> Any:
+        if isinstance(result, BaseException):
+            return result
+        if isinstance(result, list):
+            return [stamp(r) for r in result]
+        return replace(result, batch_rows=rows, batch_tokens=tokens, forward_s=forward_s)
+
+    return [stamp(r) for r in results]
+
+
+# ---- internals -------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Task:
+    fn: Callable[..., Any]
+    args: tuple
+    future: asyncio.Future | None  # None: fire and forget
+    release: Callable[[Any], None] | None  # run_owned: frees a result nobody waits for
+
+    def run(self) -> None:
+        future = self.future
+        if future is None:
+            self.fn(*self.args)
+            return
+        if future.cancelled():  # its caller is gone and nothing was made yet: skip it
+            return
+        try:
+            result = self.fn(*self.args)
+        except Exception as exc:
+            _call_soon(future, _settle, future, exc)
+            return
+        if self.release is None:
+            _call_soon(future, _settle, future, result)
+        else:
+            _call_soon(future, self._hand_over, result)
+
+    def _hand_over(self, result: Any) -> None:
+        """On the caller's loop, which alone decides whether the caller is still there (a cancel
+        happens there too, so no race): give it the result, or release it when it was cancelled."""
+        assert self.future is not None and self.release is not None
+        if self.future.done():
+            self.release(result)
+        else:
+            self.future.set_result(result)
+
+
+@dataclass(eq=False)
+class _Step:
+    scheduler: BatchScheduler
+    session: Any
+    call: Any
+    future: asyncio.Future
+    queued: float  # perf_counter at submit
+    rows: int
+    tokens: int
+
+
+def _remove(queue: deque, entries: list) -> None:
+    if not entries:
+        return
+    gone = {id(e) for e in entries}
+    kept = [e for e in queue if id(e) not in gone]
+    queue.clear()
+    queue.extend(kept)
+
+
+def _settle(future: asyncio.Future, result: Any) -> None:
+    if future.done():  # cancelled meanwhile: nobody wants it
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
+
+
+def _call_soon(future: asyncio.Future, fn: Callable[..., None], *args: Any) -> None:
+    with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is left to tell
+        future.get_loop().call_soon_threadsafe(fn, *args)
+
