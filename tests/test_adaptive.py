@@ -130,6 +130,25 @@ def test_the_estimator_before_data_and_with_one_batch_size() -> None:
     assert est.line() == Line(pytest.approx(3 * MS), 0.0)  # slope unknown: taken as 0 (drafting is tried)
 
 
+def test_old_observations_are_forgotten() -> None:
+    """A cost that made drafting look too dear cannot freeze the choice: it expires."""
+    now = [0.0]
+    est = CostEstimator(clock=lambda: now[0])
+    est.observe(1, 1 * MS)  # the warm-up observation
+    est.observe(10, 500 * MS)  # a dear block, once
+    for _ in range(5):
+        est.observe(2, 1 * MS)
+    assert est.line().c1 > 10 * MS
+    now[0] = adaptive.MAX_AGE_S / 2
+    for _ in range(5):
+        est.observe(2, 1 * MS)
+    assert est.line().c1 > 10 * MS
+    now[0] = adaptive.MAX_AGE_S + 1
+    assert est.line() == Line(pytest.approx(1 * MS), 0.0)
+    now[0] = 3 * adaptive.MAX_AGE_S
+    assert est.line() == est.prior
+
+
 def test_fit_line_keeps_both_coefficients_non_negative() -> None:
     assert fit_line([(1, 5.0), (10, 1.0)]) == Line(3.0, 0.0)  # falling costs: a flat line at the mean
     line = fit_line([(10, 1.0), (20, 3.0)])  # would cross below zero at x = 0: through the origin
@@ -212,6 +231,7 @@ def test_the_policy_learns_the_batch_from_the_verifiers_answer() -> None:
         calls.append(room)
         return Draft(ids=[7] * room)
 
+    load.verifier_cost.observe(1, 9.0)  # an estimator's first observation (a lazy start) is ignored
     blocks = AdaptiveBlocks(load, "gad", 6, propose, exact)
     loop = _Loop(blocks)
     assert loop.step([7] * 7, batch_rows=32, batch_tokens=224, forward_s=0.05) == (6, 7)
@@ -223,10 +243,10 @@ def test_the_policy_learns_the_batch_from_the_verifiers_answer() -> None:
     assert loop.step([7, 7, 8, 0, 0, 0, 0]) == (2, 8)
     assert blocks.rows == 1
     # This step fed the verifier 1 + 6 tokens: the verifier's last token, then the draft.
-    assert {b: [x for x, _ in obs] for b, obs in load.verifier_cost._buckets.items()} == {8: [224.0], 3: [7.0]}
+    assert {b: [o[0] for o in obs] for b, obs in load.verifier_cost._buckets.items()} == {8: [224.0], 3: [7.0]}
 
 
-def test_plain_ar_steps_call_no_drafter_and_probe_with_a_growing_interval() -> None:
+def test_plain_ar_steps_call_no_drafter_and_the_gateway_probes_with_a_growing_interval() -> None:
     load = _Fixed(Line(0.0, 1 * MS), Line(1.0, 0.0))  # a drafter call costs a second: never worth it
     calls: list[int] = []
 
@@ -246,6 +266,12 @@ def test_plain_ar_steps_call_no_drafter_and_probe_with_a_growing_interval() -> N
         expected.append(interval)
         interval = min(2 * interval, PROBE_MAX_INTERVAL)
     assert gaps == expected
+    # The schedule is the gateway's: a new request does not start it again.
+    again = AdaptiveBlocks(load, "gad", 10, propose, exact)
+    loop = _Loop(again)
+    for _ in range(PROBE_MAX_INTERVAL):
+        loop.step([8] * 11)
+    assert [i for i, k in enumerate(again.chosen) if k] == [probes[-1] + PROBE_MAX_INTERVAL - 300]
     # Every probe was rejected at its first token: one position reached, none accepted.
     weight = adaptive.PRIOR_WEIGHT
     assert blocks.rate == pytest.approx(adaptive.DEFAULT_RATE * weight / (len(probes) + weight))

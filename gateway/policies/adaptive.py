@@ -49,10 +49,13 @@ The estimates
   drafter reports no batch, so the verifier's rows stand for its occupancy (the same requests
   alternate between the two services).
 
-Probing: while k = 0 wins, the request learns nothing about its acceptance rate, and the drafter's
-cost is not measured again. So after PROBE_AFTER AR steps in a row it drafts a short block
-(PROBE_K tokens), doubling the interval after each probe up to PROBE_MAX_INTERVAL: the estimates keep
-tracking at a bounded cost.
+Probing: while k = 0 wins, nothing is learnt about acceptance, and the drafter's cost is not
+measured again. So after PROBE_AFTER plain AR steps of a mode in a row (counted over the gateway's
+requests) one step drafts a short block (PROBE_K tokens), the interval doubling after each probe up
+to PROBE_MAX_INTERVAL: the estimates keep tracking at a bounded cost (under load, PROBE_K extra
+tokens per PROBE_MAX_INTERVAL AR steps: 3%). Cost observations expire after MAX_AGE_S, so one that
+made drafting look too dear is not kept for ever either; the first of each estimator is ignored
+(a backend's lazy start).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.interfaces import Draft, VerifyResult
@@ -78,6 +82,8 @@ PROBE_MAX_INTERVAL = 64
 BUCKET_SIZE = 16  # observations kept per power-of-two bucket of forward tokens
 MAX_BUCKET = 20  # forwards of up to 2^20 tokens
 OUTLIER = 3.0  # an observation over this many times its bucket's median is a stall, not a cost
+WARMUP = 1  # first observations of an estimator ignored (lazy session start, a first channel call)
+MAX_AGE_S = 60.0  # observations older than this are forgotten (so a stale bucket cannot freeze k)
 
 
 def maybe_adaptive(
@@ -139,33 +145,53 @@ class CostEstimator:
     bucket the slope is unknown and taken as 0 (everything costs the same, so the chooser drafts
     and the next observations fall in other buckets). Both coefficients are kept >= 0."""
 
-    def __init__(self, prior: Line = Line(1.0, 0.0)) -> None:
+    def __init__(self, prior: Line = Line(1.0, 0.0), clock: Callable[[], float] = time.monotonic) -> None:
         self.prior = prior  # the line before any observation
-        self._buckets: dict[int, deque[tuple[float, float]]] = {}
+        self.clock = clock
+        self._buckets: dict[int, deque[tuple[float, float, float]]] = {}  # (x, seconds, when)
         self._lock = threading.Lock()
+        self._warmup = WARMUP
         self._line: Line | None = None
+        self._oldest = math.inf
 
     def observe(self, x: float, seconds: float) -> None:
         if not (x >= 0 and seconds >= 0 and math.isfinite(seconds)):
             return
         bucket = min(int(x).bit_length(), MAX_BUCKET)
         with self._lock:
-            self._buckets.setdefault(bucket, deque(maxlen=BUCKET_SIZE)).append((float(x), float(seconds)))
+            if self._warmup > 0:
+                self._warmup -= 1
+                return
+            now = self.clock()
+            self._buckets.setdefault(bucket, deque(maxlen=BUCKET_SIZE)).append((float(x), float(seconds), now))
+            self._oldest = min(self._oldest, now)
             self._line = None
 
     def line(self) -> Line:
         with self._lock:
+            now = self.clock()
+            if self._oldest < now - MAX_AGE_S:
+                self._forget(now - MAX_AGE_S)
             if self._line is None:
                 points = [_summary(obs) for obs in self._buckets.values()]
                 self._line = fit_line(points) if points else self.prior
             return self._line
 
+    def _forget(self, before: float) -> None:
+        for bucket, obs in list(self._buckets.items()):
+            while obs and obs[0][2] < before:
+                obs.popleft()
+            if not obs:
+                del self._buckets[bucket]
+        self._oldest = min((obs[0][2] for obs in self._buckets.values()), default=math.inf)
+        self._line = None
 
-def _summary(obs: deque[tuple[float, float]]) -> tuple[float, float]:
+
+def _summary(obs: deque[tuple[float, float, float]]) -> tuple[float, float]:
     """A bucket's mean (x, seconds) without its stalls: observations over OUTLIER times the median
-    (a warm-up, a pause of the host) are dropped; the mean of the rest is unbiased for a line."""
-    ceiling = OUTLIER * statistics.median(y for _, y in obs)
-    kept = [(x, y) for x, y in obs if y <= ceiling]
+    (a pause of the host, a garbage collection) are dropped; the mean of the rest is unbiased for a line."""
+    ceiling = OUTLIER * statistics.median(y for _, y, _ in obs)
+    kept = [(x, y) for x, y, _ in obs if y <= ceiling]
     return sum(x for x, _ in kept) / len(kept), sum(y for _, y in kept) / len(kept)
 
 
@@ -209,6 +235,7 @@ class LoadModel:
         self.verifier_cost = CostEstimator()
         self._drafter_costs: dict[str, CostEstimator] = {}
         self._pooled: dict[str, Acceptance] = {}
+        self._probes: dict[str, list[int]] = {}  # mode -> [plain AR steps since the last probe, interval]
         self._lock = threading.Lock()
 
     def drafter_cost(self, mode: str) -> CostEstimator:
@@ -223,6 +250,22 @@ class LoadModel:
     def pool(self, mode: str, drafted: int, accepted: int) -> None:
         with self._lock:
             self._pooled.setdefault(mode, Acceptance()).add(drafted, accepted, POOL_DECAY)
+
+    def probe(self, mode: str, drafting: bool) -> bool:
+        """Count a step of the mode: True when this plain AR step should draft a probe instead.
+
+        The schedule is the gateway's, not each request's: under load every request would otherwise
+        pay its own probes, and a new request's prior is the pooled rate the probes keep fresh."""
+        with self._lock:
+            state = self._probes.setdefault(mode, [0, PROBE_AFTER])
+            if drafting:
+                state[:] = [0, PROBE_AFTER]
+                return False
+            state[0] += 1
+            if state[0] < state[1]:
+                return False
+            state[:] = [0, min(2 * state[1], PROBE_MAX_INTERVAL)]
+            return True
 
     def choose(self, mode: str, a: float, k_max: int, rows: int) -> int:
         """The block length for one step (subclass to force a policy, e.g. in tests)."""
@@ -263,8 +306,6 @@ class AdaptiveBlocks:
         self.own = Acceptance()
         self.prior = load.prior_rate(mode)
         self.rows = 1  # the last forward's rows: the share this request will likely get next
-        self.ar_steps = 0  # k = 0 steps in a row
-        self.probe_interval = PROBE_AFTER
         self.chosen: list[int] = []  # k chosen at every step (stats, tests)
         self._verified = -1  # output tokens the verifier's cache holds (-1: not even BOS yet)
         self._step: tuple[float, int] | None = None  # (when the verifier was called, own tokens)
@@ -276,7 +317,8 @@ class AdaptiveBlocks:
     def propose(self, output: list[int], room: int) -> Draft:
         limit = min(self.k_max, room)
         k = min(self.load.choose(self.mode, self.rate, limit, self.rows), limit) if limit > 0 else 0
-        k = self._probe(k, limit)
+        if limit > 0 and self.load.probe(self.mode, drafting=k > 0):
+            k = min(PROBE_K, limit)
         self.chosen.append(k)
         if k > 0:
             t0 = time.perf_counter()
@@ -305,17 +347,3 @@ class AdaptiveBlocks:
             self.load.pool(self.mode, len(ids), accepted)
         self._verified += accepted  # accepted drafts are in the verifier's cache; its token is not yet
         return accepted, token
-
-    def _probe(self, k: int, limit: int) -> int:
-        """A short block after enough AR steps in a row, so the estimates do not freeze."""
-        if k > 0 or limit <= 0:
-            self.ar_steps = 0
-            if k > 0:
-                self.probe_interval = PROBE_AFTER
-            return k
-        self.ar_steps += 1
-        if self.ar_steps < self.probe_interval:
-            return 0
-        self.ar_steps = 0
-        self.probe_interval = min(2 * self.probe_interval, PROBE_MAX_INTERVAL)
-        return min(PROBE_K, limit)
