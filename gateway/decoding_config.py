@@ -49,6 +49,10 @@ class DecodingConfig:
     top_p: float = field(default=1.0, metadata=about("sampling top-p (spec); 1 = off"))
     seed: int = field(default=0, metadata=about("sampling seed"))
     max_new_tokens: int = field(default=128, metadata=about("output length limit"))
+    adaptive: bool = field(
+        default=False,
+        metadata=about("choose the block length per step for the load, up to k (gad, gad++, iad)", wire="adaptive_k"),
+    )
 
     @property
     def sampling(self) -> SamplingParams:

@@ -52,6 +52,8 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
         help_text = f.metadata["help"]
         if kind is Mode:
             g.add_argument(cli_flag(f), dest=f.name, choices=mode_names(), help=help_text)
+        elif kind is bool:  # --adaptive / --no-adaptive; unset stays None (the default applies)
+            g.add_argument(cli_flag(f), dest=f.name, action=argparse.BooleanOptionalAction, help=help_text)
         else:
             g.add_argument(cli_flag(f), dest=f.name, type=kind, help=help_text)
 

@@ -144,7 +144,7 @@ FLAGS = {
     "--beams": ("num_beams", int), "--gamma": ("gamma", int), "--threshold": ("threshold", float),
     "--beam-delta": ("beam_delta", float), "--beam-max-candidates": ("beam_max_candidates", int),
     "--temperature": ("temperature", float), "--top-k": ("top_k", int), "--top-p": ("top_p", float),
-    "--seed": ("seed", int), "--max-new-tokens": ("max_new_tokens", int),
+    "--seed": ("seed", int), "--max-new-tokens": ("max_new_tokens", int), "--adaptive": ("adaptive", None),
 }
 
 

@@ -51,14 +51,14 @@ def test_every_decoding_field_is_a_wire_field_and_back() -> None:
     ours = {wire_name(f) for f in fields(DecodingConfig)}
     assert ours == {f.name for f in gateway_pb2.DecodingConfig.DESCRIPTOR.fields}
     assert {wire_name(f): f.name for f in fields(DecodingConfig) if wire_name(f) != f.name} == {
-        "block_size": "k", "top_beta": "beta", "mjsd_threshold": "threshold",
+        "block_size": "k", "top_beta": "beta", "mjsd_threshold": "threshold", "adaptive_k": "adaptive",
     }
 
 
 def test_overrides_round_trip_through_the_wire() -> None:
     overrides = {"mode": Mode.MJSD, "k": 3, "beta": 2, "tau": 0.0, "num_beams": 2, "gamma": 5, "threshold": 0.5,
                  "beam_delta": 1.5, "beam_max_candidates": 3, "temperature": 0.7, "top_k": 0, "top_p": 0.9,
-                 "seed": 11, "max_new_tokens": 30}
+                 "seed": 11, "max_new_tokens": 30, "adaptive": True}
     wire = overrides_to_wire(overrides)
     assert (wire.block_size, wire.top_beta, wire.mjsd_threshold, wire.mode) == (3, 2, 0.5, gateway_pb2.MODE_MJSD)
     assert overrides_from_wire(wire) == overrides

@@ -1,4 +1,5 @@
-"""Generalized aggressive decoding: the NAR drafter drafts k tokens, accepted up to the first mismatch."""
+"""Generalized aggressive decoding: the NAR drafter drafts k tokens, accepted up to the first mismatch
+(with `adaptive`, up to k tokens per step as the load makes worthwhile)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ from functools import partial
 from gateway.decoding_config import Mode
 from gateway.modes.mode_spec import DrafterMethod, ModeSpec, PolicyInputs
 from gateway.policies.accept import exact
+from gateway.policies.adaptive import maybe_adaptive
 from gateway.policies.loop import Accept, Propose
 
 
 def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:
     assert inputs.drafter is not None
-    return partial(inputs.drafter.block, k=inputs.config.k), exact
+    return maybe_adaptive(inputs.config, inputs.verifier, partial(inputs.drafter.block, k=inputs.config.k), exact)
 
 
 SPEC = ModeSpec(Mode.GAD, wire="MODE_GAD", lossless=True, drafter=DrafterMethod.BLOCK, build=build)

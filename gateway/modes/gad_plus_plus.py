@@ -8,6 +8,7 @@ from core.interfaces import Draft, VerifyResult
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.modes.mode_spec import DrafterMethod, ModeSpec, PolicyInputs
 from gateway.policies.accept import accept_gad_plus_plus
+from gateway.policies.adaptive import maybe_adaptive
 from gateway.policies.loop import Accept, Propose
 
 
@@ -18,7 +19,7 @@ def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:
     def accept(ids: list[int], draft: Draft, res: VerifyResult) -> tuple[int, int]:
         return accept_gad_plus_plus(ids, res, config.beta, config.tau)
 
-    return partial(inputs.drafter.block, k=config.k), accept
+    return maybe_adaptive(config, inputs.verifier, partial(inputs.drafter.block, k=config.k), accept)
 
 
 def top_beta(config: DecodingConfig, vocab_size: int) -> int:

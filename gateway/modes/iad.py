@@ -5,6 +5,7 @@ from __future__ import annotations
 from gateway.decoding_config import Mode
 from gateway.modes.mode_spec import DrafterMethod, ModeSpec, PolicyInputs
 from gateway.policies.accept import exact
+from gateway.policies.adaptive import maybe_adaptive
 from gateway.policies.iad import CopyDrafter
 from gateway.policies.loop import Accept, Propose
 
@@ -12,7 +13,7 @@ from gateway.policies.loop import Accept, Propose
 def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:
     v = inputs.verifier
     copier = CopyDrafter(inputs.source_ids, v.bos_id, v.eos_id, cap=inputs.config.k)
-    return copier.propose, exact
+    return maybe_adaptive(inputs.config, v, copier.propose, exact)
 
 
 SPEC = ModeSpec(Mode.IAD, wire="MODE_IAD", lossless=True, drafter=DrafterMethod.NONE, build=build)

@@ -27,6 +27,9 @@ class DecodeStats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    # steps_per_draft_length[n] = the iterations that drafted n tokens (n = 0: a plain AR step);
+    # with adaptive speculation, how often each block length ran.
+    steps_per_draft_length: list[int] = field(default_factory=list)
     output_tokens: int = 0
     drafter_time_s: float = 0.0
     verifier_time_s: float = 0.0
@@ -38,7 +41,15 @@ class DecodeStats:
         """Output tokens per iteration (accepted drafts plus the verifier's own token)."""
         return self.output_tokens / self.iterations if self.iterations else 0.0
 
+    @property
+    def mean_draft_length(self) -> float:
+        """Draft tokens per iteration (the mean block length that ran)."""
+        return self.drafted_tokens / self.iterations if self.iterations else 0.0
+
     def record_accepts(self, drafted: int, accepted: int) -> None:
+        if len(self.steps_per_draft_length) <= drafted:
+            self.steps_per_draft_length.extend([0] * (drafted + 1 - len(self.steps_per_draft_length)))
+        self.steps_per_draft_length[drafted] += 1
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
         if len(self.accepted_per_position) < accepted:
@@ -49,6 +60,7 @@ class DecodeStats:
     def to_dict(self) -> dict:
         out = asdict(self)
         out["mean_accepted_length"] = round(self.mean_accepted_length, 4)
+        out["mean_draft_length"] = round(self.mean_draft_length, 4)
         out["drafter_time_s"] = round(self.drafter_time_s, 6)
         out["verifier_time_s"] = round(self.verifier_time_s, 6)
         return out

@@ -1,0 +1,349 @@
+"""Speculation that adapts to load: the block length k of every draft-verify step, chosen per
+request and step to maximise expected goodput (ARCHITECTURE.md section 8). `DecodingConfig.adaptive`
+turns it on; the lossless modes stay identical to greedy whatever k is chosen, since k only
+decides how much is drafted, never what is accepted.
+
+The objective
+-------------
+A step that drafts k tokens commits in expectation E(k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a)
+tokens, where a is the request's per-token acceptance rate (a draft token is accepted with
+probability a once its predecessors were; the verifier's own token always comes). k = 0 is a plain
+AR step: no drafter call, one token.
+
+A step costs a share of two forwards. The verifier's forward over T tokens (every row of every
+request in the batch, append + draft) takes cost(T) ~ c0 + c1*T: c0 is paid once per forward whatever
+its size (reading the weights, kernel launches, the scheduler's round), c1 grows with the tokens fed
+(the FLOPs). A request feeding 1 + k tokens to a forward of `rows` rows is charged c0/rows + c1*(1+k);
+its drafter call likewise d0/rows + d1*k (nothing when k = 0). The policy picks
+
+    k* = argmax_{0 <= k <= k_max}  E(k) / (c0/rows + c1*(1 + k) + [k > 0] * (d0/rows + d1*k))
+
+Why this ratio: when the rows of a batch behave alike, the server commits rows*E(k) tokens per
+forward of c0 + c1*rows*(1+k) (plus the drafter's), so the ratio is the server's throughput over
+rows: maximising each request's share maximises the whole. (For unlike rows the exact optimum of the
+batch's ratio, by Dinkelbach, has every row maximise E_i(k) - lambda*c1*(1+k) with lambda the batch's
+throughput; the share ratio is that rule with lambda taken from the row itself, exact for alike rows.)
+At rows = 1 it is the request's own tokens per second: when c0 dominates (latency-bound: one request,
+a forward paying mostly per-call overhead) E grows faster than the cost and long blocks win. At
+rows = 32 with c0/rows small beside c1*(1+k), the cost grows like 1 + k while E(k) < 1 + k for every
+a < 1, so k = 0 wins. That is the fix for the usual complaint about vLLM / TensorRT-LLM speculation
+making a loaded server slower than plain AR: a fixed k charges every request 1 + k tokens of a
+compute-bound forward for E(k) tokens of progress.
+
+The estimates
+-------------
+- a: per request, counts updated from every verified block: accepted draft tokens over draft
+  positions reached (the accepted ones plus the first rejected one, if any), the maximum-likelihood
+  rate of the geometric model E(k) assumes. The prior is the pooled rate of the mode over recent
+  blocks of every request of this gateway, worth PRIOR_WEIGHT positions (empirical Bayes: a new
+  request starts from what the traffic shows, not from a guess).
+- c0, c1: one `CostEstimator` per verifier (one per gateway process), shared by its requests and
+  thread-safe, fed with every step's (batch_tokens, forward_s) as the verifier's batching
+  scheduler reports them; where a backend reports none (batch_tokens = 0), the step's own tokens
+  and the wall time of the verifier call (the loop calls the verifier between `propose` and
+  `accept`, so that is what the gap between them times). Observations are kept per power-of-two
+  bucket of T (the last BUCKET_SIZE of each, summarised by their mean without stalls) and the line is
+  a least-squares fit through the buckets: steady traffic at one T cannot wash out what other loads taught, and
+  one slow outlier (a first call warming up) cannot swing the fit.
+- d0, d1: the same estimator over the drafter's calls (k asked, wall seconds), one per mode. The
+  drafter reports no batch, so the verifier's rows stand for its occupancy (the same requests
+  alternate between the two services).
+
+Probing: while k = 0 wins, nothing is learnt about acceptance, and the drafter's cost is not
+measured again. So after PROBE_AFTER plain AR steps of a mode in a row (counted over the gateway's
+requests) one step drafts a short block (PROBE_K tokens), the interval doubling after each probe up
+to PROBE_MAX_INTERVAL: the estimates keep tracking at a bounded cost (under load, PROBE_K extra
+tokens per PROBE_MAX_INTERVAL AR steps: 3%). Cost observations expire after MAX_AGE_S, so one that
+made drafting look too dear is not kept for ever either; the first of each estimator is ignored
+(a backend's lazy start).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from core.interfaces import Draft, VerifyResult
+from gateway.decoding_config import DecodingConfig
+from gateway.policies.loop import Accept, Propose
+
+DEFAULT_RATE = 0.8  # the prior acceptance rate before the mode has any pooled data
+PRIOR_WEIGHT = 4.0  # draft positions the prior is worth against a request's own blocks
+POOL_DECAY = 0.99  # per block folded into the pooled rate: it follows the last few hundred
+PROBE_K = 2
+PROBE_AFTER = 8
+PROBE_MAX_INTERVAL = 64
+BUCKET_SIZE = 16  # observations kept per power-of-two bucket of forward tokens
+MAX_BUCKET = 20  # forwards of up to 2^20 tokens
+OUTLIER = 3.0  # an observation over this many times its bucket's median is a stall, not a cost
+WARMUP = 1  # first observations of an estimator ignored (lazy session start, a first channel call)
+MAX_AGE_S = 60.0  # observations older than this are forgotten (so a stale bucket cannot freeze k)
+
+
+def maybe_adaptive(
+    config: DecodingConfig, verifier: object, propose: Propose, accept: Accept
+) -> tuple[Propose, Accept]:
+    """The (propose, accept) pair of a draft-verify mode, made adaptive when `config.adaptive`."""
+    if not config.adaptive:
+        return propose, accept
+    blocks = AdaptiveBlocks(load_model(verifier), config.mode.value, config.k, propose, accept)
+    return blocks.propose, blocks.accept
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """E(k) = 1 + a + ... + a^k: tokens one step commits when each draft token passes with rate a."""
+    if a >= 1.0:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+@dataclass(frozen=True)
+class Line:
+    """cost(x) = c0 + c1 * x, in seconds."""
+
+    c0: float
+    c1: float
+
+    def __call__(self, x: float) -> float:
+        return self.c0 + self.c1 * x
+
+
+FREE = Line(0.0, 0.0)
+
+
+def step_cost(k: int, rows: int, verifier: Line, drafter: Line) -> float:
+    """A request's share of the forwards of one step drafting k tokens (module docstring)."""
+    rows = max(rows, 1)
+    cost = verifier.c0 / rows + verifier.c1 * (1 + k)
+    if k > 0:
+        cost += drafter.c0 / rows + drafter.c1 * k
+    return cost
+
+
+def choose_block_length(a: float, k_max: int, rows: int, verifier: Line, drafter: Line) -> int:
+    """argmax over k in 0..k_max of E(k) / step_cost(k); the shorter block on a tie."""
+    best_k, best = 0, -1.0
+    for k in range(max(k_max, 0) + 1):
+        cost = step_cost(k, rows, verifier, drafter)
+        value = math.inf if cost <= 0 else expected_tokens(a, k) / cost
+        if value > best:
+            best_k, best = k, value
+    return best_k
+
+
+class CostEstimator:
+    """cost(x) ~ c0 + c1*x learned online from (x, seconds) observations; thread-safe.
+
+    Each power-of-two bucket of x keeps its last BUCKET_SIZE observations; the fit is least squares
+    through the buckets' mean (x, seconds) less their stalls, each bucket weighing the same. With one
+    bucket the slope is unknown and taken as 0 (everything costs the same, so the chooser drafts
+    and the next observations fall in other buckets). Both coefficients are kept >= 0."""
+
+    def __init__(self, prior: Line = Line(1.0, 0.0), clock: Callable[[], float] = time.monotonic) -> None:
+        self.prior = prior  # the line before any observation
+        self.clock = clock
+        self._buckets: dict[int, deque[tuple[float, float, float]]] = {}  # (x, seconds, when)
+        self._lock = threading.Lock()
+        self._warmup = WARMUP
+        self._line: Line | None = None
+        self._oldest = math.inf
+
+    def observe(self, x: float, seconds: float) -> None:
+        if not (x >= 0 and seconds >= 0 and math.isfinite(seconds)):
+            return
+        bucket = min(int(x).bit_length(), MAX_BUCKET)
+        with self._lock:
+            if self._warmup > 0:
+                self._warmup -= 1
+                return
+            now = self.clock()
+            self._buckets.setdefault(bucket, deque(maxlen=BUCKET_SIZE)).append((float(x), float(seconds), now))
+            self._oldest = min(self._oldest, now)
+            self._line = None
+
+    def line(self) -> Line:
+        with self._lock:
+            now = self.clock()
+            if self._oldest < now - MAX_AGE_S:
+                self._forget(now - MAX_AGE_S)
+            if self._line is None:
+                points = [_summary(obs) for obs in self._buckets.values()]
+                self._line = fit_line(points) if points else self.prior
+            return self._line
+
+    def _forget(self, before: float) -> None:
+        for bucket, obs in list(self._buckets.items()):
+            while obs and obs[0][2] < before:
+                obs.popleft()
+            if not obs:
+                del self._buckets[bucket]
+        self._oldest = min((obs[0][2] for obs in self._buckets.values()), default=math.inf)
+        self._line = None
+
+
+def _summary(obs: deque[tuple[float, float, float]]) -> tuple[float, float]:
+    """A bucket's mean (x, seconds) without its stalls: observations over OUTLIER times the median
+    (a pause of the host, a garbage collection) are dropped; the mean of the rest is unbiased for a line."""
+    ceiling = OUTLIER * statistics.median(y for _, y, _ in obs)
+    kept = [(x, y) for x, y, _ in obs if y <= ceiling]
+    return sum(x for x, _ in kept) / len(kept), sum(y for _, y in kept) / len(kept)
+
+
+def fit_line(points: list[tuple[float, float]]) -> Line:
+    """Least squares c0 + c1*x through `points`, constrained to c0, c1 >= 0."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    sxy = sum((x - mx) * (y - my) for x, y in points)
+    c1 = sxy / sxx if sxx > 1e-12 * max(mx * mx, 1.0) else 0.0
+    if c1 <= 0:
+        return Line(max(my, 0.0), 0.0)
+    c0 = my - c1 * mx
+    if c0 < 0:  # the best line through the origin
+        return Line(0.0, sum(x * y for x, y in points) / sum(x * x for x, _ in points))
+    return Line(c0, c1)
+
+
+class Acceptance:
+    """Accepted draft tokens and draft positions reached (Beta-style counts)."""
+
+    def __init__(self, accepted: float = 0.0, reached: float = 0.0) -> None:
+        self.accepted = accepted
+        self.reached = reached
+
+    def add(self, drafted: int, accepted: int, decay: float = 1.0) -> None:
+        self.accepted = self.accepted * decay + accepted
+        self.reached = self.reached * decay + min(drafted, accepted + 1)
+
+    def rate(self, prior: float, weight: float) -> float:
+        return (self.accepted + prior * weight) / (self.reached + weight)
+
+
+class LoadModel:
+    """What one gateway process learns about its load, shared by all its requests: the verifier's
+    cost line, the drafter's per mode, and the pooled acceptance rate per mode (the prior of a new
+    request). Thread-safe."""
+
+    def __init__(self) -> None:
+        self.verifier_cost = CostEstimator()
+        self._drafter_costs: dict[str, CostEstimator] = {}
+        self._pooled: dict[str, Acceptance] = {}
+        self._probes: dict[str, list[int]] = {}  # mode -> [plain AR steps since the last probe, interval]
+        self._lock = threading.Lock()
+
+    def drafter_cost(self, mode: str) -> CostEstimator:
+        with self._lock:
+            return self._drafter_costs.setdefault(mode, CostEstimator(prior=FREE))
+
+    def prior_rate(self, mode: str) -> float:
+        with self._lock:
+            pooled = self._pooled.get(mode)
+            return DEFAULT_RATE if pooled is None else pooled.rate(DEFAULT_RATE, 1.0)
+
+    def pool(self, mode: str, drafted: int, accepted: int) -> None:
+        with self._lock:
+            self._pooled.setdefault(mode, Acceptance()).add(drafted, accepted, POOL_DECAY)
+
+    def probe(self, mode: str, drafting: bool) -> bool:
+        """Count a step of the mode: True when this plain AR step should draft a probe instead.
+
+        The schedule is the gateway's, not each request's: under load every request would otherwise
+        pay its own probes, and a new request's prior is the pooled rate the probes keep fresh."""
+        with self._lock:
+            state = self._probes.setdefault(mode, [0, PROBE_AFTER])
+            if drafting:
+                state[:] = [0, PROBE_AFTER]
+                return False
+            state[0] += 1
+            if state[0] < state[1]:
+                return False
+            state[:] = [0, min(2 * state[1], PROBE_MAX_INTERVAL)]
+            return True
+
+    def choose(self, mode: str, a: float, k_max: int, rows: int) -> int:
+        """The block length for one step (subclass to force a policy, e.g. in tests)."""
+        return choose_block_length(a, k_max, rows, self.verifier_cost.line(), self.drafter_cost(mode).line())
+
+
+# One LoadModel per verifier object: the gateway has one verifier, so one model per process; an
+# in-process caller with several verifiers (tests, benchmarks) keeps their costs apart.
+_MODELS: weakref.WeakKeyDictionary[object, LoadModel] = weakref.WeakKeyDictionary()
+_MODELS_LOCK = threading.Lock()
+
+
+def load_model(verifier: object) -> LoadModel:
+    with _MODELS_LOCK:
+        model = _MODELS.get(verifier)
+        if model is None:
+            model = _MODELS[verifier] = LoadModel()
+        return model
+
+
+def install_load_model(verifier: object, model: LoadModel) -> None:
+    """Use `model` for every later adaptive request on `verifier` (benchmarks, forced policies)."""
+    with _MODELS_LOCK:
+        _MODELS[verifier] = model
+
+
+class AdaptiveBlocks:
+    """One request's adaptive policy around a mode's (propose, accept): `propose` chooses k and asks
+    the mode's own propose for at most k tokens (none at all for k = 0); `accept` applies the mode's
+    rule, then learns from the step (acceptance, the verifier's forward, the drafter's call)."""
+
+    def __init__(self, load: LoadModel, mode: str, k_max: int, propose: Propose, accept: Accept) -> None:
+        self.load = load
+        self.mode = mode
+        self.k_max = k_max
+        self._propose = propose
+        self._accept = accept
+        self.own = Acceptance()
+        self.prior = load.prior_rate(mode)
+        self.rows = 1  # the last forward's rows: the share this request will likely get next
+        self.chosen: list[int] = []  # k chosen at every step (stats, tests)
+        self._verified = -1  # output tokens the verifier's cache holds (-1: not even BOS yet)
+        self._step: tuple[float, int] | None = None  # (when the verifier was called, own tokens)
+
+    @property
+    def rate(self) -> float:
+        return self.own.rate(self.prior, PRIOR_WEIGHT)
+
+    def propose(self, output: list[int], room: int) -> Draft:
+        limit = min(self.k_max, room)
+        k = min(self.load.choose(self.mode, self.rate, limit, self.rows), limit) if limit > 0 else 0
+        if limit > 0 and self.load.probe(self.mode, drafting=k > 0):
+            k = min(PROBE_K, limit)
+        self.chosen.append(k)
+        if k > 0:
+            t0 = time.perf_counter()
+            draft = self._propose(output, k)
+            self.load.drafter_cost(self.mode).observe(k, time.perf_counter() - t0)
+        else:
+            draft = Draft(ids=[])
+        own_tokens = max(1, len(output) - self._verified + min(len(draft.ids), k))
+        self._verified = len(output)
+        self._step = (time.perf_counter(), own_tokens)
+        return draft
+
+    def accept(self, ids: list[int], draft: Draft, res: VerifyResult) -> tuple[int, int]:
+        accepted, token = self._accept(ids, draft, res)
+        if self._step is not None:  # the loop skips propose only on a last step with no room
+            t0, own_tokens = self._step
+            wall = time.perf_counter() - t0
+            if res.batch_tokens > 0 and res.forward_s > 0:
+                self.load.verifier_cost.observe(res.batch_tokens, res.forward_s)
+            else:
+                self.load.verifier_cost.observe(own_tokens, wall)
+        self.rows = max(res.batch_rows, 1)
+        self._step = None
+        if ids:
+            self.own.add(len(ids), accepted)
+            self.load.pool(self.mode, len(ids), accepted)
+        self._verified += accepted  # accepted drafts are in the verifier's cache; its token is not yet
+        return accepted, token

@@ -1,0 +1,398 @@
+"""Speculation that adapts to load (gateway/policies/adaptive.py).
+
+The chooser picks long blocks when a forward's fixed cost dominates and the drafts are good, and
+plain AR steps when the batch is compute-bound and the drafts poor; the cost estimator recovers a
+line from noisy observations and shrugs off an outlier; and, property-tested on the tiny models
+(float64), adaptive IAD / GAD / GAD++ (beta 1) give exactly AR greedy's tokens whatever block
+lengths run: the learned policy, forced extreme cost models (always AR, always k_max) and random
+k sequences.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import random
+import threading
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from core.interfaces import Draft, VerifyResult
+from drafter_service.session import LocalDrafter
+from gateway.config import gateway_config
+from gateway.decode import decode
+from gateway.decoding_config import DecodingConfig, Mode
+from gateway.policies import adaptive
+from gateway.policies.accept import exact
+from gateway.policies.adaptive import (
+    FREE,
+    PROBE_AFTER,
+    PROBE_K,
+    PROBE_MAX_INTERVAL,
+    AdaptiveBlocks,
+    CostEstimator,
+    Line,
+    LoadModel,
+    choose_block_length,
+    expected_tokens,
+    fit_line,
+    install_load_model,
+    load_model,
+)
+from gateway.policies.loop import DecodeStats
+from gateway.wire import stats_from_wire, stats_to_wire
+from specdec.cli import add_decoding_flags, decoding_overrides
+from tests.zoo import MAX_LEN, model_pool
+from tests.zoo import sources as zoo_sources
+from verifier_service.session import LocalVerifier
+
+PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MS = 1e-3
+
+# --- the chooser ---------------------------------------------------------------------------------
+
+
+def test_expected_tokens_is_the_geometric_sum() -> None:
+    assert expected_tokens(0.5, 0) == 1.0
+    assert expected_tokens(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert expected_tokens(0.0, 10) == 1.0
+    assert expected_tokens(1.0, 10) == 11.0
+
+
+def test_high_acceptance_and_a_large_fixed_cost_pick_k_max() -> None:
+    """One request, a forward that costs mostly its fixed part: the longest block wins."""
+    verifier = Line(c0=10 * MS, c1=0.1 * MS)
+    drafter = Line(c0=2 * MS, c1=0.05 * MS)
+    assert choose_block_length(0.95, k_max=10, rows=1, verifier=verifier, drafter=drafter) == 10
+    assert choose_block_length(0.95, k_max=25, rows=1, verifier=verifier, drafter=drafter) == 25
+
+
+def test_low_acceptance_in_a_compute_bound_batch_picks_plain_ar() -> None:
+    """32 rows, c0 small beside c1*T: every draft token costs nearly a whole AR step, so k = 0."""
+    verifier = Line(c0=2 * MS, c1=1 * MS)  # a 32-row AR forward: 34 ms, 94% of it per token
+    drafter = Line(c0=2 * MS, c1=0.2 * MS)
+    assert choose_block_length(0.3, k_max=10, rows=32, verifier=verifier, drafter=drafter) == 0
+    # Even perfect-ish drafts do not pay when the drafter is not free and tokens are all that cost.
+    assert choose_block_length(0.9, k_max=10, rows=32, verifier=Line(0.0, 1 * MS), drafter=drafter) == 0
+
+
+def test_the_same_request_drafts_less_as_the_batch_fills() -> None:
+    verifier, drafter = Line(c0=20 * MS, c1=0.5 * MS), Line(c0=3 * MS, c1=0.1 * MS)
+    chosen = [choose_block_length(0.7, 10, rows, verifier, drafter) for rows in (1, 2, 4, 8, 16, 32, 64)]
+    assert chosen == sorted(chosen, reverse=True)
+    assert chosen[0] >= 6 and chosen[-1] == 0
+    assert len(set(chosen)) >= 4  # it shortens step by step, not all or nothing
+
+
+def test_free_drafts_and_free_tokens_pick_the_longest_block_and_no_acceptance_picks_none() -> None:
+    assert choose_block_length(0.01, 7, 1, Line(1 * MS, 0.0), FREE) == 7
+    assert choose_block_length(0.0, 7, 1, Line(1 * MS, 0.1 * MS), FREE) == 0
+    assert choose_block_length(0.9, 0, 1, Line(1 * MS, 0.0), FREE) == 0
+
+
+# --- the cost estimator ----------------------------------------------------------------------------
+
+
+def test_the_estimator_recovers_c0_and_c1_from_noisy_observations() -> None:
+    rng = random.Random(0)
+    est = CostEstimator()
+    c0, c1 = 4 * MS, 0.25 * MS
+    for _ in range(2000):
+        tokens = rng.randint(1, 400)
+        est.observe(tokens, (c0 + c1 * tokens) * rng.uniform(0.9, 1.1))
+    line = est.line()
+    assert line.c0 == pytest.approx(c0, rel=0.15)
+    assert line.c1 == pytest.approx(c1, rel=0.05)
+
+
+def test_one_outlier_does_not_swing_the_fit_and_new_loads_do_not_erase_old_ones() -> None:
+    est = CostEstimator()
+    for i in range(30):
+        if i == 20:
+            est.observe(1, 5.0)  # a stall: 1000x the steady cost, still among the last observations
+        for tokens in (1, 3, 11, 40, 100):
+            est.observe(tokens, 2 * MS + 0.1 * MS * tokens)
+    for _ in range(500):  # then steady traffic at one batch size only
+        est.observe(320, 2 * MS + 0.1 * MS * 320)
+    line = est.line()
+    assert line.c0 == pytest.approx(2 * MS, rel=0.01)
+    assert line.c1 == pytest.approx(0.1 * MS, rel=0.01)
+
+
+def test_the_estimator_before_data_and_with_one_batch_size() -> None:
+    assert CostEstimator().line() == Line(1.0, 0.0)
+    assert CostEstimator(prior=FREE).line() == FREE
+    est = CostEstimator()
+    for _ in range(5):
+        est.observe(1, 3 * MS)
+    assert est.line() == Line(pytest.approx(3 * MS), 0.0)  # slope unknown: taken as 0 (drafting is tried)
+
+
+def test_old_observations_are_forgotten() -> None:
+    """A cost that made drafting look too dear cannot freeze the choice: it expires."""
+    now = [0.0]
+    est = CostEstimator(clock=lambda: now[0])
+    est.observe(1, 1 * MS)  # the warm-up observation
+    est.observe(10, 500 * MS)  # a dear block, once
+    for _ in range(5):
+        est.observe(2, 1 * MS)
+    assert est.line().c1 > 10 * MS
+    now[0] = adaptive.MAX_AGE_S / 2
+    for _ in range(5):
+        est.observe(2, 1 * MS)
+    assert est.line().c1 > 10 * MS
+    now[0] = adaptive.MAX_AGE_S + 1
+    assert est.line() == Line(pytest.approx(1 * MS), 0.0)
+    now[0] = 3 * adaptive.MAX_AGE_S
+    assert est.line() == est.prior
+
+
+def test_fit_line_keeps_both_coefficients_non_negative() -> None:
+    assert fit_line([(1, 5.0), (10, 1.0)]) == Line(3.0, 0.0)  # falling costs: a flat line at the mean
+    line = fit_line([(10, 1.0), (20, 3.0)])  # would cross below zero at x = 0: through the origin
+    assert line.c0 == 0.0 and line.c1 == pytest.approx(0.14)
+
+
+def test_the_estimator_is_shared_safely_between_threads() -> None:
+    est = CostEstimator()
+
+    def feed(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(500):
+            tokens = rng.randint(1, 64)
+            est.observe(tokens, 1 * MS + 0.5 * MS * tokens)
+            est.line()
+
+    threads = [threading.Thread(target=feed, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert est.line().c0 == pytest.approx(1 * MS, rel=1e-6) and est.line().c1 == pytest.approx(0.5 * MS, rel=1e-6)
+
+
+# --- the per-request policy ------------------------------------------------------------------------
+
+
+class _Fixed(LoadModel):
+    """A load model whose verifier and drafter cost lines are given, not learned."""
+
+    def __init__(self, verifier: Line, drafter: Line) -> None:
+        super().__init__()
+        self.lines = (verifier, drafter)
+
+    def choose(self, mode: str, a: float, k_max: int, rows: int) -> int:
+        return choose_block_length(a, k_max, rows, *self.lines)
+
+
+class _KMax(LoadModel):
+    """Always the longest block (a cost model would tie once a^k underflows; this cannot)."""
+
+    def choose(self, mode: str, a: float, k_max: int, rows: int) -> int:
+        return k_max
+
+
+class _Sequence(LoadModel):
+    """Block lengths drawn at random (a request's choices in any order, any k in 0..k_max)."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.rng = random.Random(seed)
+
+    def choose(self, mode: str, a: float, k_max: int, rows: int) -> int:
+        return self.rng.randint(0, k_max)
+
+
+class _Loop:
+    """The draft-verify loop's calls into a policy, against given verifier answers (the policy's
+    own bookkeeping only; the real loop runs in the lossless tests below)."""
+
+    def __init__(self, blocks: AdaptiveBlocks) -> None:
+        self.blocks = blocks
+        self.out: list[int] = []
+
+    def step(self, verifier_top1: list[int], **batch) -> tuple[int, int]:
+        draft = self.blocks.propose(self.out, 100)
+        ids = draft.ids
+        res = VerifyResult(top1=verifier_top1[: len(ids) + 1], topk_ids=[], topk_logprobs=[], draft_logprobs=[],
+                           **batch)
+        accepted, token = self.blocks.accept(ids, draft, res)
+        self.out += [*ids[:accepted], token]
+        return accepted, token
+
+
+def test_the_policy_learns_the_batch_from_the_verifiers_answer() -> None:
+    load = LoadModel()
+    calls: list[int] = []
+
+    def propose(output: list[int], room: int) -> Draft:
+        calls.append(room)
+        return Draft(ids=[7] * room)
+
+    load.verifier_cost.observe(1, 9.0)  # an estimator's first observation (a lazy start) is ignored
+    blocks = AdaptiveBlocks(load, "gad", 6, propose, exact)
+    loop = _Loop(blocks)
+    assert loop.step([7] * 7, batch_rows=32, batch_tokens=224, forward_s=0.05) == (6, 7)
+    assert calls == [6]  # before any data the fixed cost is all there is: the longest block
+    assert blocks.rows == 32
+    assert load.verifier_cost.line() == Line(0.05, 0.0)  # the batch's forward, not this step's wall time
+    assert blocks.rate > adaptive.DEFAULT_RATE  # 6 of 6 accepted
+    # A default result (a backend without the scheduler): the step's own tokens and wall time.
+    assert loop.step([7, 7, 8, 0, 0, 0, 0]) == (2, 8)
+    assert blocks.rows == 1
+    # This step fed the verifier 1 + 6 tokens: the verifier's last token, then the draft.
+    assert {b: [o[0] for o in obs] for b, obs in load.verifier_cost._buckets.items()} == {8: [224.0], 3: [7.0]}
+
+
+def test_plain_ar_steps_call_no_drafter_and_the_gateway_probes_with_a_growing_interval() -> None:
+    load = _Fixed(Line(0.0, 1 * MS), Line(1.0, 0.0))  # a drafter call costs a second: never worth it
+    calls: list[int] = []
+
+    def propose(output: list[int], room: int) -> Draft:
+        calls.append(room)
+        return Draft(ids=[9] * room)
+
+    blocks = AdaptiveBlocks(load, "gad", 10, propose, exact)
+    loop = _Loop(blocks)
+    for _ in range(300):
+        loop.step([8] * 11)
+    probes = [i for i, k in enumerate(blocks.chosen) if k]
+    assert all(blocks.chosen[i] == PROBE_K for i in probes) and calls == [PROBE_K] * len(probes)
+    gaps = [b - a for a, b in zip([-1, *probes], probes, strict=False)]
+    expected, interval = [], PROBE_AFTER
+    while len(expected) < len(gaps):
+        expected.append(interval)
+        interval = min(2 * interval, PROBE_MAX_INTERVAL)
+    assert gaps == expected
+    # The schedule is the gateway's: a new request does not start it again.
+    again = AdaptiveBlocks(load, "gad", 10, propose, exact)
+    loop = _Loop(again)
+    for _ in range(PROBE_MAX_INTERVAL):
+        loop.step([8] * 11)
+    assert [i for i, k in enumerate(again.chosen) if k] == [probes[-1] + PROBE_MAX_INTERVAL - 300]
+    # Every probe was rejected at its first token: one position reached, none accepted.
+    weight = adaptive.PRIOR_WEIGHT
+    assert blocks.rate == pytest.approx(adaptive.DEFAULT_RATE * weight / (len(probes) + weight))
+
+
+def test_the_prior_of_a_new_request_is_the_pooled_rate_of_its_mode() -> None:
+    load = LoadModel()
+    assert load.prior_rate("gad") == adaptive.DEFAULT_RATE
+    for _ in range(200):
+        load.pool("gad", drafted=10, accepted=1)  # 1 accepted of 2 reached
+    assert load.prior_rate("gad") == pytest.approx(0.5, abs=0.01)
+    assert load.prior_rate("iad") == adaptive.DEFAULT_RATE
+
+
+# --- losslessness on the tiny models -------------------------------------------------------------
+
+
+@functools.cache
+def _drafter(trio: int) -> LocalDrafter:
+    return LocalDrafter(model_pool()[trio].drafter_models())
+
+
+@functools.cache
+def _verifier(trio: int, policy: str) -> LocalVerifier:
+    """A verifier object per (trio, policy): the load model is per verifier, so each forced policy
+    has its own, and the learned one keeps learning across examples as a gateway's would."""
+    verifier = LocalVerifier(model_pool()[trio].verifier)
+    if policy == "always-ar":
+        install_load_model(verifier, _Fixed(Line(0.0, 1 * MS), Line(1.0, 0.0)))
+    elif policy == "always-k-max":
+        install_load_model(verifier, _KMax())
+    return verifier
+
+
+@functools.cache
+def _greedy(trio: int, source: tuple[int, ...], max_new: int) -> list[int]:
+    config = DecodingConfig(mode=Mode.AR, max_new_tokens=max_new)
+    return decode(list(source), config, _verifier(trio, "greedy"), None).output_ids
+
+
+LOSSLESS = [(Mode.IAD, {}), (Mode.GAD, {}), (Mode.GAD_PLUS_PLUS, {"beta": 1})]
+
+
+def _adaptive_equals_greedy(trio, source, max_new, k, mode, extra, policy) -> DecodeStats:
+    config = DecodingConfig(mode=mode, k=k, max_new_tokens=max_new, adaptive=True, **extra)
+    result = decode(source, config, _verifier(trio, policy), _drafter(trio))
+    assert result.output_ids == _greedy(trio, tuple(source), max_new)
+    stats = result.stats
+    assert sum(stats.steps_per_draft_length) == stats.iterations
+    assert len(stats.steps_per_draft_length) <= k + 1
+    return stats
+
+
+@PROPERTY
+@given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1), k=st.integers(1, 20),
+       mode=st.sampled_from(range(len(LOSSLESS))))
+def test_adaptive_modes_equal_greedy_with_the_learned_policy(trio, source, max_new, k, mode):
+    _adaptive_equals_greedy(trio, source, max_new, k, *LOSSLESS[mode], "learned")
+
+
+@PROPERTY
+@given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1), k=st.integers(1, 20),
+       mode=st.sampled_from(range(len(LOSSLESS))))
+def test_adaptive_modes_equal_greedy_when_forced_to_plain_ar(trio, source, max_new, k, mode):
+    stats = _adaptive_equals_greedy(trio, source, max_new, k, *LOSSLESS[mode], "always-ar")
+    drafted_steps = sum(stats.steps_per_draft_length[1:])
+    assert drafted_steps <= stats.iterations // PROBE_AFTER  # the probes only
+    assert len(stats.steps_per_draft_length) <= PROBE_K + 1
+
+
+@PROPERTY
+@given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1), k=st.integers(1, 20))
+def test_adaptive_gad_equals_greedy_when_forced_to_k_max(trio, source, max_new, k):
+    stats = _adaptive_equals_greedy(trio, source, max_new, k, Mode.GAD, {}, "always-k-max")
+    fixed = decode(source, DecodingConfig(mode=Mode.GAD, k=k, max_new_tokens=max_new), _verifier(trio, "fixed"),
+                   _drafter(trio)).stats
+    assert stats.steps_per_draft_length == fixed.steps_per_draft_length  # the same blocks as fixed k
+
+
+@PROPERTY
+@given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1), k=st.integers(1, 20),
+       mode=st.sampled_from(range(len(LOSSLESS))), seed=st.integers(0, 2**32 - 1))
+def test_adaptive_modes_equal_greedy_with_random_block_lengths(trio, source, max_new, k, mode, seed):
+    verifier = LocalVerifier(model_pool()[trio].verifier)
+    install_load_model(verifier, _Sequence(seed))
+    mode_, extra = LOSSLESS[mode]
+    config = DecodingConfig(mode=mode_, k=k, max_new_tokens=max_new, adaptive=True, **extra)
+    assert decode(source, config, verifier, _drafter(trio)).output_ids == _greedy(trio, tuple(source), max_new)
+
+
+def test_the_learned_policy_learns_from_a_decode() -> None:
+    verifier = LocalVerifier(model_pool()[0].verifier)
+    config = DecodingConfig(mode=Mode.GAD, k=8, max_new_tokens=40, adaptive=True)
+    result = decode([5, 6, 7, 8, 9, 10, 11, 12, 13, 14], config, verifier, _drafter(0))
+    load = load_model(verifier)
+    assert load.verifier_cost._buckets and load.drafter_cost("gad")._buckets
+    assert result.stats.drafted_tokens > 0 and load.prior_rate("gad") != adaptive.DEFAULT_RATE
+
+
+# --- config, flags, wire ---------------------------------------------------------------------------
+
+
+def test_adaptive_is_off_by_default_and_set_by_defaults_flags_and_wire() -> None:
+    assert DecodingConfig().adaptive is False
+    assert gateway_config({"defaults": {"adaptive": True}}).defaults.adaptive is True
+    with pytest.raises(ValueError, match="adaptive"):
+        gateway_config({"defaults": {"adaptive": 1}})
+    parser = argparse.ArgumentParser()
+    add_decoding_flags(parser)
+    assert decoding_overrides(parser.parse_args(["--adaptive"]))["adaptive"] is True
+    assert decoding_overrides(parser.parse_args(["--no-adaptive"]))["adaptive"] is False
+    assert decoding_overrides(parser.parse_args([]))["adaptive"] is None
+
+
+def test_steps_per_draft_length_reach_the_wire() -> None:
+    stats = DecodeStats()
+    for drafted, accepted in ((0, 0), (3, 1), (3, 3), (0, 0), (1, 0)):
+        stats.iterations += 1
+        stats.record_accepts(drafted, accepted)
+    assert stats.steps_per_draft_length == [2, 1, 0, 2]
+    assert stats.mean_draft_length == pytest.approx(7 / 5)
+    wire = stats_to_wire(stats, Mode.GAD, 0.1)
+    assert list(wire.steps_per_draft_length) == [2, 1, 0, 2]
+    assert stats_from_wire(wire, 0).steps_per_draft_length == [2, 1, 0, 2]
