@@ -164,7 +164,7 @@ def test_a_step_whose_caller_was_cancelled_while_queued_never_runs(verifier) -> 
             await asyncio.sleep(0)
             executor.submit(sessions[1].close)  # what SessionStreams does when a stream ends
         done = await asyncio.gather(*tasks, return_exceptions=True)
-        closed = await executor.run(lambda: sessions[1]._state is None)
+        closed = await executor.run(lambda: sessions[1].closed)
         executor.shutdown()
         return recorder, done, closed
 

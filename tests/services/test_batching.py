@@ -19,7 +19,6 @@ from protos.specdec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verif
 from specdec.cli import _build_parser
 from specdec.serve import ServiceStack, batch_overrides, serve_config
 from tests.services.conftest import wait_until
-from verifier_service.session import VerifierSession
 
 CLIENTS = 6
 STEPS = 12
@@ -241,13 +240,9 @@ def test_a_bad_multi_row_step_is_refused_at_the_edge(verifier_stack, step, code)
 
 
 def test_a_multi_row_step_answers_one_position_per_row(verifier_stack):
-    """Where the backend has multi-row sessions (`step_rows`), one position per row and an unknown
-    parent is FAILED_PRECONDITION; before it does, the step is refused as unsupported."""
+    """One position per row, batched as one forward; an unknown parent is FAILED_PRECONDITION."""
     address = verifier_stack.running.addresses["verifier"]
     rows = verifier_pb2.VerifyStep(rows=_rows((0, 0, [20, 21]), (0, 0, [22])), top_k=3)
-    if not hasattr(VerifierSession, "step_rows"):
-        assert _code(address, rows) == grpc.StatusCode.INVALID_ARGUMENT
-        return
     result = _one_step(address, rows)
     assert len(result.positions) == 2 and all(len(p.topk_ids) == 3 for p in result.positions)
     assert result.batch_rows >= 2
