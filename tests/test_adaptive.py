@@ -338,7 +338,8 @@ def test_adaptive_modes_equal_greedy_with_the_learned_policy(trio, source, max_n
 def test_adaptive_modes_equal_greedy_when_forced_to_plain_ar(trio, source, max_new, k, mode):
     stats = _adaptive_equals_greedy(trio, source, max_new, k, *LOSSLESS[mode], "always-ar")
     drafted_steps = sum(stats.steps_per_draft_length[1:])
-    assert drafted_steps <= stats.iterations // PROBE_AFTER  # the probes only
+    # The probes only; their schedule runs across requests, so one may fall early in this one.
+    assert drafted_steps <= stats.iterations // PROBE_AFTER + 1
     assert len(stats.steps_per_draft_length) <= PROBE_K + 1
 
 

@@ -190,7 +190,7 @@ def test_batch_rows_come_from_a_prometheus_histogram():
         url = f"http://127.0.0.1:{server.port}/metrics"
         before = loadtest._scrape_all([url])
         for value in (2, 4, 9):
-            rows.observe(value, backend="onnxruntime")
+            rows.observe(value)
         after = loadtest._scrape_all([url])
     finally:
         server.stop()
