@@ -11,6 +11,8 @@ step keeps the prefix, appends one token and drafts k masks (a GAD step's block:
 * "batched": ONE `draft_batch` over the B sessions (`decoder_batch.onnx` on ONNX Runtime).
 
 Times are the median of `--repeats` rounds, per row, in milliseconds; "speed-up" = one-row / batched.
+Run one backend per process (`--backends torch`): with ONNX Runtime's sessions open in the same
+process, eager torch ran ~70x slower on the 2-core CPU box.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         drafter = make_drafter(bundle, backend, **options)
         assert drafter is not None
         rng = random.Random(0)
+        # An untimed round first: eager torch's first calls of a process were ~70x slower for a while
+        # (seen on the 2-core CPU box), which skewed whichever batch size came first.
+        _measure(drafter, max(args.batches), args.k, rng, 1)
         for b in args.batches:
             one, batched = (1000 * t / b for t in _measure(drafter, b, args.k, rng, args.repeats))
             print(f"{backend:>12} {b:>4} {one:>9.3f} {batched:>9.3f} {one / batched:>8.1f}x", flush=True)
