@@ -68,6 +68,25 @@ class StepCall:
 
 
 @dataclass(frozen=True)
+class BlockCall:
+    """One session's NAR block draft as the batching scheduler hands it to the drafter: keep
+    `committed_len` tokens, append `append_ids`, draft `k` tokens (`draft_block`'s arguments)."""
+
+    committed_len: int
+    append_ids: list[int]
+    k: int
+
+    @property
+    def n_rows(self) -> int:
+        return 1
+
+    @property
+    def n_tokens(self) -> int:
+        """The appended tokens plus the k mask positions the block fills."""
+        return len(self.append_ids) + self.k
+
+
+@dataclass(frozen=True)
 class Draft:
     ids: list[int]
     # Beam drafts: log q(d_1..d_i) for every i.

@@ -1,71 +1,74 @@
-"""The NAR block drafter on ONNX Runtime: one graph call per draft.
+"""The NAR block drafter on ONNX Runtime: the ONNX `NarEngine` of `drafter_service.nar_batch`.
 
 Graphs come from `seq2seq_models.onnx_export` (role "nar_drafter", exported on demand and cached by
 bundle fingerprint). A draft feeds the committed tokens the cache does not hold yet followed by
 k [MASK]s, in one call: the committed tokens attend causally, the masks see everything, and the
-graph returns the masks' argmax ids. The torch drafter makes two passes for the same thing (append,
-then masks), and in eager mode each pass is a few dozen small ops; on CPU this is the cost that
-decides whether GAD beats greedy (BENCHMARKS.md, "where the time goes").
+graph returns the masks' argmax ids. The drafts of concurrent sessions run as one call of the
+ragged batched graph (`decoder_batch.onnx`, per-row `mask_from`); a lone draft runs through the
+unpadded one-row graph (`decoder.onnx`), whose past is the row's capacity buffer itself (the graph
+slices it to `past_len`). Rows, their caches and `draft_rows` are `nar_batch`'s, shared with the
+torch backend.
 
-The past K/V are kept as the last call returned them, masks included; the graph slices the past to
-`past_len`, so the masks' K/V are simply never counted again, and a rollback is a smaller
-`past_len` with no copy. The graphs run through `seq2seq_models.ort_runner`, the verifier's runner,
-on the CPU execution provider only: on a GPU machine the drafter's torch backend already keeps its
-cache on the device.
+The graphs run through `seq2seq_models.ort_runner`, the verifier's runner; rows' K/V are host
+arrays (on the CUDA provider they cross to the device on every call, as the verifier's do).
 """
 
 from __future__ import annotations
 
-from core.checks import check_session_step
+from typing import Any
+
+import numpy as np
+
+from drafter_service.nar_batch import BatchNarDrafter, NarRow
 from seq2seq_models.onnx_model import OnnxModel
+from seq2seq_models.ort_runner import OrtRunner
+from seq2seq_models.row_cache import Cross, RowBlock
+from seq2seq_models.transformer import Seq2SeqTransformer
+
+OnnxNarState = NarRow  # the per-session state both backends hand out
 
 
-class OnnxNarDrafter(OnnxModel):
-    """The exported NAR drafter, on the CPU execution provider; `open` gives the per-source state a
-    `DrafterSession` drafts with."""
+class OrtNarEngine:
+    """The NAR drafter's graphs on an `OrtRunner`; K/V arrays are float32 numpy."""
+
+    def __init__(self, runner: OrtRunner, eos_id: int) -> None:
+        self.runner = runner
+        self.eos_id = eos_id
+
+    @staticmethod
+    def zeros(shape: tuple[int, ...]) -> np.ndarray:
+        return np.zeros(shape, np.float32)
+
+    def encode(self, source_ids: list[int]) -> Cross:
+        k, v = self.runner.encode(source_ids, self.eos_id)
+        return Cross(_host(k), _host(v))
+
+    def forward(self, feeds: dict[str, Any]) -> tuple[Any, ...]:
+        feeds = {name: value for name, value in feeds.items() if name != "targets"}
+        return self.runner.decode_batch(feeds)
+
+    def forward_one(self, block: RowBlock, cross: Cross, mask_from: int) -> tuple[Any, ...]:
+        """One row through the one-row graph: no padding, masks or gather (a lone session is the
+        most common batch). Same outputs as `forward` for a batch of one."""
+        kv = block.kv
+        past = (kv.k[:, None], kv.v[:, None])  # views: [L, 1, H, capacity, hd]
+        present_k, present_v, ids = self.runner.decode(
+            past, (cross.k, cross.v), tokens=[block.fed], past_len=block.past_len, mask_from=mask_from
+        )
+        start = block.past_len
+        return _host(present_k)[:, :, :, start:], _host(present_v)[:, :, :, start:], _host(ids)
+
+
+class OnnxNarDrafter(OnnxModel, BatchNarDrafter):
+    """The exported NAR drafter; `open` gives the per-source row a `DrafterSession` drafts with."""
 
     role = "nar_drafter"
 
-    def open(self, source_ids: list[int]) -> OnnxNarState:
-        return OnnxNarState(self, source_ids)
+    def __init__(self, model: Seq2SeqTransformer, **options: Any) -> None:
+        """`options`: those of `OnnxModel` (fingerprint, cache_root, device, intra_op_threads)."""
+        OnnxModel.__init__(self, model, **options)
+        BatchNarDrafter.__init__(self, model.config, OrtNarEngine(self.runner, model.config.eos_id))
 
 
-class OnnxNarState:
-    """The NAR drafter's view of one source and the client's output prefix (the `PrefixState`
-    protocol: `tokens`, `max_tokens`, `sync`), drafting with `draft_block`.
-
-    `sync` only records the new prefix; the tokens the cache lacks are fed with the next draft's
-    masks, so a step costs one graph call whatever it appends.
-    """
-
-    def __init__(self, drafter: OnnxNarDrafter, source_ids: list[int]) -> None:
-        cfg = drafter.config
-        self._runner = drafter.runner
-        self._config = cfg
-        self.tokens: list[int] = []  # the client's output prefix after BOS
-        self._cross = self._runner.encode(source_ids, cfg.eos_id)
-        self._past = self._runner.empty_past(cfg)
-        self._valid = 0  # leading positions (BOS first) whose K/V in the past are of real tokens
-
-    @property
-    def max_tokens(self) -> int:
-        return self._config.max_len - 1
-
-    @property
-    def cache_bytes(self) -> int:
-        return sum(self._runner.nbytes(t) for t in (*self._past, *self._cross))
-
-    def sync(self, committed_len: int, append_ids: list[int]) -> None:
-        check_session_step(committed_len, len(self.tokens), len(append_ids), 0, self._config)
-        self.tokens = [*self.tokens[:committed_len], *append_ids]
-        self._valid = min(self._valid, 1 + committed_len)
-
-    def draft_block(self, k: int) -> list[int]:
-        cfg = self._config
-        fed = [cfg.bos_id, *self.tokens][self._valid :]
-        present_k, present_v, ids = self._runner.decode(
-            self._past, self._cross, tokens=[[*fed, *([cfg.mask_id] * k)]], past_len=self._valid, mask_from=len(fed)
-        )
-        self._past = (present_k, present_v)
-        self._valid = 1 + len(self.tokens)
-        return ids.tolist()
+def _host(t: Any) -> np.ndarray:
+    return t if isinstance(t, np.ndarray) else t.numpy()  # a CUDA runner's OrtValue

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from core.checks import check_bounded, check_draft_len, check_ids, check_length, check_positive
 from core.errors import invalid
-from core.interfaces import Draft
+from core.interfaces import BlockCall, Draft
 from core.sampling import check_sampling
 from core.wire import sampling_from_wire
 from drafter_service.session import DRAFTER_ROLES, DrafterSession, LocalDrafter, make_drafter
@@ -154,25 +154,6 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
     def observe_batch(self, stats: BatchStats) -> None:
         super().observe_batch(stats)
         self.m_step_s.inc(stats.forward_s, kind="block")
-
-
-@dataclass(frozen=True)
-class BlockCall:
-    """One session's NAR block draft as the scheduler hands it to the model. The batch helper's
-    `core.interfaces.BlockCall` (same fields) replaces this when both land."""
-
-    committed_len: int
-    append_ids: list[int]
-    k: int
-
-    @property
-    def n_rows(self) -> int:
-        return 1
-
-    @property
-    def n_tokens(self) -> int:
-        """The appended tokens plus the k mask positions the block fills."""
-        return len(self.append_ids) + self.k
 
 
 def _draft_block(session: DrafterSession, call: BlockCall) -> Draft:

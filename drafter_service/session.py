@@ -2,8 +2,10 @@
 
 This is the in-process `core.interfaces.Drafter`; the gRPC servicer hosts the same sessions.
 A session drafts with one model (the first step picks it), so its prefix bookkeeping is single.
-The NAR drafter runs on torch or, with the "onnxruntime" backend, on ONNX Runtime
-(`drafter_service.onnx_nar`); the AR drafter's beam search and sampling always run on torch.
+The NAR drafter's rows are `drafter_service.nar_batch`'s, on eager torch or, with the
+"onnxruntime" backend, on ONNX Runtime (`drafter_service.onnx_nar`): `LocalDrafter.draft_batch`
+drafts the NAR blocks of many sessions in one forward, and `draft_block` is a batch of one. The
+AR drafter's beam search and sampling always run on torch, one session at a time.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import numpy as np
 
 from core.backends import BACKENDS
 from core.errors import SpecdecError, StatusCode, invalid, out_of_step
-from core.interfaces import Draft
+from core.interfaces import BlockCall, Draft
 from core.sampling import SamplingParams
-from drafter_service.onnx_nar import OnnxNarDrafter, OnnxNarState
-from seq2seq_models.drafting import beam_draft, nar_block_draft, sample_draft
+from drafter_service.nar_batch import BatchNarDrafter, NarRow, torch_nar_drafter
+from drafter_service.onnx_nar import OnnxNarDrafter
+from seq2seq_models.drafting import beam_draft, sample_draft
 from seq2seq_models.prefix_state import PrefixState
 from seq2seq_models.transformer import Seq2SeqTransformer
 
@@ -28,14 +31,15 @@ class DrafterSession:
         models: dict[str, Seq2SeqTransformer],
         source_ids: list[int],
         seed: int = 0,
-        onnx_nar: OnnxNarDrafter | None = None,
+        nar: BatchNarDrafter | None = None,
     ) -> None:
         self._models = models
-        self._onnx_nar = onnx_nar
+        self.nar = nar  # the NAR drafter's rows (None: this drafter has no NAR model)
         self._source = list(source_ids)
         self._rng = np.random.default_rng(seed)
         self._role: str | None = None
-        self._state: PrefixState | OnnxNarState | None = None
+        self._state: PrefixState | NarRow | None = None
+        self.closed = False
         if not models:
             raise SpecdecError(StatusCode.FAILED_PRECONDITION, "this drafter hosts no model")
 
@@ -44,13 +48,16 @@ class DrafterSession:
         return self._state.cache_bytes if self._state is not None else 0
 
     def draft_block(self, committed_len: int, append_ids: list[int], k: int) -> Draft:
-        state, room = self._sync("nar_drafter", committed_len, append_ids)
-        k = min(k, room)
-        if not k:
-            return Draft(ids=[])
-        if isinstance(state, OnnxNarState):
-            return Draft(ids=state.draft_block(k))
-        return Draft(ids=nar_block_draft(state.model, state.cache, k))
+        result = draft_blocks([(self, BlockCall(committed_len, append_ids, k))])[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def block_row(self, call: BlockCall) -> tuple[NarRow, int]:
+        """Bring the NAR row to the call's prefix; returns it and the draft's k, cut to what fits."""
+        state, room = self._sync("nar_drafter", call.committed_len, call.append_ids)
+        assert isinstance(state, NarRow)
+        return state, min(call.k, room)
 
     def draft_beam(self, committed_len: int, append_ids: list[int], gamma: int, num_beams: int) -> Draft:
         state, room = self._sync("ar_drafter", committed_len, append_ids)
@@ -73,16 +80,21 @@ class DrafterSession:
         return Draft(ids=ids, q_rows=q_rows)
 
     def close(self) -> None:
+        self.closed = True
+        if isinstance(self._state, NarRow):
+            self._state.close()  # a draft of it running now is refused when its forward ends
         self._state = None
 
-    def _sync(self, role: str, committed_len: int, append_ids: list[int]) -> tuple[PrefixState | OnnxNarState, int]:
+    def _sync(self, role: str, committed_len: int, append_ids: list[int]) -> tuple[PrefixState | NarRow, int]:
         """Bring the role's state to the client's prefix; returns it and how many tokens still fit."""
+        if self.closed:
+            raise out_of_step("the session is closed")
         if role not in self._models:
             raise SpecdecError(StatusCode.FAILED_PRECONDITION, f"this drafter does not host a {role}")
         if self._state is None:
             self._role = role
-            if role == "nar_drafter" and self._onnx_nar is not None:
-                self._state = self._onnx_nar.open(self._source)
+            if role == "nar_drafter" and self.nar is not None:
+                self._state = self.nar.open(self._source)
             else:
                 self._state = PrefixState(self._models[role], self._source)
         elif role != self._role:
@@ -90,6 +102,38 @@ class DrafterSession:
         self._state.sync(committed_len, append_ids)
         # Drafts past the model's length limit are cut rather than refused: a draft is a guess.
         return self._state, self._state.max_tokens - len(self._state.tokens)
+
+
+def draft_blocks(items: list[tuple[DrafterSession, BlockCall]]) -> list[Draft | BaseException]:
+    """The NAR blocks of `items` (sessions of one drafter) in one forward; one outcome per item, in
+    order: its `Draft`, or the exception it raised (a closed session, a step out of step, ...)
+    without failing the others."""
+    outcomes: list[Draft | BaseException | None] = [None] * len(items)
+    rows: list[tuple[NarRow, int]] = []
+    slots: list[int] = []
+    nar: BatchNarDrafter | None = None
+    seen: set[int] = set()
+    for slot, (session, call) in enumerate(items):
+        try:
+            if id(session) in seen:  # checked before syncing, so the first call's prefix stands
+                raise out_of_step("the session already has a draft in this batch")
+            seen.add(id(session))
+            if nar is not None and session.nar is not nar:
+                raise ValueError("the sessions of one batch must belong to one drafter")
+            row, k = session.block_row(call)
+            nar = session.nar
+            if k:
+                rows.append((row, k))
+                slots.append(slot)
+            else:
+                outcomes[slot] = Draft(ids=[])  # nothing fits: no forward
+        except Exception as e:  # the item's own failure goes in its slot
+            outcomes[slot] = e
+    if rows:
+        assert nar is not None
+        for slot, result in zip(slots, nar.draft_rows(rows), strict=True):
+            outcomes[slot] = result if isinstance(result, BaseException) else Draft(ids=result)
+    return outcomes  # type: ignore[return-value]
 
 
 class LocalDrafter:
@@ -102,6 +146,17 @@ class LocalDrafter:
         self.models = models
         self.onnx_nar = onnx_nar
         self.vocab_size = next(iter(models.values())).config.vocab_size
+        nar_model = models.get("nar_drafter")
+        self.nar: BatchNarDrafter | None = onnx_nar or (torch_nar_drafter(nar_model) if nar_model else None)
+
+    def draft_batch(self, items: list[tuple[DrafterSession, BlockCall]]) -> list[Draft | BaseException]:
+        """NAR block drafts of many sessions in one forward (`draft_blocks`), one outcome per item;
+        a session of another drafter is refused in its slot. AR steps are not batched."""
+        outcomes: list[Draft | BaseException] = [ValueError("the session does not belong to this drafter")] * len(items)
+        own = [i for i, (s, _) in enumerate(items) if isinstance(s, DrafterSession) and s.nar is self.nar]
+        for i, result in zip(own, draft_blocks([items[i] for i in own]), strict=True):
+            outcomes[i] = result
+        return outcomes
 
     @property
     def backend(self) -> str:
@@ -109,7 +164,7 @@ class LocalDrafter:
         return "onnxruntime" if self.onnx_nar is not None else "torch"
 
     def open(self, source_ids: list[int], seed: int = 0) -> DrafterSession:
-        return DrafterSession(self.models, source_ids, seed, self.onnx_nar)
+        return DrafterSession(self.models, source_ids, seed, self.nar)
 
 
 def make_drafter(bundle, backend: str = "torch", device: str | None = None, **onnx_options) -> LocalDrafter | None:

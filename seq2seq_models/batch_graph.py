@@ -2,9 +2,10 @@
 
 `BatchedDecoder` runs one forward over B rows that each have their own cached past, their own
 block of new tokens and their own source; it is what the verifier's batching (`step_batch`,
-multi-row sessions) runs on both backends. Eagerly (the torch backend) it runs in the model's own
-dtype with the EAGER attention kernel, so float64 tests can compare it with one-row steps; the
-ONNX export (`onnx_export`, `decoder_batch.onnx`) traces the same module with the BATCHED kernel,
+multi-row sessions) and, with per-row `mask_from`, the NAR drafter's batched block drafts
+(`drafter_service.nar_batch`) run on both backends. Eagerly (the torch backend) it runs in the
+model's own dtype with the EAGER attention kernel, so float64 tests can compare it with one-row
+steps; the ONNX export (`onnx_export`, `decoder_batch.onnx`) traces the same module with the BATCHED kernel,
 which keeps the batch and block axes symbolic.
 
 Inputs (int tensors are int64):
@@ -18,16 +19,20 @@ Inputs (int tensors are int64):
 * `cross_k` / `cross_v` [L, N, H, S, hd]: the cross-attention K/V of the N distinct sources in
   the batch, right-padded to S; `src_lens` [N] their lengths (EOS included) and `row_src` [B] the
   source of every row (rows of one multi-row session share one source);
-* `head_rows` [R]: flat indices `b * T + t` of the block positions whose final states are wanted.
+* `head_rows` [R]: flat indices `b * T + t` of the block positions whose final states are wanted;
+* `mask_from` [B] (the NAR drafter's variant only, `NAR_BATCH_INPUTS`): where each row's [MASK]s
+  start inside its block. Block positions before it are committed tokens (causal, as above); a mask
+  position sees the row's whole past and its whole block, as the one-row NAR graph and the torch
+  drafter's `extend(..., bidirectional=True)` do. Without it (the verifier), every row is causal.
 
 Outputs: the wanted final-layer states [R, D], and the block's own K/V [L, B, H, T, hd] (the
 host appends each row's first `block_lens[b]` positions to that row's cache; nothing of the past
 is returned, so a step never copies a row's past back).
 
-Masks: a past key is visible iff its index < that row's past length; a block key iff it is at or
-before the query and inside the row's block. A padded query (t >= block_lens[b]) also sees its own
-key, so no query row is ever fully masked (no NaN from an all -inf softmax), and no real query
-ever sees a padded key.
+Masks: a past key is visible iff its index < that row's past length; a block key iff it is inside
+the row's block and at or before the query (any position, for a [MASK] query). A padded query
+(t >= block_lens[b]) also sees its own key, so no query row is ever fully masked (no NaN from an
+all -inf softmax), and no real query ever sees a padded key.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from seq2seq_models.transformer import Seq2SeqTransformer
 BATCH_INPUTS = [
     "tokens", "block_lens", "past_lens", "past_k", "past_v", "cross_k", "cross_v", "src_lens", "row_src", "head_rows",
 ]
+NAR_BATCH_INPUTS = [*BATCH_INPUTS, "mask_from"]
 
 
 class BatchedDecoder(nn.Module):
@@ -54,6 +60,7 @@ class BatchedDecoder(nn.Module):
     def forward(
         self, tokens: Tensor, block_lens: Tensor, past_lens: Tensor, past_k: Tensor, past_v: Tensor,
         cross_k: Tensor, cross_v: Tensor, src_lens: Tensor, row_src: Tensor, head_rows: Tensor,
+        mask_from: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         m = self.model
         device = tokens.device
@@ -66,7 +73,10 @@ class BatchedDecoder(nn.Module):
         # `query >= 0` only broadcasts the past mask over the block's queries ([B, T, P]).
         past_visible = (past_keys < past_lens[:, None, None]) & (query >= 0)
         in_block = (block_keys < block_lens[:, None, None]) | (block_keys == query)
-        block_visible = (block_keys <= query) & in_block  # [B, T, T]
+        causal = block_keys <= query
+        if mask_from is not None:  # a real [MASK] query sees its row's whole block
+            causal = causal | ((query >= mask_from[:, None, None]) & (query < block_lens[:, None, None]))
+        block_visible = causal & in_block  # [B, T, T]
         self_mask = torch.cat([past_visible, block_visible], dim=2)[:, None]  # [B, 1, T, P + T]
 
         row_src_lens = src_lens.index_select(0, row_src)

@@ -1,4 +1,4 @@
-"""Export a bundle model to two ONNX graphs, cached on disk by bundle fingerprint and role.
+"""Export a bundle model to ONNX graphs, cached on disk by bundle fingerprint and role.
 
 Every role gets the same encoder graph and a decoder-with-past; what the decoder returns depends
 on the role: the verifier's ends in the fused output head, the NAR drafter's in an argmax over
@@ -14,7 +14,7 @@ its mask positions.
   target_logprobs [R].
   The graph slices the past to `past_len` itself, so rolling back is only a smaller `past_len`
   and the cache never has to leave the device (CUDA + I/O binding) to be cut.
-* `decoder_batch.onnx` (verifier only): the ragged batched decoder of `batch_graph` (B rows, each
+* `decoder_batch.onnx` of the verifier: the ragged batched decoder of `batch_graph` (B rows, each
   with its own past length, block length and source) with the fused head over the wanted rows:
   `batch_graph.BATCH_INPUTS` + targets [R], top_k [1] -> block_k/block_v [L, B, H, T, hd] (the
   block's own K/V only; the host keeps each row's cache), topk_logprobs [R, k], topk_ids [R, k],
@@ -23,7 +23,10 @@ its mask positions.
   mask_from [] -> present_k/present_v, draft_ids [T - mask_from]. Block rows before `mask_from`
   are committed tokens appended causally; rows from `mask_from` on are the k [MASK]s, which see the
   whole prefix and the whole block. So catching up on the committed tokens and drafting is one
-  call, where the torch drafter makes two passes (append, then masks).
+  call.
+* `decoder_batch.onnx` of the NAR drafter: the ragged batched decoder with per-row `mask_from`
+  (`batch_graph.NAR_BATCH_INPUTS`) -> block_k/block_v [L, B, H, T, hd], draft_ids [R] (the argmax
+  of the `head_rows`, the rows' mask positions; ties to the lowest id).
 
 The head runs inside the graph (`kernels.graph_head`: logits -> log-softmax -> TopK + gather) so a
 step is one ORT call and only top-k rows cross back to Python. The layers are the model's own
@@ -47,11 +50,11 @@ from torch import Tensor, nn
 
 from kernels.attention import BATCHED, GRAPH
 from kernels.graph_head import output_head_graph
-from seq2seq_models.batch_graph import BATCH_INPUTS, BatchedDecoder
+from seq2seq_models.batch_graph import BATCH_INPUTS, NAR_BATCH_INPUTS, BatchedDecoder
 from seq2seq_models.transformer import Seq2SeqTransformer
 
 OPSET = 17
-EXPORT_FORMAT = 3  # bump when the graphs' interface changes, so stale caches are not reused
+EXPORT_FORMAT = 4  # bump when the graphs' interface changes, so stale caches are not reused
 CACHE_ENV = "SPECDEC_ONNX_CACHE"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
@@ -67,6 +70,7 @@ BATCH_DECODER_INPUTS = [*BATCH_INPUTS, "targets", "top_k"]
 BATCH_DECODER_OUTPUTS = ["block_k", "block_v", "topk_logprobs", "topk_ids", "target_logprobs"]
 NAR_DECODER_INPUTS = ["tokens", "past_len", "past_k", "past_v", "cross_k", "cross_v", "mask_from"]
 NAR_DECODER_OUTPUTS = ["present_k", "present_v", "draft_ids"]
+NAR_BATCH_DECODER_OUTPUTS = ["block_k", "block_v", "draft_ids"]
 ROLES = ("verifier", "nar_drafter")
 
 
@@ -86,7 +90,7 @@ class OnnxExport:
 
     @property
     def batch_decoder(self) -> Path | None:
-        """The ragged batched decoder (verifier exports only)."""
+        """The ragged batched decoder (verifier and NAR drafter exports)."""
         path = self.directory / BATCH_DECODER_FILE
         return path if path.is_file() else None
 
@@ -184,33 +188,43 @@ def export_verifier(model: Seq2SeqTransformer, out: Path) -> None:
     _export_batch_decoder(model32, out)
 
 
-def _export_batch_decoder(model32: Seq2SeqTransformer, out: Path) -> None:
-    """decoder_batch.onnx: `batch_graph.BatchedDecoder` with the BATCHED kernel and the fused head."""
+def _export_batch_decoder(model32: Seq2SeqTransformer, out: Path, nar: bool = False) -> None:
+    """decoder_batch.onnx: `batch_graph.BatchedDecoder` with the BATCHED kernel, ending in the fused
+    head (verifier) or the mask positions' argmax (`nar`: the NAR drafter, with `mask_from`)."""
     cfg = model32.config
     layers, heads, hd = cfg.decoder_layers, cfg.n_heads, cfg.d_model // cfg.n_heads
     # Every traced size distinct (B 2, T 3, P 5, N 2, S 4, R 4), so none is mistaken for another.
-    example = (
+    example: tuple = (
         torch.tensor([[7, 8, 9], [7, 0, 0]]) % cfg.vocab_size,  # tokens
         torch.tensor([3, 1]), torch.tensor([5, 2]),  # block_lens, past_lens
         torch.zeros(layers, 2, heads, 5, hd), torch.zeros(layers, 2, heads, 5, hd),  # past_k, past_v
         torch.zeros(layers, 2, heads, 4, hd), torch.zeros(layers, 2, heads, 4, hd),  # cross_k, cross_v
         torch.tensor([4, 3]), torch.tensor([1, 0]),  # src_lens, row_src
-        torch.tensor([0, 1, 2, 3]), torch.tensor([8, 9, -1, -1]), torch.tensor([2]),  # head_rows, targets, top_k
+        torch.tensor([0, 1, 2, 3]),  # head_rows
     )
     axes = {
         "tokens": {0: "batch", 1: "block"}, "block_lens": {0: "batch"}, "past_lens": {0: "batch"},
         "past_k": {1: "batch", 3: "past"}, "past_v": {1: "batch", 3: "past"},
         "cross_k": {1: "sources", 3: "src_len"}, "cross_v": {1: "sources", 3: "src_len"},
-        "src_lens": {0: "sources"}, "row_src": {0: "batch"}, "head_rows": {0: "rows"}, "targets": {0: "rows"},
+        "src_lens": {0: "sources"}, "row_src": {0: "batch"}, "head_rows": {0: "rows"},
         "block_k": {1: "batch", 3: "block"}, "block_v": {1: "batch", 3: "block"},
-        "topk_logprobs": {0: "rows", 1: "k"}, "topk_ids": {0: "rows", 1: "k"}, "target_logprobs": {0: "rows"},
     }
+    if nar:
+        module: nn.Module = _BatchedNarStep(model32)
+        example = (*example, torch.tensor([1, 0]))  # mask_from
+        inputs, outputs = NAR_BATCH_INPUTS, NAR_BATCH_DECODER_OUTPUTS
+        axes |= {"mask_from": {0: "batch"}, "draft_ids": {0: "rows"}}
+    else:
+        module = _BatchedVerifierStep(model32)
+        example = (*example, torch.tensor([8, 9, -1, -1]), torch.tensor([2]))  # targets, top_k
+        inputs, outputs = BATCH_DECODER_INPUTS, BATCH_DECODER_OUTPUTS
+        axes |= {"targets": {0: "rows"}, "topk_logprobs": {0: "rows", 1: "k"}, "topk_ids": {0: "rows", 1: "k"},
+                 "target_logprobs": {0: "rows"}}
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer warnings about shape arithmetic are expected
         torch.onnx.export(
-            _BatchedVerifierStep(model32), example, str(out / BATCH_DECODER_FILE), dynamo=False,
-            opset_version=OPSET, input_names=BATCH_DECODER_INPUTS, output_names=BATCH_DECODER_OUTPUTS,
-            dynamic_axes=axes,
+            module, example, str(out / BATCH_DECODER_FILE), dynamo=False,
+            opset_version=OPSET, input_names=inputs, output_names=outputs, dynamic_axes=axes,
         )
 
 
@@ -227,6 +241,7 @@ def export_nar_drafter(model: Seq2SeqTransformer, out: Path) -> None:
     )
     _export_decoder(_NarDecoderStep(model32), example, out, NAR_DECODER_INPUTS, NAR_DECODER_OUTPUTS,
                     {"draft_ids": {0: "k"}})
+    _export_batch_decoder(model32, out, nar=True)
 
 
 # Dynamic axes every decoder-with-past has: the block, the cache capacities, the source length.
@@ -324,6 +339,18 @@ class _BatchedVerifierStep(_ModelGraph):
         m = self.model
         head = output_head_graph(rows, m.embed.weight, m.out_bias, top_k, targets)
         return block_k, block_v, head.topk_logprobs, head.topk_ids, head.target_logprobs
+
+
+class _BatchedNarStep(_ModelGraph):
+    def __init__(self, model: Seq2SeqTransformer) -> None:
+        super().__init__(model)
+        self.decoder = BatchedDecoder(model, BATCHED)
+
+    def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        rows, block_k, block_v = self.decoder(*inputs)
+        m = self.model
+        draft_ids = F.linear(rows, m.embed.weight, m.out_bias).argmax(-1)  # ties: lowest id, as torch
+        return block_k, block_v, draft_ids
 
 
 class _NarDecoderStep(_ModelGraph):

@@ -3,8 +3,8 @@
 A runner holds the encoder and decoder sessions of one role's export (`onnx_export.OnnxExport`)
 and calls them: `encode` a source into cross-attention K/V, `empty_past` for a fresh session,
 `decode` with named feeds. K/V tensors are the runner's own type (numpy arrays on CPU, device
-OrtValues on CUDA), so callers only pass them back in; `nbytes` sizes them. For the verifier,
-`decode_batch` calls the ragged batched decoder, whose K/V inputs and outputs are host numpy
+OrtValues on CUDA), so callers only pass them back in; `nbytes` sizes them. For the verifier and
+the NAR drafter, `decode_batch` calls the ragged batched decoder, whose K/V inputs and outputs are host numpy
 arrays on every provider (the rows' caches live on the host).
 
 `OrtRunner` uses the CPU execution provider. `CudaOrtRunner` uses the CUDA provider (on the GPU
@@ -98,10 +98,11 @@ class OrtRunner:
 
 
     def decode_batch(self, feeds: dict[str, Any]) -> tuple[Any, ...]:
-        """One call of the batched decoder (`onnx_export.BATCH_DECODER_INPUTS` by name, numpy arrays);
+        """One call of the batched decoder (its inputs by name, numpy arrays: `onnx_export`'s
+        BATCH_DECODER_INPUTS for the verifier, NAR_BATCH_INPUTS for the NAR drafter);
         its outputs as numpy arrays. On CUDA, ORT copies the inputs to the device and back."""
         if self.batch_decoder is None:
-            raise ValueError("this export has no batched decoder (only the verifier's has)")
+            raise ValueError("this export has no batched decoder")
         return tuple(self.batch_decoder.run(None, feeds))
 
 

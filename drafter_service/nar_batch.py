@@ -1,0 +1,192 @@
+"""NAR block drafts of many sessions in one forward, written once for both backends.
+
+A `NarRow` is the NAR drafter's view of one session: one source's cross-attention K/V, the
+client's output prefix and a capacity-buffer KV cache (`seq2seq_models.row_cache.RowKV`). `sync`
+only records the new prefix; the tokens the cache lacks are fed with the next draft's k [MASK]s,
+so a draft is one forward whatever it appends. `BatchNarDrafter.draft_rows` takes the drafts of
+many rows, runs ONE forward of `seq2seq_models.batch_graph.BatchedDecoder` with per-row `mask_from`
+(the committed tokens causal, the masks seeing the row's whole prefix and block) over all of them
+(a `NarEngine`: eager torch, `TorchNarEngine`, or ONNX Runtime, `drafter_service.onnx_nar`), keeps
+each row's committed positions' K/V (never the masks') and answers each row in its slot: the mask
+positions' argmax ids (ties to the lowest id), or the exception that row raised.
+
+A lone row goes through the engine's `forward_one` when it has one (ONNX Runtime's unpadded
+one-row graph), as the verifier's `step_batch` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from core.checks import check_session_step
+from core.errors import out_of_step
+from kernels.attention import EAGER
+from seq2seq_models.batch_graph import NAR_BATCH_INPUTS, BatchedDecoder
+from seq2seq_models.config import ModelConfig
+from seq2seq_models.row_cache import Cross, CrossStack, RowBlock, RowKV, Zeros, gather
+from seq2seq_models.transformer import Seq2SeqTransformer
+
+DraftOutcome = list[int] | BaseException
+
+
+class NarEngine(Protocol):
+    """One backend's NAR forward. It may also have `forward_one(block, cross, mask_from)`, the same
+    forward for one row without padding; `draft_rows` uses it for a lone row."""
+
+    zeros: Zeros
+
+    def encode(self, source_ids: list[int]) -> Cross: ...
+
+    def forward(self, feeds: dict[str, Any]) -> tuple[Any, Any, np.ndarray]:
+        """`row_cache.gather`'s feeds plus `mask_from` -> block_k, block_v [L, B, H, T, hd] (backend
+        arrays) and the argmax ids [R] of the mask positions (`head_rows`), numpy."""
+        ...
+
+
+class NarRow:
+    """One session's NAR drafter state (the `PrefixState` protocol: `tokens`, `max_tokens`, `sync`)."""
+
+    def __init__(self, drafter: BatchNarDrafter, source_ids: list[int]) -> None:
+        cfg = drafter.config
+        self.drafter = drafter
+        self.config = cfg
+        self.cross: Cross | None = drafter.engine.encode(source_ids)
+        self.kv = RowKV(drafter.engine.zeros, cfg.decoder_layers, cfg.n_heads, cfg.d_model // cfg.n_heads)
+        self.tokens: list[int] = []  # the client's output prefix after BOS
+        self.valid = 0  # leading positions (BOS first) whose K/V the cache holds for this prefix
+
+    @property
+    def closed(self) -> bool:
+        return self.cross is None
+
+    @property
+    def max_tokens(self) -> int:
+        return self.config.max_len - 1
+
+    @property
+    def cache_bytes(self) -> int:
+        return 0 if self.cross is None else int(self.cross.k.nbytes) * 2 + self.kv.nbytes
+
+    def sync(self, committed_len: int, append_ids: list[int]) -> None:
+        if self.closed:
+            raise out_of_step("the session is closed")
+        check_session_step(committed_len, len(self.tokens), len(append_ids), 0, self.config)
+        self.tokens = [*self.tokens[:committed_len], *append_ids]
+        self.valid = min(self.valid, 1 + committed_len)
+
+    def close(self) -> None:
+        self.cross = None
+
+    def block(self, k: int) -> tuple[RowBlock, int]:
+        """The row's block for a draft of `k` masks (the uncached committed tokens, then the masks)
+        and where its masks start."""
+        cfg = self.config
+        fed = [cfg.bos_id, *self.tokens][self.valid :]
+        return RowBlock(self.kv, [*fed, *[cfg.mask_id] * k], self.valid, len(fed), [-1] * k, 0), len(fed)
+
+
+class BatchNarDrafter:
+    """The NAR drafter of both backends over an engine: `open` a row, `draft_rows` many at once."""
+
+    def __init__(self, config: ModelConfig, engine: NarEngine) -> None:
+        self.config = config
+        self.engine = engine
+        self._crosses = CrossStack()  # the last forward's stacked sources, reused while they stay
+
+    def open(self, source_ids: list[int]) -> NarRow:
+        return NarRow(self, source_ids)
+
+    def draft_rows(self, items: Sequence[tuple[NarRow, int]]) -> list[DraftOutcome]:
+        """k >= 1 draft ids for each (row, k), one forward over every valid row; one outcome per item."""
+        outcomes: list[DraftOutcome | None] = [None] * len(items)
+        planned: list[tuple[int, NarRow, RowBlock, int]] = []
+        seen: set[int] = set()
+        for slot, (row, k) in enumerate(items):
+            try:
+                if not isinstance(row, NarRow) or row.drafter is not self:
+                    raise ValueError("the row does not belong to this drafter")
+                if row.closed:
+                    raise out_of_step("the session is closed")
+                if id(row) in seen:
+                    raise out_of_step("the session already has a draft in this batch")
+                if k < 1:
+                    raise ValueError(f"a block draft needs k >= 1, got {k}")
+                seen.add(id(row))
+                planned.append((slot, row, *row.block(k)))
+            except Exception as e:  # the item's own failure goes in its slot
+                outcomes[slot] = e
+        if planned:
+            try:
+                self._run(planned, outcomes)
+            except Exception as e:  # a failed forward fails the items in it
+                for slot, *_ in planned:
+                    outcomes[slot] = e
+        return outcomes  # type: ignore[return-value]
+
+    def _run(self, planned: list[tuple[int, NarRow, RowBlock, int]], outcomes: list[DraftOutcome | None]) -> None:
+        blocks = [b for _, _, b, _ in planned]
+        one = getattr(self.engine, "forward_one", None)
+        if len(planned) == 1 and one is not None:  # a lone row: the engine's unpadded path
+            _, row, block, mask_from = planned[0]
+            assert row.cross is not None
+            block_k, block_v, ids = one(block, row.cross, mask_from)
+        else:
+            crosses: list[Cross] = []
+            for j, (_, row, block, _) in enumerate(planned):
+                assert row.cross is not None
+                block.source = j
+                crosses.append(row.cross)
+            feeds = gather(blocks, crosses, self.engine.zeros, self._crosses)
+            feeds["mask_from"] = np.array([m for *_, m in planned], np.int64)
+            block_k, block_v, ids = self.engine.forward(feeds)
+        head = 0
+        for i, (slot, row, block, mask_from) in enumerate(planned):
+            k = len(block.targets)
+            if row.closed:  # closed while its forward ran: refused, its state not revived
+                outcomes[slot] = out_of_step("the session is closed")
+            else:
+                if mask_from:  # keep the committed tokens' K/V; the masks' are never cached
+                    row.kv.write(block.past_len, block_k[:, i, :, :mask_from], block_v[:, i, :, :mask_from])
+                row.valid = 1 + len(row.tokens)
+                outcomes[slot] = [int(t) for t in ids[head : head + k]]
+            head += k
+
+
+class TorchNarEngine:
+    """The batched NAR forward on eager torch, in the model's own dtype and device (float64 models
+    make batched and one-row drafts comparable exactly)."""
+
+    def __init__(self, model: Seq2SeqTransformer) -> None:
+        self.model = model
+        self.decoder = BatchedDecoder(model, EAGER)
+        weight = model.embed.weight
+        self._dtype, self._device = weight.dtype, weight.device
+
+    def zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.zeros(shape, dtype=self._dtype, device=self._device)
+
+    @torch.no_grad()
+    def encode(self, source_ids: list[int]) -> Cross:
+        m = self.model
+        src = torch.tensor([[*source_ids, m.config.eos_id]], device=self._device)
+        ks, vs = m.cross_kv(m.encode(src, None))
+        return Cross(torch.stack(ks), torch.stack(vs))
+
+    @torch.no_grad()
+    def forward(self, feeds: dict[str, Any]) -> tuple[Any, Any, np.ndarray]:
+        inputs = [self._tensor(feeds[name]) for name in NAR_BATCH_INPUTS]
+        rows, block_k, block_v = self.decoder(*inputs)
+        ids = self.model.logits(rows).argmax(-1)  # ties: the lowest id
+        return block_k, block_v, ids.cpu().numpy()
+
+    def _tensor(self, value: Any) -> torch.Tensor:
+        return torch.from_numpy(value).to(self._device) if isinstance(value, np.ndarray) else value
+
+
+def torch_nar_drafter(model: Seq2SeqTransformer) -> BatchNarDrafter:
+    """The NAR drafter on eager torch."""
+    return BatchNarDrafter(model.config, TorchNarEngine(model))
