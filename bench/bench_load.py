@@ -175,6 +175,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="one more key of the services' TOML config for every run (a TOML value, e.g. "
                    "'gateway.fallback=\"fail\"'); repeatable")
+    p.add_argument("--one-process", action="store_true",
+                   help="serve all in one process (default: --processes, one process per service)")
     p.add_argument("--no-waves", action="store_true", help="leave out the static-batch (--waves) rows")
     p.add_argument("--stream", action="store_true", help="GenerateStream instead of Generate")
     p.add_argument("--max-new-tokens", type=int, default=200, help="as `specdec bench` (default 200)")

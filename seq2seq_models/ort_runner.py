@@ -141,7 +141,11 @@ class CudaOrtRunner(OrtRunner):
     def decode(self, past: tuple[Any, Any], cross: tuple[Any, Any], **feeds: Any) -> tuple[Any, ...]:
         binding = self.decoder.io_binding()
         for name, value in _kv_feeds(past, cross).items():
-            binding.bind_ortvalue_input(name, value)
+            # Host arrays (the batched sessions' capacity buffers) are copied in; device OrtValues are bound.
+            if isinstance(value, np.ndarray):
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+            else:
+                binding.bind_ortvalue_input(name, value)
         for name, value in feeds.items():
             binding.bind_cpu_input(name, np.asarray(value, np.int64))
         names = [o.name for o in self.decoder.get_outputs()]

@@ -135,7 +135,7 @@ def _cmd_decode(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from core.config import load_sections
-    from specdec.serve import batch_overrides, serve_forever
+    from specdec.serve import batch_overrides, serve_forever, serve_processes
 
     overrides = {
         "gateway": {"address": args.gateway_addr, "verifier_address": args.verifier_addr,
@@ -153,8 +153,24 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         shown = running.addresses.get("gateway") or running.addresses[args.role]
         print(shown, flush=True)
 
-    serve_forever(args.role, bundle, sections, ready)
+    if args.role == "all" and args.processes:
+        serve_processes(bundle, sections, _serve_child_args(args, bundle), ready)
+    else:
+        serve_forever(args.role, bundle, sections, ready)
     return 0
+
+
+def _serve_child_args(args: argparse.Namespace, bundle: Path) -> list[str]:
+    """The flags a `serve all --processes` child gets: the parent's own (the environment is inherited)."""
+    from specdec.serve import batch_overrides
+
+    out = ["--bundle", str(bundle)]
+    for flag, value in (("--config", args.config), ("--backend", args.backend), ("--device", args.device),
+                        ("--verifier-addr", args.verifier_addr), ("--drafter-addr", args.drafter_addr),
+                        *((f"--{key.replace('_', '-')}", value) for key, value in batch_overrides(args).items())):
+        if value is not None:
+            out += [flag, str(value)]
+    return out
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -365,6 +381,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help=f"where the verifier's and drafter's models run: {DEVICE_HELP} "
                    "(default: auto, or the [verifier] and [drafter] device keys of the config)")
     add_batch_flags(p)
+    p.add_argument("--processes", action="store_true",
+                   help="with `all`: the verifier and the drafter in their own processes (one GIL each)")
     p.set_defaults(run=_cmd_serve)
 
     p = sub.add_parser("health", help="exit 0 when a server reports SERVING (grpc.health.v1), else 1")

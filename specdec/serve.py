@@ -134,6 +134,56 @@ def serve_forever(
     asyncio.run(main())
 
 
+def serve_processes(
+    bundle: Path,
+    sections: Mapping[str, Mapping[str, Any]],
+    child_args: list[str],
+    on_ready: Callable[[Running], None],
+    grace: float | None = None,
+) -> None:
+    """`serve all` as three processes: the verifier and the drafter as `specdec serve verifier|drafter`
+    children (with `child_args`: the same bundle, config and flags), the gateway in this process.
+
+    Why: in one process the three services' Python work (the gateway's accept loops and peer calls,
+    the model servers' message handling and scheduling) shares one GIL, which caps a loaded stack
+    at one core of Python however many cores ONNX Runtime could use. Each child prints its bound
+    address when it is SERVING; the gateway starts on those. On SIGTERM / SIGINT the gateway drains
+    first (its in-flight requests still reach the models), then the children are stopped."""
+    import signal
+    import subprocess
+    import sys
+
+    children: dict[str, subprocess.Popen] = {}
+    try:
+        for role in ("verifier", "drafter"):
+            cmd = [sys.executable, "-m", "specdec", "serve", role, *child_args]
+            children[role] = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        addresses = {}
+        for role, proc in children.items():
+            line = proc.stdout.readline().strip() if proc.stdout else ""
+            if not line:
+                raise SystemExit(f"specdec serve {role} exited with {proc.wait()} before it was serving")
+            addresses[role] = line
+        gateway = {**sections.get("gateway", {}), "verifier_address": addresses["verifier"],
+                   "drafter_address": addresses["drafter"]}
+
+        def ready(running: Running) -> None:
+            running.addresses.update(addresses)
+            on_ready(running)
+
+        serve_forever("gateway", bundle, {**sections, "gateway": gateway}, ready, grace)
+    finally:
+        for proc in children.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in children.values():
+            try:
+                proc.wait(MODEL_GRACE_S + 5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 class ServiceStack:
     """Servers on a background event loop thread (tests, benchmarks): `with ServiceStack(...) as s:`."""
 
