@@ -6,15 +6,15 @@
     python bench/bench_load.py --extra-mode "gad-adaptive:mode=gad,k=10,adaptive=true"
     python bench/bench_load.py --set verifier.batch_wait_ms=2       # any other config key, every run
 
-For each batching setting the three services run as `specdec serve all` in their own process on
-loopback ports, configured by a TOML file this script writes: the gateway's `workers`,
-`max_queued` and `max_per_client` and the model services' `max_sessions` are raised so the
-largest client count runs at once instead of queueing at the gateway (beam search holds one
-verifier session per hypothesis unless the verifier batches beams). Batching "off" sets
-`max_batch_rows = 1` in `[verifier]` and `[drafter]`; "on" leaves the services' defaults, or
+For each batching setting the three services run as `specdec serve all --processes` (one process per
+service; `--one-process` for all three in one) on loopback ports, all settings' stacks up at once
+and every cell measured on each stack in turn, configured by a TOML file this script writes: the
+gateway's `workers`, `max_queued` and `max_per_client` and the model services' `max_sessions` are
+raised so the largest client count runs at once instead of queueing at the gateway. Batching "off"
+sets `max_batch_rows = 1` in `[verifier]` and `[drafter]`; "on" leaves the services' defaults, or
 takes `--max-batch-rows`, `--max-batch-tokens`, `--batch-wait-ms`. A service whose config does not
-know these keys yet (checked in-process with the same parser `serve` uses, or forced with
-`--no-batching-keys`) runs once, unbatched, and the table says so.
+know these keys yet (checked in-process with the same parser `serve` uses, or forced with `--no-
+batching-keys`) runs once, unbatched, and the table says so.
 
 Every cell is a closed-loop `specdec loadtest` run (in-process calls to `specdec.loadtest`): the
 first `--sentences` UA-GEC test sentences, one request each, at 1, 4, 16 and 32 clients, for AR
@@ -28,6 +28,7 @@ Prometheus endpoint (`*batch_rows` histograms) when it has one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import shlex
@@ -86,9 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     texts = ua_gec_texts(args.sentences, args.data_dir)
     settings, note = _batching_settings(args)
     print(note, file=sys.stderr)
-    cells: list[Cell] = []
-    for batching in settings:
-        cells += _run_server(args, batching, modes, clients, texts)
+    cells = _run_interleaved(args, settings, modes, clients, texts)
     table = format_table(cells)
     ratios = format_ratios(cells, max(clients))
     print(table)
@@ -253,22 +252,31 @@ def _accepts_batching_keys(section: str) -> bool:
     return True
 
 
-def _run_server(args, batching: Batching, modes: list[Mode], clients: list[int], texts: list[str]) -> list[Cell]:
+def _run_interleaved(args, settings: list[Batching], modes: list[Mode], clients: list[int],
+                     texts: list[str]) -> list[Cell]:
+    """Every batching setting's `serve all` runs at once (an idle stack costs nothing), and each
+    (mode, clients) cell is measured on every stack in turn, so a drift of the machine's speed over
+    the run hits batching on and off alike (a run of one stack after the other showed 1-client
+    cells, where batching cannot matter, differing by 1.7x)."""
     most = max(clients)
-    with tempfile.TemporaryDirectory() as tmp:
-        metrics = {s: f"127.0.0.1:{_free_port()}" for s in MODEL_SECTIONS}
-        config = Path(tmp) / "load.toml"
-        config.write_text(_config_toml(batching, most, metrics, _extra_keys(args.set)))
-        server, address = _start(args, config, Path(tmp) / "serve.log")
-        urls = [f"http://{metrics['verifier']}/metrics"]
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        stacks = []
+        for batching in settings:
+            metrics = {s: f"127.0.0.1:{_free_port()}" for s in MODEL_SECTIONS}
+            config = Path(tmp) / f"load-{batching.name}.toml"
+            config.write_text(_config_toml(batching, most, metrics, _extra_keys(args.set)))
+            server, address = _start(args, config, Path(tmp) / f"serve-{batching.name}.log")
+            stack.callback(_stop, server)
+            stacks.append((batching, address, [f"http://{metrics['verifier']}/metrics"]))
         cells = []
-        try:
-            for mode in modes:
-                overrides = {**mode.overrides, "max_new_tokens": args.max_new_tokens}
-                # The static batch is the comparison point of the batching scheduler's streaming refill.
-                waves = not args.no_waves and batching.name != "off"
-                runs = [(c, False) for c in clients] + ([(most, True)] if waves else [])
-                for n, (c, waves) in enumerate(runs):
+        for mode in modes:
+            overrides = {**mode.overrides, "max_new_tokens": args.max_new_tokens}
+            runs = [(c, False) for c in clients] + ([(most, True)] if not args.no_waves else [])
+            for n, (c, waves) in enumerate(runs):
+                for batching, address, urls in stacks:
+                    # The static batch is the comparison point of the batching scheduler's streaming refill.
+                    if waves and batching.name == "off":
+                        continue
                     spec = LoadSpec(address, texts, overrides, stream=args.stream, concurrency=c, waves=waves,
                                     requests=len(texts), timeout=600, warmup=WARMUP_REQUESTS if n == 0 else 0,
                                     metrics_urls=urls)
@@ -280,10 +288,13 @@ def _run_server(args, batching: Batching, modes: list[Mode], clients: list[int],
                           f"p50 {_ms((report.latency_ms or {}).get('p50')):>8} ms"
                           + (f" batch rows {rows:.2f}" if rows is not None else "")
                           + (f" errors {report.errors}" if report.errors else ""), file=sys.stderr, flush=True)
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
-    return cells
+    order = {b.name: i for i, b in enumerate(settings)}
+    return sorted(cells, key=lambda c: order[c.batching])  # the table lists one setting after the other
+
+
+def _stop(server: subprocess.Popen) -> None:
+    server.terminate()
+    server.wait(timeout=60)
 
 
 def _config_toml(batching: Batching, clients: int, metrics: dict[str, str],
@@ -354,7 +365,9 @@ def _section_body(args, note: str, texts: list[str], table: str, ratios: str) ->
              f"date {dt.date.today().isoformat()}; command `{shlex.join(['python', *sys.argv])}`")
     what = (f"Bundle: {Path(args.bundle).name}; the first {len(texts)} UA-GEC test sentences per cell, one "
             f"{'GenerateStream' if args.stream else 'Generate'} request each, max_new_tokens {args.max_new_tokens}. "
-            "Services: `specdec serve all` in its own process; the client (`specdec.loadtest`, closed loop) in "
+            f"Services: `specdec serve all{' --processes' if not args.one_process else ''}` (one stack per batching "
+            "setting, up at once; each cell measured on every stack in turn); the client "
+            "(`specdec.loadtest`, closed loop) in "
             f"another, over loopback; gateway workers = {max(_counts(args.clients))}, model services' max_sessions = "
             f"{max(64, max(_counts(args.clients)) * 8)}"
             + (f", and {', '.join(args.set)}" if args.set else "") + ". "
