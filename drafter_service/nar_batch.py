@@ -24,9 +24,9 @@ import torch
 
 from core.checks import check_session_step
 from core.errors import out_of_step
-from kernels.attention import EAGER
-from seq2seq_models.batch_graph import NAR_BATCH_INPUTS, BatchedDecoder
+from seq2seq_models.batch_graph import NAR_BATCH_INPUTS
 from seq2seq_models.config import ModelConfig
+from seq2seq_models.engines import TorchBatchEngine
 from seq2seq_models.row_cache import Cross, CrossStack, RowBlock, RowKV, Zeros, gather
 from seq2seq_models.transformer import Seq2SeqTransformer
 
@@ -156,35 +156,15 @@ class BatchNarDrafter:
             head += k
 
 
-class TorchNarEngine:
+class TorchNarEngine(TorchBatchEngine):
     """The batched NAR forward on eager torch, in the model's own dtype and device (float64 models
     make batched and one-row drafts comparable exactly)."""
 
-    def __init__(self, model: Seq2SeqTransformer) -> None:
-        self.model = model
-        self.decoder = BatchedDecoder(model, EAGER)
-        weight = model.embed.weight
-        self._dtype, self._device = weight.dtype, weight.device
-
-    def zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
-        return torch.zeros(shape, dtype=self._dtype, device=self._device)
-
-    @torch.no_grad()
-    def encode(self, source_ids: list[int]) -> Cross:
-        m = self.model
-        src = torch.tensor([[*source_ids, m.config.eos_id]], device=self._device)
-        ks, vs = m.cross_kv(m.encode(src, None))
-        return Cross(torch.stack(ks), torch.stack(vs))
-
     @torch.no_grad()
     def forward(self, feeds: dict[str, Any]) -> tuple[Any, Any, np.ndarray]:
-        inputs = [self._tensor(feeds[name]) for name in NAR_BATCH_INPUTS]
-        rows, block_k, block_v = self.decoder(*inputs)
+        rows, block_k, block_v = self.decode(feeds, NAR_BATCH_INPUTS)
         ids = self.model.logits(rows).argmax(-1)  # ties: the lowest id
         return block_k, block_v, ids.cpu().numpy()
-
-    def _tensor(self, value: Any) -> torch.Tensor:
-        return torch.from_numpy(value).to(self._device) if isinstance(value, np.ndarray) else value
 
 
 def torch_nar_drafter(model: Seq2SeqTransformer) -> BatchNarDrafter:

@@ -17,9 +17,8 @@ import torch
 from core.backends import BACKENDS
 from core.errors import invalid
 from kernels import output_head
-from kernels.attention import EAGER
-from seq2seq_models.batch_graph import BATCH_INPUTS, BatchedDecoder
-from seq2seq_models.row_cache import Cross
+from seq2seq_models.batch_graph import BATCH_INPUTS
+from seq2seq_models.engines import TorchBatchEngine
 from seq2seq_models.transformer import Seq2SeqTransformer
 from verifier_service.batch_session import BatchSession, BatchVerifier
 from verifier_service.model_verifier import ModelVerifier
@@ -29,37 +28,20 @@ __all__ = ["LocalVerifier", "ModelVerifier", "TorchEngine", "VerifierSession", "
 VerifierSession = BatchSession  # the session type both backends hand out
 
 
-class TorchEngine:
+class TorchEngine(TorchBatchEngine):
     """The batched decoder and the output head on eager torch (see the module docstring)."""
 
     def __init__(self, model: Seq2SeqTransformer, head=output_head) -> None:
-        self.model = model
+        super().__init__(model)
         self.head = head
-        self.decoder = BatchedDecoder(model, EAGER)
-        weight = model.embed.weight
-        self._dtype, self._device = weight.dtype, weight.device
-
-    def zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
-        return torch.zeros(shape, dtype=self._dtype, device=self._device)
-
-    @torch.no_grad()
-    def encode(self, source_ids: list[int]) -> Cross:
-        m = self.model
-        src = torch.tensor([[*source_ids, m.config.eos_id]], device=self._device)
-        ks, vs = m.cross_kv(m.encode(src, None))
-        return Cross(torch.stack(ks), torch.stack(vs))
 
     @torch.no_grad()
     def forward(self, feeds: dict[str, Any], top_k: int) -> tuple[Any, Any, np.ndarray, np.ndarray, np.ndarray]:
-        inputs = [self._tensor(feeds[name]) for name in BATCH_INPUTS]
-        rows, block_k, block_v = self.decoder(*inputs)
+        rows, block_k, block_v = self.decode(feeds, BATCH_INPUTS)
         m = self.model
-        out = self.head(rows, m.embed.weight, m.out_bias, top_k, self._tensor(feeds["targets"]))
+        out = self.head(rows, m.embed.weight, m.out_bias, top_k, self.tensor(feeds["targets"]))
         return (block_k, block_v, out.topk_logprobs.cpu().numpy(), out.topk_ids.cpu().numpy(),
                 out.target_logprobs.cpu().numpy())
-
-    def _tensor(self, value: Any) -> torch.Tensor:
-        return torch.from_numpy(value).to(self._device) if isinstance(value, np.ndarray) else value
 
 
 class LocalVerifier(BatchVerifier):
