@@ -26,7 +26,9 @@ from verifier_service.server import VerifierLimits, VerifierServer
 from verifier_service.session import make_verifier
 
 FIRST_WORD = 5
-PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+PROPERTY = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 
 
 @pytest.fixture(scope="module")
