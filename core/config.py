@@ -11,10 +11,11 @@ One file configures all three services (see config/specdec.example.toml):
     [defaults]  DecodingConfig fields (mode, k, beta, tau, ...): used for unset request fields
     [limits]    DecodingLimits fields (max_k, max_beta, ...): per-request bounds
     [verifier]  address, backend (torch | onnxruntime), device (auto | cpu | cuda | cuda:N),
-                metrics_address, max_sessions, session_idle_s, max_draft_len, max_source_len,
-                max_batch_rows, max_batch_tokens, batch_wait_ms (the batching scheduler)
-    [drafter]   address, backend, device, metrics_address, max_sessions, session_idle_s, max_draft_len,
-                max_beams, max_batch_rows, max_batch_tokens, batch_wait_ms
+                precision (fp32 | int8; int8 needs backend onnxruntime), metrics_address, max_sessions,
+                session_idle_s, max_draft_len, max_source_len, max_batch_rows, max_batch_tokens,
+                batch_wait_ms (the batching scheduler)
+    [drafter]   address, backend, device, precision (of the NAR drafter), metrics_address, max_sessions,
+                session_idle_s, max_draft_len, max_beams, max_batch_rows, max_batch_tokens, batch_wait_ms
     every server: tls_cert + tls_key (PEM paths: serve TLS), tls_ca (PEM path: require client
                 certificates this CA signed, i.e. mTLS)
 
@@ -37,7 +38,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from core.backends import BACKENDS, DEFAULT_BACKEND
+from core.backends import BACKENDS, DEFAULT_BACKEND, DEFAULT_PRECISION, PRECISIONS, check_precision
 
 ENV_PREFIX = "SPECDEC__"
 SECTIONS = ("gateway", "defaults", "limits", "verifier", "drafter")
@@ -73,10 +74,21 @@ class ServiceSection:
     backend: str = field(default=DEFAULT_BACKEND, metadata={"choices": BACKENDS})
     # Where the models run; one service, one device (docker-compose.yml pins each to its own GPU).
     device: str = field(default="auto", metadata={"check": parse_device})
+    # fp32, or int8: the ONNX graphs dynamically quantized (onnxruntime backend only).
+    precision: str = field(default=DEFAULT_PRECISION, metadata={"choices": PRECISIONS})
     metrics_address: str | None = None  # host:port of the Prometheus endpoint; None: off
     tls_cert: str | None = None  # PEM certificate chain; with tls_key the server speaks TLS only
     tls_key: str | None = None  # PEM private key of tls_cert
     tls_ca: str | None = None  # PEM CA bundle: clients must present a certificate it signed (mTLS)
+
+
+def check_service_precision(section: str, values: Mapping[str, Any]) -> None:
+    """[verifier] / [drafter] precision against the section's backend, after their types: a
+    ValueError naming the section (int8 on torch is a config error, not a silent fp32)."""
+    try:
+        check_precision(values.get("backend", DEFAULT_BACKEND), values.get("precision", DEFAULT_PRECISION))
+    except ValueError as exc:
+        raise ValueError(f"[{section}] precision: {exc}") from None
 
 
 # Keys that must be set together, and keys that only mean something with another one set.

@@ -44,6 +44,7 @@ class OnnxNarDrafter(OnnxModel, BatchNarDrafter):
     role = "nar_drafter"
 
     def __init__(self, model: Seq2SeqTransformer, **options: Any) -> None:
-        """`options`: those of `OnnxModel` (fingerprint, cache_root, device, intra_op_threads)."""
+        """`options`: those of `OnnxModel` (fingerprint, cache_root, device, intra_op_threads,
+        precision)."""
         OnnxModel.__init__(self, model, **options)
         BatchNarDrafter.__init__(self, model.config, OrtNarEngine(self.runner, model.config.eos_id))

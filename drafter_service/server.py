@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from core.backends import DEFAULT_PRECISION
 from core.checks import check_bounded, check_draft_len, check_ids, check_length, check_positive
 from core.errors import invalid
 from core.interfaces import BlockCall, Draft
@@ -48,9 +49,10 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
         return bundle if isinstance(bundle, ModelBundle) else _load_drafters(Path(bundle))
 
     def __init__(
-        self, bundle: ModelBundle, limits: DrafterLimits, backend: str = "torch", device: str | None = None
+        self, bundle: ModelBundle, limits: DrafterLimits, backend: str = "torch", device: str | None = None,
+        precision: str = DEFAULT_PRECISION,
     ) -> None:
-        drafter = make_drafter(bundle, backend, device=device)
+        drafter = make_drafter(bundle, backend, device=device, precision=precision)
         if drafter is None:
             raise ValueError(f"bundle {bundle.path} has no drafter model")
         add_to_server = drafter_pb2_grpc.add_DrafterServiceServicer_to_server
@@ -169,8 +171,8 @@ def _load_drafters(path: Path) -> ModelBundle:
 
 
 def _backend_name(drafter: LocalDrafter, device: str) -> str:
-    """ "torch-cpu", or per role when they differ: "nar_drafter:onnxruntime-cpu,ar_drafter:torch-cpu"."""
-    onnx = f"onnxruntime-{drafter.onnx_nar.device}" if drafter.onnx_nar else None
+    """ "torch-cpu", or per role when they differ: "nar_drafter:onnxruntime-cpu-int8,ar_drafter:torch-cpu"."""
+    onnx = drafter.onnx_nar.backend_label if drafter.onnx_nar else None
     names = {r: onnx if r == "nar_drafter" and onnx else f"torch-{device}" for r in drafter.models}
     if len(set(names.values())) == 1:
         return next(iter(names.values()))

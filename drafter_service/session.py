@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.backends import BACKENDS
+from core.backends import BACKENDS, DEFAULT_PRECISION, check_precision
 from core.errors import SpecdecError, StatusCode, invalid, out_of_step
 from core.interfaces import BlockCall, Draft
 from core.sampling import SamplingParams
@@ -167,14 +167,19 @@ class LocalDrafter:
         return DrafterSession(self.models, source_ids, seed, self.nar)
 
 
-def make_drafter(bundle, backend: str = "torch", device: str | None = None, **onnx_options) -> LocalDrafter | None:
+def make_drafter(
+    bundle, backend: str = "torch", device: str | None = None, precision: str = DEFAULT_PRECISION, **onnx_options
+) -> LocalDrafter | None:
     """The bundle's drafter models (None when it has none), the NAR one on `backend`: "torch", or
     "onnxruntime" (exported on first use and cached by bundle fingerprint, like the verifier's;
     `onnx_options` go to `OnnxNarDrafter.from_bundle`: cache_root, intra_op_threads). `device`
     ("auto", "cpu", "cuda", "cuda:N"; None: the CPU): where every drafter model runs, the torch ones
-    moved there and the ONNX one on that GPU's CUDA provider; a missing GPU is a ValueError."""
+    moved there and the ONNX one on that GPU's CUDA provider; a missing GPU is a ValueError.
+    `precision` "int8" runs the NAR drafter's int8 export (onnxruntime only; on torch a ValueError);
+    an AR drafter stays on torch in fp32."""
     if backend not in BACKENDS:
         raise invalid(f"unknown drafter backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    check_precision(backend, precision)
     models = {r: bundle.models[r] for r in DRAFTER_ROLES if r in bundle.models}
     if not models:
         return None
@@ -185,5 +190,5 @@ def make_drafter(bundle, backend: str = "torch", device: str | None = None, **on
         models = {r: m.to(torch_device) for r, m in models.items()}
     onnx_nar = None
     if backend == "onnxruntime" and "nar_drafter" in models:
-        onnx_nar = OnnxNarDrafter.from_bundle(bundle, device=device, **onnx_options)
+        onnx_nar = OnnxNarDrafter.from_bundle(bundle, device=device, precision=precision, **onnx_options)
     return LocalDrafter(models, onnx_nar)

@@ -115,8 +115,10 @@ class ModelService:
     @classmethod
     async def start(cls, bundle: Any, section: ServiceSection, limits: SessionLimits | None = None) -> Self:
         """Load the service's models from `bundle` (a directory, or a loaded bundle), on the section's
-        backend and device; serve them as the section says; warm up; report SERVING."""
-        server = cls(cls.load_models(bundle), limits or cls.limits_type(), section.backend, section.device)
+        backend, device and precision; serve them as the section says; warm up; report SERVING."""
+        server = cls(
+            cls.load_models(bundle), limits or cls.limits_type(), section.backend, section.device, section.precision
+        )
         return await server.serve(section)
 
     @staticmethod

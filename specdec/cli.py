@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import Field, fields
 from pathlib import Path
 
-from core.backends import BACKENDS, DEFAULT_BACKEND
+from core.backends import BACKENDS, DEFAULT_BACKEND, DEFAULT_PRECISION, PRECISIONS, check_precision
 from core.config import DEVICE_HELP, DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS
 from core.errors import SpecdecError
 from specdec.serve import add_batch_flags
@@ -23,6 +23,10 @@ DEFAULT_LOADTEST_SENTENCES = 100  # `specdec loadtest` without --inputs / --ua-g
 BACKEND_HELP = (
     f"backend of the verifier and the NAR drafter (default: {DEFAULT_BACKEND}, or the [verifier] and [drafter] "
     "backend keys of the config)"
+)
+PRECISION_HELP = (
+    "fp32, or int8: the verifier's and the NAR drafter's ONNX graphs dynamically quantized (backend "
+    "onnxruntime only; default: fp32, or the [verifier] and [drafter] precision keys of the config)"
 )
 
 
@@ -111,9 +115,11 @@ def _cmd_decode(args: argparse.Namespace) -> int:
 
     config = DecodingConfig().with_overrides(decoding_overrides(args))
     bundle = load_bundle(resolve_bundle(args.bundle), dtype=getattr(torch, args.dtype))
-    verifier = make_verifier(bundle, args.backend or DEFAULT_BACKEND)
+    backend, precision = args.backend or DEFAULT_BACKEND, args.precision or DEFAULT_PRECISION
+    check_precision(backend, precision)  # before the bundle loads: one line, not a traceback
+    verifier = make_verifier(bundle, backend, precision=precision)
     validate(config, DecodingLimits(), verifier.max_target_len)
-    drafter = make_drafter(bundle, args.backend or DEFAULT_BACKEND)
+    drafter = make_drafter(bundle, backend, precision=precision)
     if config.mode in DRAFTER_MODES and drafter is None:
         raise ValueError(f"mode {config.mode.value} needs a drafter and {bundle.path} has none")
     tokenizer = bundle.tokenizer
@@ -141,9 +147,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         "gateway": {"address": args.gateway_addr, "verifier_address": args.verifier_addr,
                     "drafter_address": args.drafter_addr},
         "verifier": {"address": args.verifier_addr, "backend": args.backend, "device": args.device,
-                     **batch_overrides(args)},
+                     "precision": args.precision, **batch_overrides(args)},
         "drafter": {"address": args.drafter_addr, "backend": args.backend, "device": args.device,
-                    **batch_overrides(args)},
+                    "precision": args.precision, **batch_overrides(args)},
     }
     sections = load_sections(args.config, overrides=overrides)
     # Every role gets the default bundle (the gateway reads its tokenizer), as the README says.
@@ -166,6 +172,7 @@ def _serve_child_args(args: argparse.Namespace, bundle: Path) -> list[str]:
 
     out = ["--bundle", str(bundle)]
     for flag, value in (("--config", args.config), ("--backend", args.backend), ("--device", args.device),
+                        ("--precision", args.precision),
                         ("--verifier-addr", args.verifier_addr), ("--drafter-addr", args.drafter_addr),
                         *((f"--{key.replace('_', '-')}", value) for key, value in batch_overrides(args).items())):
         if value is not None:
@@ -349,6 +356,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ids", action="store_true", help="lines are space-separated token ids, not text")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--backend", choices=BACKENDS, default=None, help=BACKEND_HELP)
+    p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
     add_decoding_flags(p)
     p.set_defaults(run=_cmd_decode)
 
@@ -380,6 +388,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKENDS, default=None, help=BACKEND_HELP)
     p.add_argument("--device", help=f"where the verifier's and drafter's models run: {DEVICE_HELP} "
                    "(default: auto, or the [verifier] and [drafter] device keys of the config)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
     add_batch_flags(p)
     p.add_argument("--processes", action="store_true",
                    help="with `all`: the verifier and the drafter in their own processes (one GIL each)")

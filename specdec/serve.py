@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from core.config import SERVICE_ADDRESSES, ServiceSection, check_security_keys, parse_section
+from core.config import SERVICE_ADDRESSES, ServiceSection, check_security_keys, check_service_precision, parse_section
 from serving.logs import configure_logging
 
 ROLES = ("verifier", "drafter", "gateway", "all")
@@ -242,6 +242,7 @@ def _model_service(section: str, table: Mapping[str, Any], limits_cls: type) -> 
     """[verifier] or [drafter]: the keys both share, then the service's own limits."""
     service, limits = parse_section(section, table, ServiceSection, limits_cls)
     check_security_keys(section, service)
+    check_service_precision(section, service)
     service.setdefault("address", SERVICE_ADDRESSES[section])
     return ServiceSection(**service), limits_cls(**limits)
 

@@ -45,6 +45,7 @@ class OnnxVerifier(OnnxModel, BatchVerifier):
     default_device = "auto"  # the CUDA provider when onnxruntime-gpu sees a GPU
 
     def __init__(self, model: Seq2SeqTransformer, **options: Any) -> None:
-        """`options`: those of `OnnxModel` (fingerprint, cache_root, device, intra_op_threads)."""
+        """`options`: those of `OnnxModel` (fingerprint, cache_root, device, intra_op_threads,
+        precision)."""
         OnnxModel.__init__(self, model, **options)
         BatchVerifier.__init__(self, model.config, OrtEngine(self.runner, model.config.eos_id))

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.backends import DEFAULT_PRECISION, backend_label
 from core.checks import check_draft_len, check_ids, check_length, check_wire_top_k
 from core.errors import invalid, out_of_range, out_of_step
 from core.interfaces import BeamRow, StepCall, VerifyResult
@@ -41,13 +42,14 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         return bundle if isinstance(bundle, ModelBundle) else load_bundle(bundle, roles=["verifier"])
 
     def __init__(
-        self, bundle: ModelBundle, limits: VerifierLimits, backend: str = "torch", device: str | None = None
+        self, bundle: ModelBundle, limits: VerifierLimits, backend: str = "torch", device: str | None = None,
+        precision: str = DEFAULT_PRECISION,
     ) -> None:
         add_to_server = verifier_pb2_grpc.add_VerifierServiceServicer_to_server
         super().__init__("verifier", SERVICE, limits.max_sessions, add_to_server, limits.session_idle_s)
         self.bundle = bundle
         self.limits = limits
-        self.verifier = make_verifier(bundle, backend, device=device)
+        self.verifier = make_verifier(bundle, backend, device=device, precision=precision)
         cfg = bundle.verifier.config
         self.max_source_len = min(limits.max_source_len or self.verifier.max_source_len, self.verifier.max_source_len)
         self.max_output_len = self.verifier.max_target_len
@@ -63,7 +65,8 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
             bundle_fingerprint=bundle.fingerprint,
             max_source_len=self.max_source_len,
             max_target_len=self.max_output_len,
-            backend=f"{backend}-{self.verifier.device}",  # e.g. "onnxruntime-cuda:1", "torch-cpu"
+            # e.g. "onnxruntime-cuda:1", "torch-cpu", "onnxruntime-cpu-int8"
+            backend=backend_label(backend, self.verifier.device, precision),
             roles=[common_pb2.MODEL_ROLE_VERIFIER],
             max_draft_len=limits.max_draft_len,
             # Speculative sampling asks for the whole distribution (top_k = vocab).

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.backends import BACKENDS
+from core.backends import BACKENDS, DEFAULT_PRECISION, check_precision
 from core.errors import invalid
 from kernels import output_head
 from seq2seq_models.batch_graph import BATCH_INPUTS
@@ -56,11 +56,17 @@ class LocalVerifier(BatchVerifier):
         self.device = str(model.embed.weight.device)  # "cpu" or "cuda:N", for GetModelInfo.backend
 
 
-def make_verifier(bundle, backend: str = "torch", head=output_head, device: str | None = None, **onnx_options):
+def make_verifier(
+    bundle, backend: str = "torch", head=output_head, device: str | None = None,
+    precision: str = DEFAULT_PRECISION, **onnx_options,
+):
     """The bundle's verifier on `backend`: "torch" (eager, `LocalVerifier`) or "onnxruntime"
     (`OnnxVerifier`, exported on first use and cached by bundle fingerprint; `onnx_options` go to
     `OnnxVerifier.from_bundle`: cache_root, intra_op_threads). `device` ("auto", "cpu", "cuda",
-    "cuda:N"; None keeps each backend's default): where the model runs; a missing GPU is a ValueError."""
+    "cuda:N"; None keeps each backend's default): where the model runs; a missing GPU is a ValueError.
+    `precision` "int8" runs the int8 export (onnxruntime only; on torch a ValueError)."""
+    if backend in BACKENDS:
+        check_precision(backend, precision)
     if backend == "torch":
         model = bundle.verifier
         if device is not None:
@@ -71,5 +77,5 @@ def make_verifier(bundle, backend: str = "torch", head=output_head, device: str 
     if backend == "onnxruntime":
         from verifier_service.onnx_backend import OnnxVerifier  # onnxruntime is only needed here
 
-        return OnnxVerifier.from_bundle(bundle, device=device, **onnx_options)
+        return OnnxVerifier.from_bundle(bundle, device=device, precision=precision, **onnx_options)
     raise invalid(f"unknown verifier backend {backend!r}; expected one of {', '.join(BACKENDS)}")

@@ -1,0 +1,154 @@
+"""int8 models (precision "int8"): the ONNX graphs with int8 weight matmuls, row-wise activation
+scales. Losslessness is against the verifier that runs: IAD and GAD on the int8 verifier equal
+greedy on the int8 verifier; batched forwards equal one-row ones; int8 on torch is a config error."""
+
+from __future__ import annotations
+
+import random
+
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from core.backends import backend_label
+from core.interfaces import StepCall
+from drafter_service.server import DrafterLimits, DrafterServer
+from drafter_service.session import make_drafter
+from gateway.decode import decode
+from gateway.decoding_config import DecodingConfig, Mode
+from seq2seq_models.bundle import load_bundle, make_tiny_bundle
+from seq2seq_models.onnx_export import BATCH_DECODER_FILE, DECODER_FILE, ENCODER_FILE, ensure_export
+from seq2seq_models.onnx_quantize import ensure_int8
+from specdec.cli import main as cli_main
+from specdec.serve import serve_config
+from verifier_service.server import VerifierLimits, VerifierServer
+from verifier_service.session import make_verifier
+
+FIRST_WORD = 5
+PROPERTY = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return load_bundle(make_tiny_bundle(tmp_path_factory.mktemp("bundle"), seed=5))
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("onnx")
+
+
+@pytest.fixture(scope="module")
+def v8(bundle, cache):
+    return make_verifier(bundle, "onnxruntime", device="cpu", precision="int8", cache_root=cache)
+
+
+@pytest.fixture(scope="module")
+def v32(bundle, cache):
+    return make_verifier(bundle, "onnxruntime", device="cpu", cache_root=cache)
+
+
+@pytest.fixture(scope="module")
+def d8(bundle, cache):
+    return make_drafter(bundle, "onnxruntime", device="cpu", precision="int8", cache_root=cache)
+
+
+@pytest.mark.parametrize("role", ["verifier", "nar_drafter"])
+def test_int8_graphs_keep_every_input_and_output(bundle, cache, role):
+    fp32 = ensure_export(bundle.models[role], bundle.fingerprint, cache, role=role)
+    int8 = ensure_int8(fp32, role)
+    assert int8.directory.parent == fp32.directory.parent and f"-{role}-int8-" in int8.directory.name
+    assert ensure_int8(fp32, role).reused  # made once, cached
+    for name in (ENCODER_FILE, DECODER_FILE, BATCH_DECODER_FILE):
+        a, b = onnx.load(str(fp32.directory / name)).graph, onnx.load(str(int8.directory / name)).graph
+        assert [(i.name, i.type) for i in a.input] == [(i.name, i.type) for i in b.input], name
+        assert [(o.name, o.type.tensor_type.elem_type) for o in a.output] == [
+            (o.name, o.type.tensor_type.elem_type) for o in b.output
+        ], name
+        ops = [n.op_type for n in b.node]
+        assert "MatMulInteger" in ops, name
+        # Every weight matmul went int8: what stays MatMul multiplies two activations (attention).
+        weights = {t.name for t in b.initializer}
+        assert not [n for n in b.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in weights], name
+
+
+def test_int8_steps_are_close_to_fp32_and_not_the_same(v8, v32):
+    # The int8 graphs really run (logprobs differ) and stay near fp32 (the same model, quantized).
+    r8 = v8.open([9, 10, 11]).step(0, [12], [13, 14], top_k=5)
+    r32 = v32.open([9, 10, 11]).step(0, [12], [13, 14], top_k=5)
+    assert r8.topk_logprobs != r32.topk_logprobs
+    assert [row[0] for row in r8.topk_logprobs] == pytest.approx([row[0] for row in r32.topk_logprobs], abs=0.2)
+    assert all(isinstance(i, int) and 0 <= i < v8.vocab_size for row in r8.topk_ids for i in row)
+
+
+def test_int8_greedy_gives_valid_ids(v8):
+    out = decode([7, 8, 9, 10], DecodingConfig(mode=Mode.AR, max_new_tokens=20), v8).output_ids
+    assert out and all(0 <= i < v8.vocab_size for i in out)
+
+
+@PROPERTY
+@given(
+    source=st.lists(st.integers(FIRST_WORD, 159), min_size=1, max_size=24),
+    k=st.integers(1, 12),
+    max_new=st.integers(1, 40),
+)
+def test_iad_and_gad_on_int8_equal_int8_greedy(v8, d8, source, k, max_new):
+    greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=max_new), v8).output_ids
+    for mode in (Mode.GAD, Mode.IAD):
+        got = decode(source, DecodingConfig(mode=mode, k=k, max_new_tokens=max_new), v8, d8).output_ids
+        assert got == greedy, (mode, k)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_batched_int8_steps_equal_one_row_steps(v8, seed):
+    rng = random.Random(seed)
+    vocab = v8.vocab_size
+    sources = [[rng.randrange(FIRST_WORD, vocab) for _ in range(rng.randint(1, 20))] for _ in range(4)]
+    batched = [v8.open(s) for s in sources]
+    alone = [v8.open(s) for s in sources]
+    for _ in range(6):
+        calls = []
+        for session in batched:
+            append = [rng.randrange(FIRST_WORD, vocab) for _ in range(rng.randint(0, 2))]
+            draft = [rng.randrange(FIRST_WORD, vocab) for _ in range(rng.randint(1 if not append else 0, 6))]
+            calls.append(StepCall(rng.randint(0, len(session.tokens)), append, draft, 3))
+        results = v8.step_batch(list(zip(batched, calls, strict=True)))
+        for got, session, call in zip(results, alone, calls, strict=True):
+            ref = session.step(call.committed_len, call.append_ids, call.draft_ids, call.top_k)
+            assert got.top1 == ref.top1 and got.topk_ids == ref.topk_ids
+            assert got.batch_rows == len(calls)
+
+
+def test_model_info_says_int8(bundle, cache, monkeypatch):
+    monkeypatch.setenv("SPECDEC_ONNX_CACHE", str(cache))
+    verifier = VerifierServer(bundle, VerifierLimits(), "onnxruntime", "cpu", "int8")
+    assert verifier.model_info.backend == "onnxruntime-cpu-int8"
+    drafter = DrafterServer(bundle, DrafterLimits(), "onnxruntime", "cpu", "int8")
+    assert drafter.model_info.backend == "nar_drafter:onnxruntime-cpu-int8,ar_drafter:torch-cpu"
+    assert backend_label("onnxruntime", "cuda:1") == "onnxruntime-cuda:1"
+
+
+@pytest.mark.parametrize("section", ["verifier", "drafter"])
+def test_int8_on_torch_is_a_config_error(section):
+    with pytest.raises(ValueError, match=rf"^\[{section}\] precision: precision int8 needs backend onnxruntime"):
+        serve_config({section: {"backend": "torch", "precision": "int8"}})
+    with pytest.raises(ValueError, match=rf"\[{section}\] precision: must be one of fp32, int8"):
+        serve_config({section: {"precision": "int4"}})
+    assert serve_config({section: {"precision": "int8"}}).verifier.precision == (
+        "int8" if section == "verifier" else "fp32"
+    )
+
+
+def test_make_verifier_and_drafter_refuse_int8_on_torch(bundle):
+    with pytest.raises(ValueError, match="needs backend onnxruntime"):
+        make_verifier(bundle, "torch", precision="int8")
+    with pytest.raises(ValueError, match="needs backend onnxruntime"):
+        make_drafter(bundle, "torch", precision="int8")
+
+
+def test_decode_cli_refuses_int8_on_torch(bundle, capsys):
+    assert cli_main(["decode", "--bundle", str(bundle.path), "--backend", "torch", "--precision", "int8"]) == 2
+    assert "precision int8 needs backend onnxruntime" in capsys.readouterr().err
