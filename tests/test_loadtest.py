@@ -212,7 +212,7 @@ def test_ua_gec_inputs_are_the_benchmarks_sentences(served, capsys):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_record_keeps_each_requests_output_ids(served, stream):
-    address, inputs, _ = served
+    address, _, _ = served
     want = [generate(address, text, OVERRIDES, timeout=60)["output_ids"] for text in TEXTS]
     spec = loadtest.LoadSpec(address, TEXTS, OVERRIDES, stream=stream, concurrency=3, requests=6, record=True)
     report = loadtest.run_load(spec)
