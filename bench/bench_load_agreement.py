@@ -237,8 +237,8 @@ def _section_body(args, n: int, max_new: int, table: str, details: str) -> str:
             "the same sentence decoded in-process, one at a time, by AR greedy on the same backend. For every "
             "mismatch the unbatched verifier scores the first differing position given the common prefix: the "
             f"top-2 log-prob gap there (a near-tie: below {args.near_tie:g} nats). Batched float32 forwards "
-            "(other reduction orders, padded rows) can flip such a near-tie; on tiny float64 models the test "
-            "suite checks exact equality instead.")
+            "(other reduction orders, padded rows) can flip such a near-tie; on the tiny bundle "
+            "tests/services/test_load_lossless.py checks exact equality under load.")
     return "\n\n".join(filter(None, [stamp, what, table, details]))
 
 
