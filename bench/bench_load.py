@@ -334,7 +334,7 @@ def _start(args, config: Path, log: Path) -> tuple[subprocess.Popen, str]:
         env["OMP_NUM_THREADS"] = str(args.threads)
     cmd = [sys.executable, "-m", "specdec", "serve", "all", "--bundle", args.bundle, "--backend", args.backend,
            "--config", str(config), "--gateway-addr", "127.0.0.1:0", "--verifier-addr", "127.0.0.1:0",
-           "--drafter-addr", "127.0.0.1:0"]
+           "--drafter-addr", "127.0.0.1:0", *([] if args.one_process else ["--processes"])]
     with open(log, "w") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
     assert proc.stdout is not None

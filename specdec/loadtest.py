@@ -83,6 +83,7 @@ class LoadSpec:
     tls: ClientTLS | None = None
     token: str | None = None
     metrics_urls: Sequence[str] = ()
+    record: bool = False  # keep every successful request's output ids (LoadReport.outputs)
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -139,6 +140,8 @@ class LoadReport:
     latency_ms: dict[str, float] | None
     ttft_ms: dict[str, float] | None
     mean_batch_rows: dict[str, float] = field(default_factory=dict)
+    # With LoadSpec.record: request index i (input i % len(inputs)) -> its output ids, successful requests only.
+    outputs: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def requests_per_s(self) -> float:
@@ -149,6 +152,7 @@ class LoadReport:
         return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
+        recorded = {"outputs": {str(i): ids for i, ids in sorted(self.outputs.items())}} if self.outputs else {}
         return {
             "address": self.address,
             "rpc": self.rpc,
@@ -166,6 +170,7 @@ class LoadReport:
             "latency_ms": self.latency_ms,
             "ttft_ms": self.ttft_ms,
             "mean_batch_rows": self.mean_batch_rows,
+            **recorded,
         }
 
 
@@ -354,6 +359,7 @@ class _Tally:
     outcomes: list[Outcome] = field(default_factory=list)
     t0: float = 0.0
     t1: float = 0.0
+    outputs: dict[int, list[int]] = field(default_factory=dict)  # request index -> output ids (record)
 
     @property
     def in_flight(self) -> int:
@@ -408,25 +414,27 @@ class _Client:
         stub = self.stubs[i % len(self.stubs)]
         start = time.perf_counter()
         ttft = None
-        tokens = 0
+        ids: list[int] = []
         final = None
         try:
             if spec.stream:
                 async for message in stub.GenerateStream(request, timeout=spec.timeout, metadata=metadata):
                     if ttft is None and (message.output_ids or message.final):
                         ttft = time.perf_counter() - start
-                    tokens += len(message.output_ids)
+                    ids += message.output_ids
                     if message.final:
                         final = message
             else:
                 final = await stub.Generate(request, timeout=spec.timeout, metadata=metadata)
-                tokens = len(final.output_ids)
+                ids = list(final.output_ids)
         except grpc.aio.AioRpcError as exc:
             tally.outcomes.append(Outcome(exc.code().name, time.perf_counter() - start))
             return
         latency = time.perf_counter() - start
         rows = {name: float(getattr(final.stats, name)) for name in self._batch_fields} if final is not None else {}
-        tally.outcomes.append(Outcome("OK", latency, ttft, tokens, rows))
+        if spec.record:
+            tally.outputs[i] = ids
+        tally.outcomes.append(Outcome("OK", latency, ttft, len(ids), rows))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -459,6 +467,7 @@ def _report(spec: LoadSpec, tally: _Tally, server_rows: dict[str, float]) -> Loa
         latency_ms=_percentiles([o.latency_s for o in ok]),
         ttft_ms=_percentiles(ttfts) if spec.stream else None,
         mean_batch_rows=rows,
+        outputs=dict(sorted(tally.outputs.items())),
     )
 
 

@@ -208,3 +208,16 @@ def test_ua_gec_inputs_are_the_benchmarks_sentences(served, capsys):
     assert code == 0
     assert (report["requests"], report["ok"]) == (3, 3)
     assert report["output_tokens"] == sum(len(generate(address, t, OVERRIDES, timeout=60)["output_ids"]) for t in texts)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_record_keeps_each_requests_output_ids(served, stream):
+    address, _, _ = served
+    want = [generate(address, text, OVERRIDES, timeout=60)["output_ids"] for text in TEXTS]
+    spec = loadtest.LoadSpec(address, TEXTS, OVERRIDES, stream=stream, concurrency=3, requests=6, record=True)
+    report = loadtest.run_load(spec)
+    assert report.outputs == {i: want[i % len(TEXTS)] for i in range(6)}
+    assert json.loads(json.dumps(report.to_dict()))["outputs"]["5"] == want[1]
+    # Without record nothing is kept, and the JSON has no "outputs".
+    plain = loadtest.run_load(loadtest.LoadSpec(address, TEXTS, OVERRIDES, concurrency=2, requests=2))
+    assert plain.outputs == {} and "outputs" not in plain.to_dict()
