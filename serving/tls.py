@@ -78,7 +78,7 @@ def is_loopback(host: str) -> bool:
     """Whether a listen host (as in "host:port") reaches this machine only. "" and "[::]" bind
     every interface; a name other than localhost may resolve anywhere, so it counts as not loopback."""
     host = host.strip("[]")
-    if host == "localhost":
+    if host == "localhost" or host.startswith("unix"):  # a Unix-domain socket never leaves the machine
         return True
     try:
         return ipaddress.ip_address(host).is_loopback

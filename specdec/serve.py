@@ -267,5 +267,7 @@ def _need(bundle: Path | None) -> Path:
 
 
 def _with_port(address: str, port: int) -> str:
+    if address.startswith("unix:"):  # a Unix-domain socket has no port: its path is the address
+        return address
     host = address.rpartition(":")[0] or "127.0.0.1"
     return f"{host}:{port}"

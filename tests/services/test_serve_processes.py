@@ -98,3 +98,28 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_unix_socket_addresses_serve_without_a_plaintext_warning(bundle_dir, tmp_path):
+    """`unix:///path` for every service (peers on one host): the stack answers, the gateway's
+    printed address is the socket, and no listener is reported as plaintext beyond loopback."""
+    sockets = {role: f"unix://{tmp_path}/{role}.sock" for role in ("gateway", "verifier", "drafter")}
+    cmd = [sys.executable, "-m", "specdec", "serve", "all", "--processes", "--bundle", str(bundle_dir),
+           *(x for role, a in sockets.items() for x in (f"--{role}-addr", a))]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    log = tmp_path / "serve.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        try:
+            assert proc.stdout is not None
+            address = proc.stdout.readline().strip()
+            assert address == sockets["gateway"]
+            with grpc.insecure_channel(address) as channel:
+                stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+                config = gateway_pb2.DecodingConfig(mode=gateway_pb2.MODE_GAD, block_size=4, max_new_tokens=12)
+                reply = stub.Generate(gateway_pb2.GenerateRequest(text=TEXT, config=config), timeout=60)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    assert reply.output_ids and not reply.stats.degraded  # the drafter, too, answered on its socket
+    assert "plaintext_beyond_loopback" not in log.read_text()
