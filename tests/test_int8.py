@@ -4,6 +4,7 @@ greedy on the int8 verifier; batched forwards equal one-row ones; int8 on torch 
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import onnx
@@ -124,10 +125,17 @@ def test_batched_int8_steps_equal_one_row_steps(v8, seed):
 
 def test_model_info_says_int8(bundle, cache, monkeypatch):
     monkeypatch.setenv("SPECDEC_ONNX_CACHE", str(cache))
-    verifier = VerifierServer(bundle, VerifierLimits(), "onnxruntime", "cpu", "int8")
-    assert verifier.model_info.backend == "onnxruntime-cpu-int8"
-    drafter = DrafterServer(bundle, DrafterLimits(), "onnxruntime", "cpu", "int8")
-    assert drafter.model_info.backend == "nar_drafter:onnxruntime-cpu-int8,ar_drafter:torch-cpu"
+
+    async def backends() -> tuple[str, str]:
+        # Inside a running loop: a service makes its grpc.aio server when constructed, and the
+        # main thread may have no event loop left (another test's asyncio.run closed it).
+        verifier = VerifierServer(bundle, VerifierLimits(), "onnxruntime", "cpu", "int8")
+        drafter = DrafterServer(bundle, DrafterLimits(), "onnxruntime", "cpu", "int8")
+        return verifier.model_info.backend, drafter.model_info.backend
+
+    verifier_backend, drafter_backend = asyncio.run(backends())
+    assert verifier_backend == "onnxruntime-cpu-int8"
+    assert drafter_backend == "nar_drafter:onnxruntime-cpu-int8,ar_drafter:torch-cpu"
     assert backend_label("onnxruntime", "cuda:1") == "onnxruntime-cuda:1"
 
 

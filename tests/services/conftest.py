@@ -107,3 +107,16 @@ def drafter_info(address: str):
     with grpc.insecure_channel(address) as channel:
         stub = drafter_pb2_grpc.DrafterServiceStub(channel)
         return stub.GetModelInfo(drafter_pb2.DrafterServiceGetModelInfoRequest(), timeout=30).model_info
+
+
+def scrape(port: int) -> dict[str, float]:
+    """A metrics endpoint's samples on loopback, by series (name and labels as rendered)."""
+    import urllib.request
+
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    samples = {}
+    for line in body.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import queue
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -18,7 +17,7 @@ from core.config import load_sections
 from protos.specdec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from specdec.cli import _build_parser
 from specdec.serve import ServiceStack, batch_overrides, serve_config
-from tests.services.conftest import wait_until
+from tests.services.conftest import scrape, wait_until
 
 CLIENTS = 6
 STEPS = 12
@@ -83,14 +82,6 @@ def _verify_loop(channel_address: str, source: list[int], cancel_after: int | No
         return {"out": out + pending, "top1s": top1s, "rows": rows}
 
 
-def _metrics(port: int) -> dict[str, float]:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    samples = {}
-    for line in body.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
-    return samples
 
 
 def _forwards_over_one_row(samples: dict[str, float], service: str) -> float:
@@ -113,7 +104,7 @@ def test_concurrent_verify_streams_batch_and_answer_as_sequential_ones(bundle_di
         assert all(rows == [1] * STEPS for rows in (r["rows"] for r in alone))
         with ThreadPoolExecutor(CLIENTS) as pool:
             together = list(pool.map(lambda s: _verify_loop(address, s), sources))
-        samples = _metrics(server.host.metrics_port)
+        samples = scrape(server.host.metrics_port)
     for got, want in zip(together, alone, strict=True):
         assert got["out"] == want["out"] and got["top1s"] == want["top1s"]
     assert max(max(r["rows"]) for r in together) > 1
@@ -132,7 +123,7 @@ def test_max_batch_rows_1_turns_batching_off(bundle_dir, bundle):
         address = stack.running.addresses["verifier"]
         with ThreadPoolExecutor(CLIENTS) as pool:
             together = list(pool.map(lambda s: _verify_loop(address, s), sources))
-        samples = _metrics(stack.running.verifier.host.metrics_port)
+        samples = scrape(stack.running.verifier.host.metrics_port)
     assert all(rows == [1] * STEPS for rows in (r["rows"] for r in together))
     assert _forwards_over_one_row(samples, "verifier") == 0
     assert samples["specdec_verifier_forwards_total"] == CLIENTS * STEPS
@@ -185,7 +176,7 @@ def test_concurrent_nar_block_drafts_batch_and_match_sequential_ones(bundle_dir,
         alone = [drafts(address, s) for s in sources]
         with ThreadPoolExecutor(CLIENTS) as pool:
             together = list(pool.map(lambda s: drafts(address, s), sources))
-        samples = _metrics(stack.running.drafter.host.metrics_port)
+        samples = scrape(stack.running.drafter.host.metrics_port)
     assert together == alone
     assert _forwards_over_one_row(samples, "drafter") > 0
     assert samples["specdec_drafter_queue_wait_seconds_count"] == 2 * CLIENTS * STEPS

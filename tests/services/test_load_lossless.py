@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,7 @@ from gateway.decoding_config import DecodingConfig
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from specdec.serve import ServiceStack
-from tests.services.conftest import wait_until
+from tests.services.conftest import scrape, wait_until
 
 TEXTS = ["hello world", "another line of text", "шо там", "a b c d e f", "We have been living here."]
 MAX_NEW = 32
@@ -125,14 +124,6 @@ def _run(stub, job: Job, start: threading.Barrier) -> tuple[str, list[int]]:
         return exc.code().name, ids
 
 
-def _samples(port: int) -> dict[str, float]:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    samples = {}
-    for line in body.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
-    return samples
 
 
 def _forwards_over_one_row(samples: dict[str, float]) -> float:
@@ -141,14 +132,14 @@ def _forwards_over_one_row(samples: dict[str, float]) -> float:
 
 def test_outputs_under_load_with_cancellations_equal_unbatched_in_process_decodes(served, expected):
     running = served.running
-    before = _samples(running.verifier.host.metrics_port)
+    before = scrape(running.verifier.host.metrics_port)
     jobs = _jobs()
     start = threading.Barrier(len(jobs))
     with grpc.insecure_channel(running.addresses["gateway"]) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         with ThreadPoolExecutor(len(jobs)) as pool:
             results = list(pool.map(lambda job: _run(stub, job, start), jobs))
-    after = _samples(running.verifier.host.metrics_port)
+    after = scrape(running.verifier.host.metrics_port)
 
     checked = 0
     for job, (code, ids) in zip(jobs, results, strict=True):
@@ -167,8 +158,8 @@ def test_outputs_under_load_with_cancellations_equal_unbatched_in_process_decode
     # Every session, the cancelled requests' included, is freed.
     assert wait_until(lambda: running.verifier.active_sessions == 0 and running.drafter.active_sessions == 0, 10.0)
     gateway_port = running.gateway.host.metrics_port
-    assert wait_until(lambda: _samples(gateway_port)["specdec_gateway_active_requests"] == 0, 10.0)
-    verifier_now = _samples(running.verifier.host.metrics_port)
-    drafter_now = _samples(running.drafter.host.metrics_port)
+    assert wait_until(lambda: scrape(gateway_port)["specdec_gateway_active_requests"] == 0, 10.0)
+    verifier_now = scrape(running.verifier.host.metrics_port)
+    drafter_now = scrape(running.drafter.host.metrics_port)
     assert verifier_now["specdec_verifier_active_sessions"] == 0
     assert drafter_now["specdec_drafter_active_sessions"] == 0

@@ -37,10 +37,7 @@ def test_the_three_processes_serve_and_stop_together(bundle_dir, tmp_path):
         roles = sorted(next(r for r in ("verifier", "drafter") if f"serve {r}" in cmd) for cmd in children.values())
         assert roles == ["drafter", "verifier"]
         assert all("--max-batch-rows 4" in cmd for cmd in children.values())  # the parent's flags
-        with grpc.insecure_channel(address) as channel:
-            stub = gateway_pb2_grpc.GatewayServiceStub(channel)
-            config = gateway_pb2.DecodingConfig(mode=gateway_pb2.MODE_GAD, block_size=4, max_new_tokens=16)
-            reply = stub.Generate(gateway_pb2.GenerateRequest(text=TEXT, config=config), timeout=60)
+        reply = _gad(address, 16)
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
@@ -58,6 +55,13 @@ def test_a_child_that_cannot_start_stops_the_parent_with_a_reason(bundle_dir, tm
     _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0
     assert "before it was serving" in err and "specdec serve verifier exited" in err
+
+
+def _gad(address: str, max_new_tokens: int) -> gateway_pb2.GenerateResponse:
+    with grpc.insecure_channel(address) as channel:
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        config = gateway_pb2.DecodingConfig(mode=gateway_pb2.MODE_GAD, block_size=4, max_new_tokens=max_new_tokens)
+        return stub.Generate(gateway_pb2.GenerateRequest(text=TEXT, config=config), timeout=60)
 
 
 def _serve(bundle_dir: Path, tmp_path: Path, *flags: str, stderr=subprocess.DEVNULL) -> subprocess.Popen:
@@ -114,10 +118,7 @@ def test_unix_socket_addresses_serve_without_a_plaintext_warning(bundle_dir, tmp
             assert proc.stdout is not None
             address = proc.stdout.readline().strip()
             assert address == sockets["gateway"]
-            with grpc.insecure_channel(address) as channel:
-                stub = gateway_pb2_grpc.GatewayServiceStub(channel)
-                config = gateway_pb2.DecodingConfig(mode=gateway_pb2.MODE_GAD, block_size=4, max_new_tokens=12)
-                reply = stub.Generate(gateway_pb2.GenerateRequest(text=TEXT, config=config), timeout=60)
+            reply = _gad(address, 12)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
