@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from core.interfaces import StepCall
 from seq2seq_models.bundle import load_bundle
+from specdec.bench_report import median_seconds
 from verifier_service.onnx_backend import OnnxVerifier
 
 PREFIX, SOURCE_LEN = 30, 30
@@ -68,9 +67,9 @@ def _measure(verifier: OnnxVerifier, block: int, b: int, rng: random.Random, rep
     legacy = [_LegacyRow(verifier, s, p) for s, p in zip(sources, prefixes, strict=True)]
     items = list(zip(sessions, calls, strict=True))
     return [
-        _time(lambda: [r.step(c) for r, c in zip(legacy, calls, strict=True)], repeats),
-        _time(lambda: [verifier.step_batch([item]) for item in items], repeats),
-        _time(lambda: verifier.step_batch(items), repeats),
+        median_seconds(lambda: [r.step(c) for r, c in zip(legacy, calls, strict=True)], repeats),
+        median_seconds(lambda: [verifier.step_batch([item]) for item in items], repeats),
+        median_seconds(lambda: verifier.step_batch(items), repeats),
     ]
 
 
@@ -98,16 +97,6 @@ class _LegacyRow:
         k, v, *_ = self.runner.decode(self.past, self.cross, tokens=[fed], past_len=past_len, head_from=head_from,
                                       targets=targets, top_k=[1])
         self.past = (k, v)
-
-
-def _time(fn, repeats: int) -> float:
-    fn()  # warm-up (ORT allocates its buffers for the shapes)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

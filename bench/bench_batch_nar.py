@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -32,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from core.interfaces import BlockCall
 from drafter_service.session import LocalDrafter, make_drafter
 from seq2seq_models.bundle import load_bundle
+from specdec.bench_report import median_seconds
 
 PREFIX, SOURCE_LEN = 30, 30
 
@@ -69,19 +68,9 @@ def _measure(drafter: LocalDrafter, b: int, k: int, rng: random.Random, repeats:
         s.draft_block(0, words(PREFIX), 1)
     items = [(s, BlockCall(PREFIX, words(1), k)) for s in sessions]
     return (
-        _time(lambda: [s.draft_block(c.committed_len, c.append_ids, c.k) for s, c in items], repeats),
-        _time(lambda: drafter.draft_batch(items), repeats),
+        median_seconds(lambda: [s.draft_block(c.committed_len, c.append_ids, c.k) for s, c in items], repeats),
+        median_seconds(lambda: drafter.draft_batch(items), repeats),
     )
-
-
-def _time(fn, repeats: int) -> float:
-    fn()  # warm-up (ORT allocates its buffers for the shapes)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

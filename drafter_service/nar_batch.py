@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from core.batch_slots import answer_in_slots
 from core.checks import check_session_step
 from core.errors import out_of_step
 from seq2seq_models.batch_graph import NAR_BATCH_INPUTS
@@ -102,30 +103,16 @@ class BatchNarDrafter:
 
     def draft_rows(self, items: Sequence[tuple[NarRow, int]]) -> list[DraftOutcome]:
         """k >= 1 draft ids for each (row, k), one forward over every valid row; one outcome per item."""
-        outcomes: list[DraftOutcome | None] = [None] * len(items)
-        planned: list[tuple[int, NarRow, RowBlock, int]] = []
-        seen: set[int] = set()
-        for slot, (row, k) in enumerate(items):
-            try:
-                if not isinstance(row, NarRow) or row.drafter is not self:
-                    raise ValueError("the row does not belong to this drafter")
-                if row.closed:
-                    raise out_of_step("the session is closed")
-                if id(row) in seen:
-                    raise out_of_step("the session already has a draft in this batch")
-                if k < 1:
-                    raise ValueError(f"a block draft needs k >= 1, got {k}")
-                seen.add(id(row))
-                planned.append((slot, row, *row.block(k)))
-            except Exception as e:  # the item's own failure goes in its slot
-                outcomes[slot] = e
-        if planned:
-            try:
-                self._run(planned, outcomes)
-            except Exception as e:  # a failed forward fails the items in it
-                for slot, *_ in planned:
-                    outcomes[slot] = e
-        return outcomes  # type: ignore[return-value]
+        return answer_in_slots(items, self._plan, self._run, what="draft")
+
+    def _plan(self, slot: int, row: NarRow, k: int) -> tuple[int, NarRow, RowBlock, int]:
+        if not isinstance(row, NarRow) or row.drafter is not self:
+            raise ValueError("the row does not belong to this drafter")
+        if row.closed:
+            raise out_of_step("the session is closed")
+        if k < 1:
+            raise ValueError(f"a block draft needs k >= 1, got {k}")
+        return (slot, row, *row.block(k))
 
     def _run(self, planned: list[tuple[int, NarRow, RowBlock, int]], outcomes: list[DraftOutcome | None]) -> None:
         blocks = [b for _, _, b, _ in planned]

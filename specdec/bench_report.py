@@ -21,6 +21,21 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def median_seconds(fn, repeats: int) -> float:
+    """Median wall time of `repeats` calls of `fn`, after one untimed call (ONNX Runtime allocates its
+    buffers for the shapes on the first)."""
+    import statistics
+    import time
+
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def write_section(path: Path, heading: str, body: str) -> None:
     """Replace the section under `heading` (up to the next `## ` heading) or append it."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from core.batch_slots import answer_in_slots
 from core.checks import check_session_step
 from core.errors import out_of_step
 from core.interfaces import BeamRow, StepCall, VerifyResult
@@ -134,24 +135,7 @@ class BatchVerifier(ModelVerifier):
 
     def step_batch(self, items: Sequence[tuple[BatchSession, StepCall]]) -> list[StepOutcome]:
         """One forward over every valid item's rows; one outcome per item, in order."""
-        outcomes: list[StepOutcome | None] = [None] * len(items)
-        planned: list[_Planned] = []
-        seen: set[int] = set()
-        for slot, (session, call) in enumerate(items):
-            try:
-                if id(session) in seen:
-                    raise out_of_step("the session already has a step in this batch")
-                planned.append(self._plan(slot, session, call))
-                seen.add(id(session))
-            except Exception as e:  # the item's own failure goes in its slot
-                outcomes[slot] = e
-        if planned:
-            try:
-                self._run(planned, outcomes)
-            except Exception as e:  # a failed forward fails the items in it
-                for p in planned:
-                    outcomes[p.slot] = e
-        return outcomes  # type: ignore[return-value]
+        return answer_in_slots(items, self._plan, self._run)
 
     # ---- planning: validation and forks, nothing committed ------------------------------------
 
