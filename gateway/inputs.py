@@ -20,9 +20,10 @@ from seq2seq_models.tokenizer import Tokenizer
 
 def check_input_size(request: gateway_pb2.GenerateRequest, max_text_chars: int, max_source_len: int) -> None:
     """The checks that cost nothing, made before any per-token work."""
-    if request.text and request.input_ids:
-        raise invalid("set either text or input_ids, not both")
+    # Each read of a string field builds a new str (10 MB of copying for a 10 MB text): read it once.
     chars = len(request.text)
+    if chars and request.input_ids:
+        raise invalid("set either text or input_ids, not both")
     if chars > max_text_chars:
         raise out_of_range(f"text has {chars} characters; the limit is {max_text_chars}")
     check_length(request.input_ids, max_source_len, "input")
