@@ -13,9 +13,10 @@ One file configures all three services (see config/specdec.example.toml):
     [verifier]  address, backend (torch | onnxruntime), device (auto | cpu | cuda | cuda:N),
                 precision (fp32 | int8; int8 needs backend onnxruntime), metrics_address, max_sessions,
                 session_idle_s, max_draft_len, max_source_len, max_batch_rows, max_batch_tokens,
-                batch_wait_ms (the batching scheduler)
+                batch_wait_ms (the batching scheduler), intra_op_threads (0: chosen, see core/threads.py)
     [drafter]   address, backend, device, precision (of the NAR drafter), metrics_address, max_sessions,
-                session_idle_s, max_draft_len, max_beams, max_batch_rows, max_batch_tokens, batch_wait_ms
+                session_idle_s, max_draft_len, max_beams, max_batch_rows, max_batch_tokens, batch_wait_ms,
+                intra_op_threads
     every server: tls_cert + tls_key (PEM paths: serve TLS), tls_ca (PEM path: require client
                 certificates this CA signed, i.e. mTLS)
 
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from core.backends import BACKENDS, DEFAULT_BACKEND, DEFAULT_PRECISION, PRECISIONS, check_precision
+from core.threads import AUTO
 
 ENV_PREFIX = "SPECDEC__"
 SECTIONS = ("gateway", "defaults", "limits", "verifier", "drafter")
@@ -66,6 +68,11 @@ def parse_device(text: str) -> tuple[str, int | None]:
     raise ValueError(f"must be {DEVICE_HELP}; got {text!r}")
 
 
+def check_threads(value: int) -> None:
+    if value < 0:
+        raise ValueError(f"must be 0 (chosen) or a positive number of threads; got {value}")
+
+
 @dataclass(frozen=True)
 class ServiceSection:
     """The keys [verifier] and [drafter] share; the rest of each section is the service's limits."""
@@ -77,6 +84,9 @@ class ServiceSection:
     # fp32, or int8: the ONNX graphs dynamically quantized (onnxruntime backend only).
     precision: str = field(default=DEFAULT_PRECISION, metadata={"choices": PRECISIONS})
     metrics_address: str | None = None  # host:port of the Prometheus endpoint; None: off
+    # ONNX Runtime intra-op threads of each session (torch's set_num_threads on the torch backend);
+    # 0: chosen by core/threads.py (all usable CPUs alone, a split when serve all hosts both models).
+    intra_op_threads: int = field(default=AUTO, metadata={"check": check_threads})
     tls_cert: str | None = None  # PEM certificate chain; with tls_key the server speaks TLS only
     tls_key: str | None = None  # PEM private key of tls_cert
     tls_ca: str | None = None  # PEM CA bundle: clients must present a certificate it signed (mTLS)

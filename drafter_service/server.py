@@ -50,9 +50,11 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
 
     def __init__(
         self, bundle: ModelBundle, limits: DrafterLimits, backend: str = "torch", device: str | None = None,
-        precision: str = DEFAULT_PRECISION,
+        precision: str = DEFAULT_PRECISION, intra_op_threads: int = 0,
     ) -> None:
-        drafter = make_drafter(bundle, backend, device=device, precision=precision)
+        drafter = make_drafter(
+            bundle, backend, device=device, precision=precision, intra_op_threads=intra_op_threads or None
+        )
         if drafter is None:
             raise ValueError(f"bundle {bundle.path} has no drafter model")
         add_to_server = drafter_pb2_grpc.add_DrafterServiceServicer_to_server

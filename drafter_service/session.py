@@ -20,6 +20,7 @@ from drafter_service.nar_batch import BatchNarDrafter, NarRow, torch_nar_drafter
 from drafter_service.onnx_nar import OnnxNarDrafter
 from seq2seq_models.drafting import beam_draft, sample_draft
 from seq2seq_models.prefix_state import PrefixState
+from seq2seq_models.torch_threads import set_torch_threads
 from seq2seq_models.transformer import Seq2SeqTransformer
 
 DRAFTER_ROLES = ("nar_drafter", "ar_drafter")
@@ -172,7 +173,8 @@ def make_drafter(
 ) -> LocalDrafter | None:
     """The bundle's drafter models (None when it has none), the NAR one on `backend`: "torch", or
     "onnxruntime" (exported on first use and cached by bundle fingerprint, like the verifier's;
-    `onnx_options` go to `OnnxNarDrafter.from_bundle`: cache_root, intra_op_threads). `device`
+    `onnx_options` go to `OnnxNarDrafter.from_bundle`: cache_root, intra_op_threads, which is also
+    torch's process-wide `set_num_threads` for the torch models). `device`
     ("auto", "cpu", "cuda", "cuda:N"; None: the CPU): where every drafter model runs, the torch ones
     moved there and the ONNX one on that GPU's CUDA provider; a missing GPU is a ValueError.
     `precision` "int8" runs the NAR drafter's int8 export (onnxruntime only; on torch a ValueError);
@@ -183,6 +185,8 @@ def make_drafter(
     models = {r: bundle.models[r] for r in DRAFTER_ROLES if r in bundle.models}
     if not models:
         return None
+    if backend == "torch" or "ar_drafter" in models:  # the AR drafter runs on torch on either backend
+        set_torch_threads(onnx_options.get("intra_op_threads"))
     if device is not None:
         from seq2seq_models.ort_runner import resolve_device
 

@@ -14,13 +14,13 @@ device between steps and only the decoder's other outputs come back to the host.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from core.config import parse_device
+from core.threads import MAX_THREADS, usable_cpus
 
 if TYPE_CHECKING:  # onnx_export imports torch; a runner itself needs only onnxruntime
     from seq2seq_models.config import ModelConfig
@@ -168,13 +168,21 @@ def inference_session(path: Path, intra_op_threads: int | None, providers: list[
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     # One step is a chain of small ops: parallelism only pays inside ops, and more threads
     # than cores makes ORT's spinning pool fight the Python thread.
-    opts.intra_op_num_threads = intra_op_threads or max(1, min(os.cpu_count() or 1, 8))
+    opts.intra_op_num_threads = intra_op_threads or default_intra_op_threads()
     opts.inter_op_num_threads = 1
     # Idle ORT workers would otherwise spin between steps and steal the cores the Python side
     # (accept loop, the other model, torch) needs; a step is long enough that waking them is cheap.
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.log_severity_level = 3
     return ort.InferenceSession(str(path), opts, providers=providers)
+
+
+def default_intra_op_threads() -> int:
+    """A session's intra-op threads when its service sets none: the CPUs this process may run on
+    (its affinity, which a container's cpuset narrows, unlike `os.cpu_count`), at most 8, since a
+    step is a chain of small ops that stops scaling well before that. Services that share one host
+    are given a split of them by `specdec serve all` (`core.threads.split_threads`)."""
+    return min(usable_cpus(), MAX_THREADS)
 
 
 def cuda_available() -> bool:

@@ -115,9 +115,10 @@ class ModelService:
     @classmethod
     async def start(cls, bundle: Any, section: ServiceSection, limits: SessionLimits | None = None) -> Self:
         """Load the service's models from `bundle` (a directory, or a loaded bundle), on the section's
-        backend, device and precision; serve them as the section says; warm up; report SERVING."""
+        backend, device, precision and intra-op threads; serve them as the section says; warm up; report SERVING."""
         server = cls(
-            cls.load_models(bundle), limits or cls.limits_type(), section.backend, section.device, section.precision
+            cls.load_models(bundle), limits or cls.limits_type(), section.backend, section.device, section.precision,
+            intra_op_threads=section.intra_op_threads,
         )
         return await server.serve(section)
 

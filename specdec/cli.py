@@ -147,9 +147,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         "gateway": {"address": args.gateway_addr, "verifier_address": args.verifier_addr,
                     "drafter_address": args.drafter_addr},
         "verifier": {"address": args.verifier_addr, "backend": args.backend, "device": args.device,
-                     "precision": args.precision, **batch_overrides(args)},
+                     "precision": args.precision, "intra_op_threads": args.verifier_threads, **batch_overrides(args)},
         "drafter": {"address": args.drafter_addr, "backend": args.backend, "device": args.device,
-                    "precision": args.precision, **batch_overrides(args)},
+                    "precision": args.precision, "intra_op_threads": args.drafter_threads, **batch_overrides(args)},
     }
     sections = load_sections(args.config, overrides=overrides)
     # Every role gets the default bundle (the gateway reads its tokenizer), as the README says.
@@ -160,17 +160,20 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(shown, flush=True)
 
     if args.role == "all" and args.processes:
-        serve_processes(bundle, sections, _serve_child_args(args, bundle), ready)
+        serve_processes(bundle, sections, _serve_child_args(args, bundle, sections), ready)
     else:
         serve_forever(args.role, bundle, sections, ready)
     return 0
 
 
-def _serve_child_args(args: argparse.Namespace, bundle: Path) -> list[str]:
-    """The flags a `serve all --processes` child gets: the parent's own (the environment is inherited)."""
-    from specdec.serve import batch_overrides
+def _serve_child_args(args: argparse.Namespace, bundle: Path, sections) -> list[str]:
+    """The flags a `serve all --processes` child gets: the parent's own (the environment is inherited),
+    and both services' intra-op threads as `serve all` shares the host's CPUs between them."""
+    from specdec.serve import batch_overrides, serve_config, share_host_threads
 
-    out = ["--bundle", str(bundle)]
+    shared = share_host_threads(serve_config(sections))
+    out = ["--bundle", str(bundle), "--verifier-threads", str(shared.verifier.intra_op_threads),
+           "--drafter-threads", str(shared.drafter.intra_op_threads)]
     for flag, value in (("--config", args.config), ("--backend", args.backend), ("--device", args.device),
                         ("--precision", args.precision),
                         ("--verifier-addr", args.verifier_addr), ("--drafter-addr", args.drafter_addr),
@@ -389,6 +392,11 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help=f"where the verifier's and drafter's models run: {DEVICE_HELP} "
                    "(default: auto, or the [verifier] and [drafter] device keys of the config)")
     p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
+    for role in ("verifier", "drafter"):
+        p.add_argument(f"--{role}-threads", type=int, default=None, metavar="N",
+                       help=f"the {role}'s intra-op threads (ONNX Runtime; torch on the torch backend); 0: chosen "
+                       f"(all usable CPUs, at most 8; split with the other model under `all`), or [{role}] "
+                       "intra_op_threads of the config")
     add_batch_flags(p)
     p.add_argument("--processes", action="store_true",
                    help="with `all`: the verifier and the drafter in their own processes (one GIL each)")

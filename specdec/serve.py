@@ -71,6 +71,8 @@ async def start_services(
         raise ValueError(f"unknown role {role!r}; choose one of {ROLES}")
     config = serve_config(sections)
     _check_devices(role, config)
+    if role == "all":
+        config = share_host_threads(config)
     running = Running()
     loaded = load_bundle(bundle) if bundle is not None and role == "all" else None
     if role in ("verifier", "all"):
@@ -245,6 +247,21 @@ def _model_service(section: str, table: Mapping[str, Any], limits_cls: type) -> 
     check_service_precision(section, service)
     service.setdefault("address", SERVICE_ADDRESSES[section])
     return ServiceSection(**service), limits_cls(**limits)
+
+
+def share_host_threads(config: ServeConfig) -> ServeConfig:
+    """Verifier and drafter on one host (`serve all`, in one process or three): when both run on the
+    CPU, their intra-op threads split the usable CPUs (`core.threads.split_threads`; a value set in
+    the config or by a flag stands), so their forwards do not fight for the same cores."""
+    from core.threads import split_threads
+    from seq2seq_models.ort_runner import resolve_device
+
+    v, d = config.verifier, config.drafter
+    on_cpu = all(resolve_device(s.device, onnx=s.backend == "onnxruntime") == "cpu" for s in (v, d))
+    if not on_cpu:
+        return config
+    vt, dt = split_threads(v.intra_op_threads, d.intra_op_threads)
+    return replace(config, verifier=replace(v, intra_op_threads=vt), drafter=replace(d, intra_op_threads=dt))
 
 
 def _check_devices(role: str, config: ServeConfig) -> None:

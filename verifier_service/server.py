@@ -43,13 +43,15 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
 
     def __init__(
         self, bundle: ModelBundle, limits: VerifierLimits, backend: str = "torch", device: str | None = None,
-        precision: str = DEFAULT_PRECISION,
+        precision: str = DEFAULT_PRECISION, intra_op_threads: int = 0,
     ) -> None:
         add_to_server = verifier_pb2_grpc.add_VerifierServiceServicer_to_server
         super().__init__("verifier", SERVICE, limits.max_sessions, add_to_server, limits.session_idle_s)
         self.bundle = bundle
         self.limits = limits
-        self.verifier = make_verifier(bundle, backend, device=device, precision=precision)
+        self.verifier = make_verifier(
+            bundle, backend, device=device, precision=precision, intra_op_threads=intra_op_threads or None
+        )
         cfg = bundle.verifier.config
         self.max_source_len = min(limits.max_source_len or self.verifier.max_source_len, self.verifier.max_source_len)
         self.max_output_len = self.verifier.max_target_len

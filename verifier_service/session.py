@@ -19,6 +19,7 @@ from core.errors import invalid
 from kernels import output_head
 from seq2seq_models.batch_graph import BATCH_INPUTS
 from seq2seq_models.engines import TorchBatchEngine
+from seq2seq_models.torch_threads import set_torch_threads
 from seq2seq_models.transformer import Seq2SeqTransformer
 from verifier_service.batch_session import BatchSession, BatchVerifier
 from verifier_service.model_verifier import ModelVerifier
@@ -62,12 +63,14 @@ def make_verifier(
 ):
     """The bundle's verifier on `backend`: "torch" (eager, `LocalVerifier`) or "onnxruntime"
     (`OnnxVerifier`, exported on first use and cached by bundle fingerprint; `onnx_options` go to
-    `OnnxVerifier.from_bundle`: cache_root, intra_op_threads). `device` ("auto", "cpu", "cuda",
+    `OnnxVerifier.from_bundle`: cache_root, intra_op_threads; on torch, intra_op_threads is torch's
+    process-wide `set_num_threads`). `device` ("auto", "cpu", "cuda",
     "cuda:N"; None keeps each backend's default): where the model runs; a missing GPU is a ValueError.
     `precision` "int8" runs the int8 export (onnxruntime only; on torch a ValueError)."""
     if backend in BACKENDS:
         check_precision(backend, precision)
     if backend == "torch":
+        set_torch_threads(onnx_options.get("intra_op_threads"))
         model = bundle.verifier
         if device is not None:
             from seq2seq_models.ort_runner import resolve_device
