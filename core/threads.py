@@ -33,15 +33,10 @@ def alone_threads(cpus: int | None = None) -> int:
 
 def split_threads(verifier: int, drafter: int, cpus: int | None = None) -> tuple[int, int]:
     """Verifier and drafter threads when both run on one host's CPUs; `verifier` / `drafter` are the
-    configured values (AUTO: choose). The verifier, the larger model and the one every mode calls,
-    gets the larger half (the odd core); one service's explicit value leaves the other the rest."""
+    configured values (AUTO: choose; an explicit value stands). The verifier, the larger model and
+    the critical path of every mode, keeps every usable CPU; the drafter takes half of them (at
+    least one). Measured with `bench/bench_threads.py` (GAD k=10 through `serve all --processes`, 2
+    cores): verifier 2 / drafter 1 was the fastest with two requests in flight and within noise of 2 / 2
+    with one; an even 1 / 1 split was the slowest of all."""
     cpus = cpus or usable_cpus()
-    if verifier != AUTO and drafter != AUTO:
-        return verifier, drafter
-    if verifier != AUTO:
-        return verifier, alone_threads(max(1, cpus - verifier))
-    if drafter != AUTO:
-        return alone_threads(max(1, cpus - drafter)), drafter
-    if cpus < 2:
-        return 1, 1
-    return alone_threads(cpus - cpus // 2), alone_threads(cpus // 2)
+    return verifier or alone_threads(cpus), drafter or alone_threads(max(1, cpus // 2))

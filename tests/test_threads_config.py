@@ -24,14 +24,13 @@ def bundle(tmp_path_factory):
     return load_bundle(make_tiny_bundle(tmp_path_factory.mktemp("threads-bundle"), seed=3))
 
 
-def test_split_gives_the_verifier_the_odd_core_and_keeps_explicit_values() -> None:
-    assert split_threads(AUTO, AUTO, cpus=2) == (1, 1)
+def test_split_keeps_the_verifiers_threads_and_halves_the_drafters() -> None:
+    assert split_threads(AUTO, AUTO, cpus=2) == (2, 1)
     assert split_threads(AUTO, AUTO, cpus=1) == (1, 1)
-    assert split_threads(AUTO, AUTO, cpus=5) == (3, 2)
+    assert split_threads(AUTO, AUTO, cpus=5) == (5, 2)
     assert split_threads(AUTO, AUTO, cpus=64) == (MAX_THREADS, MAX_THREADS)
-    assert split_threads(3, AUTO, cpus=8) == (3, 5)  # the drafter gets what the verifier leaves
-    assert split_threads(AUTO, 6, cpus=8) == (2, 6)
-    assert split_threads(AUTO, 8, cpus=8) == (1, 8)  # never zero
+    assert split_threads(3, AUTO, cpus=8) == (3, 4)
+    assert split_threads(AUTO, 6, cpus=8) == (8, 6)
     assert split_threads(4, 4, cpus=2) == (4, 4)  # explicit values stand, even oversubscribed
     assert alone_threads(cpus=3) == 3 and alone_threads(cpus=100) == MAX_THREADS
     assert default_intra_op_threads() == alone_threads(usable_cpus())
@@ -60,7 +59,7 @@ def test_serve_all_splits_the_cpus_only_where_nothing_is_set() -> None:
                                                                                          "drafter": cpu})))
     expected = split_threads(AUTO, AUTO)
     assert (shared.verifier.intra_op_threads, shared.drafter.intra_op_threads) == expected
-    assert min(expected) >= 1 and sum(expected) <= max(2, usable_cpus())
+    assert expected[0] == alone_threads() and 1 <= expected[1] <= expected[0]
     set_both = {"verifier": {**cpu, "intra_op_threads": 4}, "drafter": {**cpu, "intra_op_threads": 3}}
     shared = share_host_threads(serve_config(load_sections(None, environ={}, overrides=set_both)))
     assert (shared.verifier.intra_op_threads, shared.drafter.intra_op_threads) == (4, 3)
