@@ -14,6 +14,7 @@ from gateway.decoding_config import DecodingConfig
 from gateway.modes import MODES, PolicyInputs
 from gateway.policies.drafter_sync import DrafterSync
 from gateway.policies.loop import DecodeResult, DecodeStats, OnTokens, draft_verify_loop
+from gateway.policies.overlap import OverlappedSync
 
 
 def decode(
@@ -55,11 +56,17 @@ def decode(
             assert drafter is not None
             drafter_seed = int(np.random.SeedSequence([config.seed, 1]).generate_state(1)[0])
             drafter_session = drafter.open(source_ids, seed=drafter_seed)
-        sync = DrafterSync(drafter_session) if drafter_session is not None else None
+        sync: DrafterSync | None = None
+        overlap: OverlappedSync | None = None
+        if drafter_session is not None and config.overlap and spec.overlap:
+            sync = overlap = OverlappedSync(drafter_session, stats, verifier.eos_id)
+        elif drafter_session is not None:
+            sync = DrafterSync(drafter_session)
         propose, accept = spec.build(PolicyInputs(config, source_ids, verifier, sync, rng))
         top_k = spec.top_k(config, verifier.vocab_size)
         out = draft_verify_loop(
-            session, propose, accept, top_k, config.max_new_tokens, verifier.eos_id, stats, on_tokens, prefix
+            session, propose, accept, top_k, config.max_new_tokens, verifier.eos_id, stats, on_tokens, prefix,
+            overlap,
         )
         return DecodeResult(out, stats)
     finally:

@@ -53,6 +53,10 @@ class DecodingConfig:
         default=False,
         metadata=about("choose the block length per step for the load, up to k (gad, gad++, iad)", wire="adaptive_k"),
     )
+    overlap: bool = field(
+        default=True,
+        metadata=about("draft the next block while the verifier verifies this one (gad, gad++, mjsd)"),
+    )
 
     @property
     def sampling(self) -> SamplingParams:

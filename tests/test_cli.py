@@ -145,6 +145,7 @@ FLAGS = {
     "--beam-delta": ("beam_delta", float), "--beam-max-candidates": ("beam_max_candidates", int),
     "--temperature": ("temperature", float), "--top-k": ("top_k", int), "--top-p": ("top_p", float),
     "--seed": ("seed", int), "--max-new-tokens": ("max_new_tokens", int), "--adaptive": ("adaptive", None),
+    "--overlap": ("overlap", None),
 }
 
 

@@ -17,4 +17,4 @@ def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:
     return maybe_adaptive(inputs.config, inputs.verifier, partial(inputs.drafter.block, k=inputs.config.k), exact)
 
 
-SPEC = ModeSpec(Mode.GAD, wire="MODE_GAD", lossless=True, drafter=DrafterMethod.BLOCK, build=build)
+SPEC = ModeSpec(Mode.GAD, wire="MODE_GAD", lossless=True, drafter=DrafterMethod.BLOCK, build=build, overlap=True)

@@ -22,4 +22,4 @@ def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:
     return partial(inputs.drafter.beam, gamma=config.gamma, num_beams=config.num_beams), accept
 
 
-SPEC = ModeSpec(Mode.MJSD, wire="MODE_MJSD", lossless=False, drafter=DrafterMethod.BEAM, build=build)
+SPEC = ModeSpec(Mode.MJSD, wire="MODE_MJSD", lossless=False, drafter=DrafterMethod.BEAM, build=build, overlap=True)

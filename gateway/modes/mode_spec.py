@@ -67,12 +67,17 @@ class ModeSpec:
     run: RunMode | None = None
     verifier_sessions: Sessions = one_session
     title: str = ""  # how error messages name the mode; default: "mode <value>"
+    # Overlapped drafting may draft the next block during the verifier's step
+    # (gateway.policies.overlap): only for a drafter call that depends on the output alone.
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         if (self.build is None) == (self.run is None):
             raise TypeError(f"mode {self.mode.value}: declare exactly one of build and run")
         if self.run is not None and self.drafter != DrafterMethod.NONE:
             raise TypeError(f"mode {self.mode.value}: a run function gets no drafter")
+        if self.overlap and self.drafter not in (DrafterMethod.BLOCK, DrafterMethod.BEAM):
+            raise TypeError(f"mode {self.mode.value}: only block and beam drafts are deterministic enough to overlap")
 
     @property
     def needs_drafter(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 from core.interfaces import Draft, VerifierSession, VerifyResult
 
@@ -19,6 +20,17 @@ Propose = Callable[[list[int], int], Draft]
 Accept = Callable[[list[int], Draft, VerifyResult], tuple[int, int]]
 # Called with every block of newly committed tokens (streaming).
 OnTokens = Callable[[list[int]], None]
+
+
+class Overlap(Protocol):
+    """Drafting ahead while the verifier works (`gateway.policies.overlap.OverlappedSync`)."""
+
+    def predraft(self, output: list[int], draft_ids: list[int], room: int) -> None:
+        """`draft_ids` goes to the verifier now: draft what would follow its full acceptance,
+        `room` being the loop's room after it."""
+
+    def settle(self) -> None:
+        """The loop ends: wait for drafting in flight (its outcome is moot)."""
 
 
 @dataclass
@@ -35,11 +47,22 @@ class DecodeStats:
     verifier_time_s: float = 0.0
     degraded: bool = False
     finish_reason: str = ""
+    # Overlapped drafting: blocks pre-drafted while the verifier worked, those the loop then used
+    # (the guess of full acceptance and the verifier's token held), and the time the loop waited
+    # for pre-drafts to be used or collected.
+    predrafts: int = 0
+    predrafts_used: int = 0
+    predraft_wait_s: float = 0.0
 
     @property
     def mean_accepted_length(self) -> float:
         """Output tokens per iteration (accepted drafts plus the verifier's own token)."""
         return self.output_tokens / self.iterations if self.iterations else 0.0
+
+    @property
+    def predraft_hit_rate(self) -> float:
+        """The share of pre-drafted blocks the loop used."""
+        return self.predrafts_used / self.predrafts if self.predrafts else 0.0
 
     @property
     def mean_draft_length(self) -> float:
@@ -63,6 +86,7 @@ class DecodeStats:
         out["mean_draft_length"] = round(self.mean_draft_length, 4)
         out["drafter_time_s"] = round(self.drafter_time_s, 6)
         out["verifier_time_s"] = round(self.verifier_time_s, 6)
+        out["predraft_wait_s"] = round(self.predraft_wait_s, 6)
         return out
 
 
@@ -96,9 +120,31 @@ def draft_verify_loop(
     stats: DecodeStats,
     on_tokens: OnTokens | None = None,
     prefix: list[int] | None = None,
+    overlap: Overlap | None = None,
 ) -> list[int]:
     """Decode until EOS or max_new_tokens. A `prefix` is output already committed (it is sent to
-    the verifier with the first step and counts towards max_new_tokens; `on_tokens` does not see it)."""
+    the verifier with the first step and counts towards max_new_tokens; `on_tokens` does not see it).
+    With `overlap`, the next block is drafted while the verifier verifies this one; however the
+    loop ends, it waits for that drafting before it returns (the caller closes the sessions next)."""
+    try:
+        return _loop(session, propose, accept, top_k, max_new_tokens, eos_id, stats, on_tokens, prefix, overlap)
+    finally:
+        if overlap is not None:
+            overlap.settle()
+
+
+def _loop(
+    session: VerifierSession,
+    propose: Propose,
+    accept: Accept,
+    top_k: int,
+    max_new_tokens: int,
+    eos_id: int,
+    stats: DecodeStats,
+    on_tokens: OnTokens | None,
+    prefix: list[int] | None,
+    overlap: Overlap | None,
+) -> list[int]:
     out: list[int] = list(prefix or [])
     sync = PrefixSync()
     while True:
@@ -106,8 +152,11 @@ def draft_verify_loop(
         room = max_new_tokens - len(out) - 1
         t0 = time.perf_counter()
         draft = propose(out, room) if room > 0 else Draft(ids=[])
-        t1 = time.perf_counter()
         ids = draft.ids[:room] if room > 0 else []
+        if overlap is not None:
+            # The room after this block, if it is accepted in full with the verifier's token.
+            overlap.predraft(out, ids, room - len(ids) - 1)
+        t1 = time.perf_counter()
         committed, append = sync.delta(out)
         result = session.step(committed, append, ids, top_k)
         stats.drafter_time_s += t1 - t0

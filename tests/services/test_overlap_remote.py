@@ -1,0 +1,92 @@
+"""Overlapped drafting over gRPC, through real services on loopback (the tiny random bundle).
+
+Through the gateway, the overlapped loop equals the plain loop token for token, step for step, for
+GAD, GAD++ and MJSD, and its pre-draft counts reach the response's stats and the gateway's
+Prometheus counters. Driven directly over `gateway.remote`'s sessions (the gateway's own path), the
+drafter stream never has a call in flight at its close."""
+
+from __future__ import annotations
+
+import grpc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway.decode import decode
+from gateway.decoding_config import DecodingConfig, Mode
+from gateway.remote import RemoteDrafter, RemoteVerifier, fetch_drafter_info, fetch_verifier_info
+from gateway.wire import overrides_to_wire
+from protos.specdec.v1 import gateway_pb2
+from tests.recording import RecordingDrafter
+from tests.services.conftest import scrape
+
+FIRST_WORD = 5  # the tiny bundle's ids below are specials (pad, unk, bos, eos, mask)
+VOCAB = 160
+
+REMOTE = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                          HealthCheck.function_scoped_fixture])
+
+
+def _params() -> st.SearchStrategy[dict]:
+    return st.one_of(
+        st.fixed_dictionaries({"mode": st.just("gad"), "k": st.integers(1, 12)}),
+        st.fixed_dictionaries({"mode": st.just("gad++"), "k": st.integers(1, 12), "beta": st.integers(1, 8),
+                               "tau": st.sampled_from([0.5, 2.0, 100.0])}),
+        st.fixed_dictionaries({"mode": st.just("mjsd"), "gamma": st.integers(1, 5), "num_beams": st.integers(1, 3),
+                               "threshold": st.sampled_from([0.01, 0.2, 1.0])}),
+    )
+
+
+def _generate(gateway, ids: list[int], overrides: dict) -> gateway_pb2.GenerateResponse:
+    request = gateway_pb2.GenerateRequest(input_ids=ids, config=overrides_to_wire(overrides))
+    return gateway.Generate(request, timeout=60)
+
+
+@REMOTE
+@given(ids=st.lists(st.integers(FIRST_WORD, VOCAB - 1), min_size=1, max_size=40),
+       max_new=st.integers(1, 48), params=_params())
+def test_overlapped_generate_equals_plain_generate(gateway, ids, max_new, params):
+    plain = _generate(gateway, ids, {**params, "max_new_tokens": max_new, "overlap": False})
+    overlapped = _generate(gateway, ids, {**params, "max_new_tokens": max_new, "overlap": True})
+    assert list(overlapped.output_ids) == list(plain.output_ids)
+    a, b = plain.stats, overlapped.stats
+    assert not a.degraded and not b.degraded
+    assert (b.iterations, b.drafted_tokens, b.accepted_tokens, b.finish_reason) == (
+        a.iterations, a.drafted_tokens, a.accepted_tokens, a.finish_reason
+    )
+    assert list(b.accepted_per_position) == list(a.accepted_per_position)
+    assert a.predrafts == a.predrafts_used == 0
+    assert 0 <= b.predrafts_used <= b.predrafts <= b.iterations
+
+
+def test_overlap_is_on_by_default_and_its_counts_reach_the_metrics(stack, gateway):
+    port = stack.running.gateway.host.metrics_port
+    key = 'specdec_gateway_predrafts_total{mode="gad"}'
+    used_key = 'specdec_gateway_predrafts_used_total{mode="gad"}'
+    before = scrape(port)
+    ids = list(range(FIRST_WORD, FIRST_WORD + 30))
+    response = _generate(gateway, ids, {"mode": "gad", "k": 1, "max_new_tokens": 40})  # overlap unset: on
+    assert response.stats.predrafts > 0
+    after = scrape(port)
+    assert after[key] - before.get(key, 0.0) == response.stats.predrafts
+    assert after[used_key] - before.get(used_key, 0.0) == response.stats.predrafts_used
+
+
+def test_remote_sessions_never_overlap_calls_on_the_drafter_stream(stack):
+    addresses = stack.running.addresses
+    with grpc.insecure_channel(addresses["verifier"]) as vc, grpc.insecure_channel(addresses["drafter"]) as dc:
+        verifier = RemoteVerifier(vc, fetch_verifier_info(vc))
+        drafter = RemoteDrafter(dc, fetch_drafter_info(dc))
+        ids = list(range(FIRST_WORD, FIRST_WORD + 30))
+        for mode, params in ((Mode.GAD, {"k": 1}), (Mode.GAD_PLUS_PLUS, {"k": 2, "beta": 8, "tau": 100.0}),
+                             (Mode.MJSD, {"gamma": 2, "threshold": 0.01})):
+            outputs = []
+            for overlap in (False, True):
+                recording = RecordingDrafter(drafter)
+                config = DecodingConfig(mode=mode, max_new_tokens=40, overlap=overlap, **params)
+                result = decode(ids, config, verifier, recording)
+                outputs.append(result.output_ids)
+                (record,) = recording.records
+                assert record.most_in_flight == 1 and record.in_flight_at_close == 0
+                assert record.calls_after_close == 0
+                assert bool(record.on_predraft_thread()) == (overlap and result.stats.predrafts > 0)
+            assert outputs[0] == outputs[1]

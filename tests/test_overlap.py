@@ -1,0 +1,235 @@
+"""Overlapped drafting in-process (gateway.policies.overlap), on the tiny float64 models.
+
+The overlapped loop equals the plain loop token for token, step for step, for GAD, GAD++ and MJSD,
+fixed and adaptive; a used pre-draft is exactly one drafter call fewer on the decode thread; the
+drafter session never has two calls at once and none when it closes, whether the decode ends, the
+verifier fails, or the drafter dies during a pre-draft (which then reaches the caller as the plain
+loop's `DrafterFailure` would, and AR from the committed prefix completes the greedy output).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import threading
+import time
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from drafter_service.session import LocalDrafter
+from gateway.decode import decode
+from gateway.decoding_config import DecodingConfig, Mode
+from gateway.policies.adaptive import LoadModel, install_load_model
+from gateway.policies.loop import DecodeResult
+from gateway.policies.overlap import PREDRAFT_THREADS
+from gateway.remote import DrafterFailure
+from tests.recording import Call, Record, RecordingDrafter
+from tests.zoo import MAX_LEN, model_pool, random_source
+from tests.zoo import sources as zoo_sources
+from verifier_service.session import LocalVerifier
+
+PROPERTY = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+@functools.cache
+def _verifier(trio: int) -> LocalVerifier:
+    return LocalVerifier(model_pool()[trio].verifier)
+
+
+@functools.cache
+def _drafter(trio: int) -> LocalDrafter:
+    return LocalDrafter(model_pool()[trio].drafter_models())
+
+
+def _configs() -> st.SearchStrategy[dict]:
+    gad = st.fixed_dictionaries({"mode": st.just(Mode.GAD), "k": st.integers(1, 16)})
+    gad_pp = st.fixed_dictionaries({
+        "mode": st.just(Mode.GAD_PLUS_PLUS), "k": st.integers(1, 16), "beta": st.integers(1, 5),
+        "tau": st.sampled_from([0.0, 0.5, 1.0, 3.0, 100.0]),
+    })
+    mjsd = st.fixed_dictionaries({
+        "mode": st.just(Mode.MJSD), "gamma": st.integers(1, 6), "num_beams": st.integers(1, 4),
+        "threshold": st.sampled_from([0.01, 0.1, 0.5, 1.0]),
+    })
+    return st.one_of(gad, gad_pp, mjsd)
+
+
+def _pair(trio: int, source: list[int], **params) -> tuple[DecodeResult, DecodeResult, Record, Record]:
+    """The plain loop's and the overlapped loop's results, and what each did to its drafter session."""
+    runs, records = [], []
+    for overlap in (False, True):
+        recording = RecordingDrafter(_drafter(trio))
+        runs.append(decode(source, DecodingConfig(overlap=overlap, **params), _verifier(trio), recording))
+        records.extend(recording.records)
+    return runs[0], runs[1], records[0], records[1]
+
+
+def _assert_same_decode(plain: DecodeResult, overlapped: DecodeResult) -> None:
+    assert overlapped.output_ids == plain.output_ids
+    a, b = plain.stats, overlapped.stats
+    assert (b.iterations, b.drafted_tokens, b.accepted_tokens, b.finish_reason) == (
+        a.iterations, a.drafted_tokens, a.accepted_tokens, a.finish_reason
+    )
+    assert b.accepted_per_position == a.accepted_per_position
+    assert b.steps_per_draft_length == a.steps_per_draft_length
+    assert a.predrafts == a.predrafts_used == 0  # off: nothing is drafted ahead
+
+
+def _assert_clean(record: Record) -> None:
+    assert record.most_in_flight <= 1  # never a second call while one is in flight
+    assert record.closed and record.in_flight_at_close == 0 and record.calls_after_close == 0
+
+
+@PROPERTY
+@given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1), params=_configs())
+def test_overlapped_loop_equals_the_plain_loop(trio, source, max_new, params):
+    plain, overlapped, plain_record, record = _pair(trio, source, max_new_tokens=max_new, **params)
+    _assert_same_decode(plain, overlapped)
+    _assert_clean(record)
+    s = overlapped.stats
+    assert 0 <= s.predrafts_used <= s.predrafts <= s.iterations
+    # A pre-draft is a guess and its draft: at most two calls each, on the pool's threads.
+    assert len(record.on_predraft_thread()) <= 2 * s.predrafts
+    # Every used pre-draft is a drafter call the decode thread did not make, with the same arguments
+    # as the plain loop's (the session's state then is the same output: the same draft).
+    assert not plain_record.on_predraft_thread()
+    assert len(record.on_decode_thread()) + s.predrafts_used == len(plain_record.calls)
+
+
+@PROPERTY
+@given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1), k=st.integers(1, 16),
+       mode=st.sampled_from([Mode.GAD, Mode.GAD_PLUS_PLUS]), seed=st.integers(0, 2**32 - 1))
+def test_adaptive_overlapped_loop_equals_the_adaptive_plain_loop(trio, source, max_new, k, mode, seed):
+    """Adaptive speculation with the same (random, seeded) block lengths: equal outputs and steps."""
+    results = []
+    for overlap in (False, True):
+        verifier = LocalVerifier(model_pool()[trio].verifier)
+        install_load_model(verifier, _Lengths(seed))
+        config = DecodingConfig(mode=mode, k=k, max_new_tokens=max_new, adaptive=True, overlap=overlap)
+        recording = RecordingDrafter(_drafter(trio))
+        results.append(decode(source, config, verifier, recording))
+        _assert_clean(recording.records[0])
+    _assert_same_decode(*results)
+
+
+class _Lengths(LoadModel):
+    """Block lengths from a seeded stream, mostly the same length again (so pre-drafts can hit)."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.rng = random.Random(seed)
+        self.last = 0
+
+    def choose(self, mode: str, a: float, k_max: int, rows: int) -> int:
+        if self.rng.random() < 0.3:
+            self.last = self.rng.randint(0, k_max)
+        return min(self.last or k_max, k_max)
+
+
+def test_trained_models_use_many_pre_drafts_with_gad() -> None:
+    """On the well-trained trio GAD accepts most blocks in full and the drafter's guess of the
+    verifier's token is mostly right: pre-drafts are used, and each saves a drafter call."""
+    gen = torch.Generator().manual_seed(5)
+    used = made = 0
+    for _ in range(20):
+        source = random_source(gen, 24)
+        plain, overlapped, _, record = _pair(0, source, mode=Mode.GAD, k=4, max_new_tokens=60)
+        _assert_same_decode(plain, overlapped)
+        _assert_clean(record)
+        used += overlapped.stats.predrafts_used
+        made += overlapped.stats.predrafts
+    assert made > 0 and used / made > 0.3, (used, made)  # 55 of 112 when written
+
+
+def test_speculative_sampling_and_drafterless_modes_never_pre_draft() -> None:
+    source = [5, 6, 7, 8, 9, 10, 11, 12]
+    for mode in (Mode.SPECULATIVE, Mode.IAD, Mode.AR):
+        recording = RecordingDrafter(_drafter(0))
+        result = decode(source, DecodingConfig(mode=mode, max_new_tokens=30), _verifier(0), recording)
+        assert result.stats.predrafts == 0
+        assert not any(c.predraft for r in recording.records for c in r.calls)
+
+
+# --- failures while a pre-draft is in flight ----------------------------------------------------
+
+
+def _slow_predrafts(seconds: float):
+    def hook(call: Call, record: Record) -> None:
+        if call.predraft:
+            time.sleep(seconds)
+
+    return hook
+
+
+class _VerifierFailsAt:
+    """The real verifier, whose session fails at its `n`-th step (a verifier outage mid-request)."""
+
+    def __init__(self, inner: LocalVerifier, n: int) -> None:
+        self.inner = inner
+        self.n = n
+        for name in ("vocab_size", "bos_id", "eos_id", "max_source_len", "max_target_len"):
+            setattr(self, name, getattr(inner, name))
+
+    def open(self, source_ids: list[int]):
+        session = self.inner.open(source_ids)
+        steps = [0]
+        outer = self
+
+        class Failing:
+            def step(self, committed_len, append_ids, draft_ids, top_k):
+                steps[0] += 1
+                if steps[0] == outer.n:
+                    raise RuntimeError("verifier went away")
+                return session.step(committed_len, append_ids, draft_ids, top_k)
+
+            def close(self) -> None:
+                session.close()
+
+        return Failing()
+
+
+def test_a_verifier_failure_waits_for_the_pre_draft_in_flight() -> None:
+    source = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3
+    recording = RecordingDrafter(_drafter(0), hook=_slow_predrafts(0.05))
+    config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60)
+    with pytest.raises(RuntimeError, match="verifier went away"):
+        decode(source, config, _VerifierFailsAt(_verifier(0), 3), recording)
+    (record,) = recording.records
+    assert record.on_predraft_thread(), "a pre-draft was under way when the verifier failed"
+    _assert_clean(record)
+
+
+def test_a_drafter_that_dies_during_a_pre_draft_fails_like_a_plain_draft_and_ar_completes_it() -> None:
+    source = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3
+    dead = threading.Event()
+
+    def hook(call: Call, record: Record) -> None:
+        # The drafter dies during the third pre-draft call; every call after it fails too.
+        if call.predraft and len(record.on_predraft_thread()) == 3:
+            time.sleep(0.02)
+            dead.set()
+        if dead.is_set():
+            raise DrafterFailure(ConnectionError("drafter process died"))
+
+    recording = RecordingDrafter(_drafter(0), hook=hook)
+    config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60)
+    committed: list[int] = []
+    with pytest.raises(DrafterFailure, match="drafter process died"):
+        decode(source, config, _verifier(0), recording, on_tokens=committed.extend)
+    (record,) = recording.records
+    _assert_clean(record)
+    greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=60), _verifier(0), None).output_ids
+    assert committed and committed == greedy[: len(committed)]
+    # The gateway's fallback: plain AR from what was committed gives the greedy output.
+    rest = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=60), _verifier(0), None, prefix=committed)
+    assert rest.output_ids == greedy
+
+
+def test_pre_draft_threads_are_a_bounded_pool_not_one_per_step() -> None:
+    source = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3
+    for _ in range(5):
+        decode(source, DecodingConfig(mode=Mode.GAD, k=2, max_new_tokens=60), _verifier(0), _drafter(0))
+    names = [t.name for t in threading.enumerate() if t.name.startswith("specdec-predraft")]
+    assert 1 <= len(names) <= PREDRAFT_THREADS
