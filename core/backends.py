@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 
 BACKENDS = ("torch", "onnxruntime")
 # ONNX Runtime is the default because it is faster on CPU (README "Model backends", BENCHMARKS.md).
@@ -38,5 +38,10 @@ def check_backend_installed(section: str, backend: str) -> None:
     """A one-line ValueError naming `[section] backend` and how to get it when its package is not
     installed here, so a service refuses to start with that line instead of an ImportError trace."""
     package, how = BACKEND_PACKAGES.get(backend, (None, ""))
-    if package is not None and importlib.util.find_spec(package) is None:
-        raise ValueError(f"[{section}] backend = {backend!r} needs {package}, which is not installed here: {how}")
+    if package is None:
+        return
+    try:  # imported, not only looked up: the backend imports it next anyway, and a broken install counts
+        importlib.import_module(package)
+    except ImportError:
+        missing = f"[{section}] backend = {backend!r} needs {package}, which is not installed here: {how}"
+        raise ValueError(missing) from None
