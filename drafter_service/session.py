@@ -198,9 +198,10 @@ class LocalDrafter:
 
     @property
     def backend(self) -> str:
-        """The backend of the drafter's models ("torch" when any of them runs on torch)."""
-        onnx = {"nar_drafter": self.onnx_nar, "ar_drafter": self.onnx_ar}
-        return "onnxruntime" if all(onnx[r] is not None for r in self.models) else "torch"
+        """The NAR drafter's backend, or the AR drafter's when there is no NAR drafter (`backend_name`
+        has every role's)."""
+        main = self.onnx_nar if "nar_drafter" in self.models else self.onnx_ar
+        return "onnxruntime" if main is not None else "torch"
 
     @property
     def backend_name(self) -> str:
