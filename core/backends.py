@@ -1,6 +1,8 @@
-"""The model backends the verifier and the NAR drafter run on, the default one, and their precisions."""
+"""The model backends the verifier and the drafters run on, the default one, and their precisions."""
 
 from __future__ import annotations
+
+import importlib
 
 BACKENDS = ("torch", "onnxruntime")
 # ONNX Runtime is the default because it is faster on CPU (README "Model backends", BENCHMARKS.md).
@@ -23,3 +25,23 @@ def backend_label(backend: str, device: str, precision: str = DEFAULT_PRECISION)
     """What GetModelInfo.backend says: "torch-cpu", "onnxruntime-cuda:1", "onnxruntime-cpu-int8"."""
     label = f"{backend}-{device}"
     return label if precision == DEFAULT_PRECISION else f"{label}-{precision}"
+
+
+# The package each backend imports, and how to get it (the runtime image installs no torch).
+BACKEND_PACKAGES = {
+    "torch": ("torch", "pip install torch==2.13.0 (or the image's build stage), or set backend = \"onnxruntime\""),
+    "onnxruntime": ("onnxruntime", "pip install onnxruntime (onnxruntime-gpu for CUDA)"),
+}
+
+
+def check_backend_installed(section: str, backend: str) -> None:
+    """A one-line ValueError naming `[section] backend` and how to get it when its package is not
+    installed here, so a service refuses to start with that line instead of an ImportError trace."""
+    package, how = BACKEND_PACKAGES.get(backend, (None, ""))
+    if package is None:
+        return
+    try:  # imported, not only looked up: the backend imports it next anyway, and a broken install counts
+        importlib.import_module(package)
+    except ImportError:
+        missing = f"[{section}] backend = {backend!r} needs {package}, which is not installed here: {how}"
+        raise ValueError(missing) from None

@@ -6,7 +6,7 @@ only records the new prefix; the tokens the cache lacks are fed with the next dr
 so a draft is one forward whatever it appends. `BatchNarDrafter.draft_rows` takes the drafts of
 many rows, runs ONE forward of `seq2seq_models.batch_graph.BatchedDecoder` with per-row `mask_from`
 (the committed tokens causal, the masks seeing the row's whole prefix and block) over all of them
-(a `NarEngine`: eager torch, `TorchNarEngine`, or ONNX Runtime, `drafter_service.onnx_nar`), keeps
+(a `NarEngine`: eager torch, `drafter_service.torch_nar`, or ONNX Runtime, `drafter_service.onnx_nar`), keeps
 each row's committed positions' K/V (never the masks') and answers each row in its slot: the mask
 positions' argmax ids (ties to the lowest id), or the exception that row raised.
 
@@ -20,16 +20,12 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
-import torch
 
 from core.batch_slots import answer_in_slots
 from core.checks import check_session_step
 from core.errors import out_of_step
-from seq2seq_models.batch_graph import NAR_BATCH_INPUTS
 from seq2seq_models.config import ModelConfig
-from seq2seq_models.engines import TorchBatchEngine
 from seq2seq_models.row_cache import Cross, CrossStack, RowBlock, RowKV, Zeros, gather
-from seq2seq_models.transformer import Seq2SeqTransformer
 
 DraftOutcome = list[int] | BaseException
 
@@ -141,19 +137,3 @@ class BatchNarDrafter:
                 row.valid = 1 + len(row.tokens)
                 outcomes[slot] = [int(t) for t in ids[head : head + k]]
             head += k
-
-
-class TorchNarEngine(TorchBatchEngine):
-    """The batched NAR forward on eager torch, in the model's own dtype and device (float64 models
-    make batched and one-row drafts comparable exactly)."""
-
-    @torch.no_grad()
-    def forward(self, feeds: dict[str, Any]) -> tuple[Any, Any, np.ndarray]:
-        rows, block_k, block_v = self.decode(feeds, NAR_BATCH_INPUTS)
-        ids = self.model.logits(rows).argmax(-1)  # ties: the lowest id
-        return block_k, block_v, ids.cpu().numpy()
-
-
-def torch_nar_drafter(model: Seq2SeqTransformer) -> BatchNarDrafter:
-    """The NAR drafter on eager torch."""
-    return BatchNarDrafter(model.config, TorchNarEngine(model))

@@ -15,13 +15,15 @@ arrays (on the CUDA provider they cross to the device on every call, as the veri
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from drafter_service.nar_batch import BatchNarDrafter, NarRow
-from seq2seq_models.engines import OrtBatchEngine
 from seq2seq_models.onnx_model import OnnxModel
+from seq2seq_models.ort_engine import OrtBatchEngine
 from seq2seq_models.row_cache import Cross, RowBlock
-from seq2seq_models.transformer import Seq2SeqTransformer
+
+if TYPE_CHECKING:
+    from seq2seq_models.transformer import Seq2SeqTransformer
 
 OnnxNarState = NarRow  # the per-session state both backends hand out
 
@@ -43,8 +45,8 @@ class OnnxNarDrafter(OnnxModel, BatchNarDrafter):
 
     role = "nar_drafter"
 
-    def __init__(self, model: Seq2SeqTransformer, **options: Any) -> None:
+    def __init__(self, model: Seq2SeqTransformer | None = None, **options: Any) -> None:
         """`options`: those of `OnnxModel` (fingerprint, cache_root, device, intra_op_threads,
-        precision)."""
+        precision; or config and load instead of `model`)."""
         OnnxModel.__init__(self, model, **options)
-        BatchNarDrafter.__init__(self, model.config, OrtNarEngine(self.runner, model.config.eos_id))
+        BatchNarDrafter.__init__(self, self.config, OrtNarEngine(self.runner, self.config.eos_id))

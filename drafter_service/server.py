@@ -18,7 +18,7 @@ from core.errors import invalid
 from core.interfaces import BlockCall, Draft
 from core.sampling import check_sampling
 from core.wire import sampling_from_wire
-from drafter_service.session import DRAFTER_ROLES, DrafterSession, LocalDrafter, make_drafter
+from drafter_service.session import DRAFTER_ROLES, DrafterSession, make_drafter
 from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, bundle_roles, load_bundle
 from serving.batching import BatchStats, one_by_one
@@ -75,7 +75,7 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
             bundle_fingerprint=bundle.fingerprint,
             max_source_len=self.max_source_len,
             max_target_len=self.max_output_len,
-            backend=_backend_name(drafter, str(first.embed.weight.device)),
+            backend=drafter.backend_name,
             roles=[_ROLE_ENUM[r] for r in self.models],
             max_draft_len=limits.max_draft_len,
             max_top_k=0,
@@ -170,12 +170,3 @@ def _load_drafters(path: Path) -> ModelBundle:
     if not wanted:
         raise ValueError(f"bundle {path} has no drafter model")
     return load_bundle(path, roles=wanted)
-
-
-def _backend_name(drafter: LocalDrafter, device: str) -> str:
-    """ "torch-cpu", or per role when they differ: "nar_drafter:onnxruntime-cpu-int8,ar_drafter:torch-cpu"."""
-    onnx = drafter.onnx_nar.backend_label if drafter.onnx_nar else None
-    names = {r: onnx if r == "nar_drafter" and onnx else f"torch-{device}" for r in drafter.models}
-    if len(set(names.values())) == 1:
-        return next(iter(names.values()))
-    return ",".join(f"{r}:{n}" for r, n in names.items())

@@ -5,41 +5,63 @@ A session drafts with one model (the first step picks it), so its prefix bookkee
 The NAR drafter's rows are `drafter_service.nar_batch`'s, on eager torch or, with the
 "onnxruntime" backend, on ONNX Runtime (`drafter_service.onnx_nar`): `LocalDrafter.draft_batch`
 drafts the NAR blocks of many sessions in one forward, and `draft_block` is a batch of one. The
-AR drafter's beam search and sampling always run on torch, one session at a time.
+AR drafter's beam search and sampling run one session at a time, on torch (`drafter_service.torch_ar`)
+or on ONNX Runtime (`drafter_service.onnx_ar`), behind one small interface (`ArDrafter`).
+
+This module imports no torch: with the "onnxruntime" backend and the graphs exported, a drafter runs
+on an install without it (the runtime image).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, Protocol
+
 import numpy as np
 
-from core.backends import BACKENDS, DEFAULT_PRECISION, check_precision
+from core.backends import BACKENDS, DEFAULT_PRECISION, check_backend_installed, check_precision
 from core.errors import SpecdecError, StatusCode, invalid, out_of_step
 from core.interfaces import BlockCall, Draft
 from core.sampling import SamplingParams
-from drafter_service.nar_batch import BatchNarDrafter, NarRow, torch_nar_drafter
+from drafter_service.nar_batch import BatchNarDrafter, NarRow
+from drafter_service.onnx_ar import OnnxArDrafter
 from drafter_service.onnx_nar import OnnxNarDrafter
-from seq2seq_models.drafting import beam_draft, sample_draft
-from seq2seq_models.prefix_state import PrefixState
 from seq2seq_models.torch_threads import set_torch_threads
-from seq2seq_models.transformer import Seq2SeqTransformer
 
 DRAFTER_ROLES = ("nar_drafter", "ar_drafter")
+
+
+class ArDrafter(Protocol):
+    """The small AR drafter on one backend; a row is one session's prefix state (`tokens`,
+    `max_tokens`, `cache_bytes`, `sync`)."""
+
+    backend_label: str
+
+    def open(self, source_ids: list[int]) -> Any: ...
+
+    def beam(self, row: Any, gamma: int, num_beams: int) -> tuple[list[int], list[float]]: ...
+
+    def sample(
+        self, row: Any, gamma: int, params: SamplingParams, rng: np.random.Generator
+    ) -> tuple[list[int], list[np.ndarray]]: ...
 
 
 class DrafterSession:
     def __init__(
         self,
-        models: dict[str, Seq2SeqTransformer],
+        models: Mapping[str, Any],
         source_ids: list[int],
         seed: int = 0,
         nar: BatchNarDrafter | None = None,
+        ar: ArDrafter | None = None,
     ) -> None:
-        self._models = models
+        self._models = models  # role -> its model (torch, or ONNX Runtime): which roles this drafter hosts
         self.nar = nar  # the NAR drafter's rows (None: this drafter has no NAR model)
+        self.ar = ar  # the AR drafter (None: this drafter has no AR model)
         self._source = list(source_ids)
         self._rng = np.random.default_rng(seed)
         self._role: str | None = None
-        self._state: PrefixState | NarRow | None = None
+        self._state: Any = None  # a NarRow, or the AR drafter's row
         self.closed = False
         if not models:
             raise SpecdecError(StatusCode.FAILED_PRECONDITION, "this drafter hosts no model")
@@ -64,7 +86,8 @@ class DrafterSession:
         state, room = self._sync("ar_drafter", committed_len, append_ids)
         if min(gamma, room) == 0:
             return Draft(ids=[])
-        ids, cum = beam_draft(state.model, state.cache, min(gamma, room), num_beams)
+        assert self.ar is not None
+        ids, cum = self.ar.beam(state, min(gamma, room), num_beams)
         return Draft(ids=ids, cum_logq=cum)
 
     def draft_sample(
@@ -73,7 +96,8 @@ class DrafterSession:
         state, room = self._sync("ar_drafter", committed_len, append_ids)
         if min(gamma, room) == 0:
             return Draft(ids=[])
-        ids, rows = sample_draft(state.model, state.cache, min(gamma, room), params, self._rng)
+        assert self.ar is not None
+        ids, rows = self.ar.sample(state, min(gamma, room), params, self._rng)
         q_rows = []
         for q in rows:
             support = np.flatnonzero(q)
@@ -86,7 +110,7 @@ class DrafterSession:
             self._state.close()  # a draft of it running now is refused when its forward ends
         self._state = None
 
-    def _sync(self, role: str, committed_len: int, append_ids: list[int]) -> tuple[PrefixState | NarRow, int]:
+    def _sync(self, role: str, committed_len: int, append_ids: list[int]) -> tuple[Any, int]:
         """Bring the role's state to the client's prefix; returns it and how many tokens still fit."""
         if self.closed:
             raise out_of_step("the session is closed")
@@ -96,8 +120,10 @@ class DrafterSession:
             self._role = role
             if role == "nar_drafter" and self.nar is not None:
                 self._state = self.nar.open(self._source)
+            elif role == "ar_drafter" and self.ar is not None:
+                self._state = self.ar.open(self._source)
             else:
-                self._state = PrefixState(self._models[role], self._source)
+                raise SpecdecError(StatusCode.FAILED_PRECONDITION, f"this drafter has no backend for its {role}")
         elif role != self._role:
             raise out_of_step(f"this session drafts with the {self._role}; open a new one for the {role}")
         self._state.sync(committed_len, append_ids)
@@ -138,17 +164,29 @@ def draft_blocks(items: list[tuple[DrafterSession, BlockCall]]) -> list[Draft | 
 
 
 class LocalDrafter:
-    """In-process drafter over a bundle's NAR and/or small AR drafter; `onnx_nar` (the NAR drafter
-    exported to ONNX Runtime) replaces the torch NAR drafter when given."""
+    """In-process drafter over a bundle's NAR and/or small AR drafter. `models` maps each role to its
+    torch model; `onnx_nar` / `onnx_ar` (exported to ONNX Runtime) replace the torch ones when given,
+    and a role with one needs no torch model (`models` may hold the ONNX model itself)."""
 
-    def __init__(self, models: dict[str, Seq2SeqTransformer], onnx_nar: OnnxNarDrafter | None = None) -> None:
+    def __init__(
+        self, models: Mapping[str, Any], onnx_nar: OnnxNarDrafter | None = None, onnx_ar: OnnxArDrafter | None = None,
+    ) -> None:
         if not models:
             raise ValueError("a drafter needs at least one model")
         self.models = models
         self.onnx_nar = onnx_nar
+        self.onnx_ar = onnx_ar
         self.vocab_size = next(iter(models.values())).config.vocab_size
-        nar_model = models.get("nar_drafter")
-        self.nar: BatchNarDrafter | None = onnx_nar or (torch_nar_drafter(nar_model) if nar_model else None)
+        self.nar: BatchNarDrafter | None = onnx_nar
+        if self.nar is None and "nar_drafter" in models:
+            from drafter_service.torch_nar import torch_nar_drafter
+
+            self.nar = torch_nar_drafter(models["nar_drafter"])
+        self.ar: ArDrafter | None = onnx_ar
+        if self.ar is None and "ar_drafter" in models:
+            from drafter_service.torch_ar import TorchArDrafter
+
+            self.ar = TorchArDrafter(models["ar_drafter"])
 
     def draft_batch(self, items: list[tuple[DrafterSession, BlockCall]]) -> list[Draft | BaseException]:
         """NAR block drafts of many sessions in one forward (`draft_blocks`), one outcome per item;
@@ -161,38 +199,62 @@ class LocalDrafter:
 
     @property
     def backend(self) -> str:
-        """The NAR drafter's backend (the AR drafter always runs on torch)."""
-        return "onnxruntime" if self.onnx_nar is not None else "torch"
+        """The NAR drafter's backend, or the AR drafter's when there is no NAR drafter (`backend_name`
+        has every role's)."""
+        main = self.onnx_nar if "nar_drafter" in self.models else self.onnx_ar
+        return "onnxruntime" if main is not None else "torch"
+
+    @property
+    def backend_name(self) -> str:
+        """GetModelInfo.backend: "torch-cpu", "onnxruntime-cpu", or per role when they differ:
+        "nar_drafter:onnxruntime-cpu-int8,ar_drafter:onnxruntime-cpu"."""
+        labels = {}
+        for role in self.models:
+            onnx = self.onnx_nar if role == "nar_drafter" else self.onnx_ar
+            labels[role] = onnx.backend_label if onnx is not None else f"torch-{_torch_device(self.models[role])}"
+        if len(set(labels.values())) == 1:
+            return next(iter(labels.values()))
+        return ",".join(f"{r}:{n}" for r, n in labels.items())
 
     def open(self, source_ids: list[int], seed: int = 0) -> DrafterSession:
-        return DrafterSession(self.models, source_ids, seed, self.nar)
+        return DrafterSession(self.models, source_ids, seed, self.nar, self.ar)
 
 
 def make_drafter(
     bundle, backend: str = "torch", device: str | None = None, precision: str = DEFAULT_PRECISION, **onnx_options
 ) -> LocalDrafter | None:
-    """The bundle's drafter models (None when it has none), the NAR one on `backend`: "torch", or
-    "onnxruntime" (exported on first use and cached by bundle fingerprint, like the verifier's;
-    `onnx_options` go to `OnnxNarDrafter.from_bundle`: cache_root, intra_op_threads, which is also
-    torch's process-wide `set_num_threads` for the torch models). `device`
-    ("auto", "cpu", "cuda", "cuda:N"; None: the CPU): where every drafter model runs, the torch ones
-    moved there and the ONNX one on that GPU's CUDA provider; a missing GPU is a ValueError.
-    `precision` "int8" runs the NAR drafter's int8 export (onnxruntime only; on torch a ValueError);
-    an AR drafter stays on torch in fp32."""
+    """The bundle's drafter models (None when it has none), on `backend`: "torch", or "onnxruntime"
+    (both drafters exported on first use and cached by bundle fingerprint, like the verifier's, or
+    exported ahead by `specdec export-onnx`, and then no torch model is loaded at all;
+    `onnx_options` go to `from_bundle`: cache_root, intra_op_threads, which is also
+    torch's process-wide `set_num_threads` for the torch models). `device` ("auto", "cpu",
+    "cuda", "cuda:N"; None: the CPU): where every drafter model runs, the torch ones moved there and
+    the ONNX ones on that GPU's CUDA provider; a missing GPU is a ValueError. `precision` "int8" runs
+    the NAR drafter's int8 export (onnxruntime only; on torch a ValueError); the AR drafter runs fp32."""
     if backend not in BACKENDS:
         raise invalid(f"unknown drafter backend {backend!r}; expected one of {', '.join(BACKENDS)}")
     check_precision(backend, precision)
-    models = {r: bundle.models[r] for r in DRAFTER_ROLES if r in bundle.models}
-    if not models:
+    roles = [r for r in DRAFTER_ROLES if r in bundle.models]
+    if not roles:
         return None
-    if backend == "torch" or "ar_drafter" in models:  # the AR drafter runs on torch on either backend
-        set_torch_threads(onnx_options.get("intra_op_threads"))
+    check_backend_installed("drafter", backend)
+    if backend == "onnxruntime":
+        onnx_nar = onnx_ar = None
+        if "nar_drafter" in roles:
+            onnx_nar = OnnxNarDrafter.from_bundle(bundle, device=device, precision=precision, **onnx_options)
+        if "ar_drafter" in roles:
+            onnx_ar = OnnxArDrafter.from_bundle(bundle, device=device, **onnx_options)
+        onnx_models = {r: m for r, m in (("nar_drafter", onnx_nar), ("ar_drafter", onnx_ar)) if m is not None}
+        return LocalDrafter(onnx_models, onnx_nar, onnx_ar)
+    set_torch_threads(onnx_options.get("intra_op_threads"))
+    models = {r: bundle.models[r] for r in roles}
     if device is not None:
         from seq2seq_models.ort_runner import resolve_device
 
         torch_device = resolve_device(device)
         models = {r: m.to(torch_device) for r, m in models.items()}
-    onnx_nar = None
-    if backend == "onnxruntime" and "nar_drafter" in models:
-        onnx_nar = OnnxNarDrafter.from_bundle(bundle, device=device, precision=precision, **onnx_options)
-    return LocalDrafter(models, onnx_nar)
+    return LocalDrafter(models)
+
+
+def _torch_device(model: Any) -> str:
+    return str(model.embed.weight.device)

@@ -41,12 +41,10 @@ import torch
 from torch import Tensor, nn
 
 from kernels.attention import EAGER, AttentionKernel
+from seq2seq_models.row_cache import BATCH_INPUTS, NAR_BATCH_INPUTS
 from seq2seq_models.transformer import Seq2SeqTransformer
 
-BATCH_INPUTS = [
-    "tokens", "block_lens", "past_lens", "past_k", "past_v", "cross_k", "cross_v", "src_lens", "row_src", "head_rows",
-]
-NAR_BATCH_INPUTS = [*BATCH_INPUTS, "mask_from"]
+__all__ = ["BATCH_INPUTS", "NAR_BATCH_INPUTS", "BatchedDecoder"]
 
 
 class BatchedDecoder(nn.Module):

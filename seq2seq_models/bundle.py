@@ -6,22 +6,30 @@
 
 The bundle fingerprint hashes the tokenizer and every weights file, so services can check at
 start-up that they were given the same bundle (or at least the same tokenizer).
+
+Loading checks the config, the tokenizer and every weights file's sha256 at once, but builds a role's
+torch model only when it is first asked for (`ModelBundle.models` is a `LazyModels`): a service on
+ONNX Runtime whose graphs are already exported needs only `configs` and the fingerprint, and so
+runs on an install without torch (the runtime image). This module imports torch only inside the
+functions that make or load weights.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
-from safetensors.torch import load_file, save_file
+from typing import TYPE_CHECKING, Any
 
 from seq2seq_models.config import ModelConfig
 from seq2seq_models.tokenizer import BOS_ID, EOS_ID, MASK_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
-from seq2seq_models.transformer import Seq2SeqTransformer
+
+if TYPE_CHECKING:
+    import torch
+
+    from seq2seq_models.transformer import Seq2SeqTransformer
 
 FORMAT_VERSION = 1
 ROLES = ("verifier", "nar_drafter", "ar_drafter")
@@ -35,8 +43,16 @@ class ModelBundle:
     name: str
     tokenizer: Tokenizer
     fingerprint: str
-    models: dict[str, Seq2SeqTransformer] = field(default_factory=dict)
+    models: Mapping[str, Seq2SeqTransformer] = field(default_factory=dict)
     metadata: dict = field(default_factory=dict)
+    # Every loaded role's architecture, known without building its model (torch-free callers read these).
+    configs: dict[str, ModelConfig] = field(default_factory=dict)
+
+    def config(self, role: str) -> ModelConfig:
+        """`role`'s architecture, without loading its weights."""
+        if role in self.configs:
+            return self.configs[role]
+        return self._role(role).config
 
     @property
     def verifier(self) -> Seq2SeqTransformer:
@@ -66,6 +82,9 @@ def save_bundle(
     name: str,
     metadata: dict | None = None,
 ) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / TOKENIZER_FILE).write_bytes(tokenizer_bytes)
@@ -109,10 +128,12 @@ def bundle_roles(path: str | Path) -> list[str]:
 def load_bundle(
     path: str | Path,
     roles: Iterable[str] | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
 ) -> ModelBundle:
-    """Load a bundle; `roles` limits which models are loaded (default: all it has)."""
+    """Load a bundle; `roles` limits which models are loaded (default: all it has). Every file is
+    checked now; each role's torch model is built (in `dtype`, default float32, on `device`) when
+    first used."""
     path = Path(path)
     config_path = path / CONFIG_FILE
     if not config_path.is_file():
@@ -124,7 +145,7 @@ def load_bundle(
     if tokenizer.fingerprint != config["tokenizer"]["fingerprint"]:
         raise ValueError(f"{path}: tokenizer.model does not match the fingerprint in {CONFIG_FILE}")
     wanted = list(config["models"]) if roles is None else list(roles)
-    models = {}
+    entries = {}
     for role in wanted:
         entry = config["models"].get(role)
         if entry is None:
@@ -132,9 +153,8 @@ def load_bundle(
         weights_path = path / entry["file"]
         if _sha256(weights_path.read_bytes()) != entry["sha256"]:
             raise ValueError(f"{weights_path} does not match its sha256 in {CONFIG_FILE}")
-        model = Seq2SeqTransformer(ModelConfig.from_dict(entry["architecture"]))
-        model.load_state_dict(load_file(str(weights_path)))
-        models[role] = model.to(device=device, dtype=dtype).eval()
+        entries[role] = (weights_path, ModelConfig.from_dict(entry["architecture"]))
+    models = LazyModels(entries, dtype, device)
     return ModelBundle(
         path=path,
         name=config["name"],
@@ -142,11 +162,58 @@ def load_bundle(
         fingerprint=config["fingerprint"],
         models=models,
         metadata=config.get("metadata", {}),
+        configs={role: cfg for role, (_, cfg) in entries.items()},
     )
+
+
+TORCH_MISSING = "torch is not installed (a runtime install without it serves ONNX Runtime exports only)"
+
+
+class LazyModels(Mapping[str, "Seq2SeqTransformer"]):
+    """role -> torch model, each built from its (already checked) weights file on first access.
+    Membership and iteration read the role names only; a lookup loads."""
+
+    def __init__(self, entries: dict[str, tuple[Path, ModelConfig]], dtype: Any, device: Any) -> None:
+        self._entries = entries
+        self._dtype = dtype
+        self._device = device
+        self._loaded: dict[str, Seq2SeqTransformer] = {}
+
+    def __getitem__(self, role: str) -> Seq2SeqTransformer:
+        if role not in self._loaded:
+            weights_path, cfg = self._entries[role]  # KeyError for a role not loaded, as a dict
+            self._loaded[role] = _load_model(weights_path, cfg, self._dtype, self._device)
+        return self._loaded[role]
+
+    def __contains__(self, role: object) -> bool:
+        return role in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _load_model(weights_path: Path, cfg: ModelConfig, dtype: Any, device: Any) -> Seq2SeqTransformer:
+    try:
+        import torch
+        from safetensors.torch import load_file
+    except ImportError:
+        raise RuntimeError(f"cannot load {weights_path.name}: {TORCH_MISSING}") from None
+    from seq2seq_models.transformer import Seq2SeqTransformer
+
+    model = Seq2SeqTransformer(cfg)
+    model.load_state_dict(load_file(str(weights_path)))
+    return model.to(device=device, dtype=dtype or torch.float32).eval()
 
 
 def make_tiny_bundle(out: str | Path, seed: int) -> Path:
     """A deterministic random bundle (tiny verifier + both drafters) for tests and demos."""
+    import torch
+
+    from seq2seq_models.transformer import Seq2SeqTransformer
+
     corpus = (Path(__file__).parent / "data" / "tiny_corpus.txt").read_text().splitlines()
     tokenizer_bytes = train_tokenizer(corpus, vocab_size=160)
     vocab = Tokenizer(tokenizer_bytes).vocab_size
@@ -164,22 +231,24 @@ def make_tiny_bundle(out: str | Path, seed: int) -> Path:
     return save_bundle(out, tokenizer_bytes, models, name=f"tiny-random-seed{seed}", metadata=metadata)
 
 
-@torch.no_grad()
 def scramble_weights(
-    model: Seq2SeqTransformer, generator: torch.Generator, dtype: torch.dtype = torch.float32
+    model: Seq2SeqTransformer, generator: torch.Generator, dtype: torch.dtype | None = None
 ) -> Seq2SeqTransformer:
     """Random weights that do not just echo the input token: with tied embeddings and a residual
     stream, a standard init makes every position predict its own input token. Random-sign layer
     norm gains break that alignment, so a random model (tiny bundles, tests) produces varied text.
-    The noise is drawn in `dtype`."""
-    for name, param in model.named_parameters():
-        noise = torch.randn(param.shape, generator=generator, dtype=dtype)
-        if param.dim() == 2:
-            param.copy_(noise / param.shape[1] ** 0.5)
-        elif name.endswith("norm.weight"):
-            param.copy_(noise)
-        else:
-            param.copy_(noise * 0.1)
+    The noise is drawn in `dtype` (default float32)."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator, dtype=dtype or torch.float32)
+            if param.dim() == 2:
+                param.copy_(noise / param.shape[1] ** 0.5)
+            elif name.endswith("norm.weight"):
+                param.copy_(noise)
+            else:
+                param.copy_(noise * 0.1)
     return model
 
 

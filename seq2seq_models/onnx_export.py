@@ -2,7 +2,9 @@
 
 Every role gets the same encoder graph and a decoder-with-past; what the decoder returns depends
 on the role: the verifier's ends in the fused output head, the NAR drafter's in an argmax over
-its mask positions.
+its mask positions, the small AR drafter's in the logits of its last position (or, batched, of the
+`head_rows`), which its beam search and sampling read on the host (`drafter_service.onnx_ar`).
+Where exports live and how one is found is `seq2seq_models.onnx_cache`, which imports no torch.
 
 * `encoder.onnx`: source ids [1, S] -> cross-attention K and V of every decoder layer,
   stacked as [L, 1, H, S, hd] (the encoder runs once per session; the decoder never sees memory).
@@ -41,7 +43,6 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -51,71 +52,44 @@ from torch import Tensor, nn
 from kernels.attention import BATCHED, GRAPH
 from kernels.graph_head import output_head_graph
 from seq2seq_models.batch_graph import BATCH_INPUTS, NAR_BATCH_INPUTS, BatchedDecoder
+from seq2seq_models.onnx_cache import (  # re-exported: the cache side imports no torch
+    AR_BATCH_DECODER_OUTPUTS,
+    AR_DECODER_INPUTS,
+    AR_DECODER_OUTPUTS,
+    BATCH_DECODER_FILE,
+    BATCH_DECODER_INPUTS,
+    BATCH_DECODER_OUTPUTS,
+    CACHE_ENV,
+    DECODER_FILE,
+    DECODER_INPUTS,
+    DECODER_OUTPUTS,
+    ENCODER_FILE,
+    ENCODER_INPUTS,
+    ENCODER_OUTPUTS,
+    EXPORT_FORMAT,
+    MANIFEST_FILE,
+    NAR_BATCH_DECODER_OUTPUTS,
+    NAR_DECODER_INPUTS,
+    NAR_DECODER_OUTPUTS,
+    OPSET,
+    ROLES,
+    USER_CACHE,
+    OnnxExport,
+    bundle_cache_root,
+    cached_export,
+    default_cache_root,
+    export_dir,
+    find_export,
+    loose_cache_root,
+)
 from seq2seq_models.transformer import Seq2SeqTransformer
 
-OPSET = 17
-EXPORT_FORMAT = 4  # bump when the graphs' interface changes, so stale caches are not reused
-CACHE_ENV = "SPECDEC_ONNX_CACHE"
-ENCODER_FILE = "encoder.onnx"
-DECODER_FILE = "decoder.onnx"
-BATCH_DECODER_FILE = "decoder_batch.onnx"
-MANIFEST_FILE = "manifest.json"
-USER_CACHE = Path.home() / ".cache" / "specdec" / "onnx"
-
-ENCODER_INPUTS = ["src"]
-ENCODER_OUTPUTS = ["cross_k", "cross_v"]
-DECODER_INPUTS = ["tokens", "past_len", "past_k", "past_v", "cross_k", "cross_v", "head_from", "targets", "top_k"]
-DECODER_OUTPUTS = ["present_k", "present_v", "topk_logprobs", "topk_ids", "target_logprobs"]
-BATCH_DECODER_INPUTS = [*BATCH_INPUTS, "targets", "top_k"]
-BATCH_DECODER_OUTPUTS = ["block_k", "block_v", "topk_logprobs", "topk_ids", "target_logprobs"]
-NAR_DECODER_INPUTS = ["tokens", "past_len", "past_k", "past_v", "cross_k", "cross_v", "mask_from"]
-NAR_DECODER_OUTPUTS = ["present_k", "present_v", "draft_ids"]
-NAR_BATCH_DECODER_OUTPUTS = ["block_k", "block_v", "draft_ids"]
-ROLES = ("verifier", "nar_drafter")
-
-
-@dataclass(frozen=True)
-class OnnxExport:
-    directory: Path
-    fingerprint: str
-    reused: bool  # True when the files were already in the cache
-
-    @property
-    def encoder(self) -> Path:
-        return self.directory / ENCODER_FILE
-
-    @property
-    def decoder(self) -> Path:
-        return self.directory / DECODER_FILE
-
-    @property
-    def batch_decoder(self) -> Path | None:
-        """The ragged batched decoder (verifier and NAR drafter exports)."""
-        path = self.directory / BATCH_DECODER_FILE
-        return path if path.is_file() else None
-
-
-def export_dir(cache_root: Path, fingerprint: str, role: str = "verifier") -> Path:
-    # A bundle's fingerprint covers all its models, so the role is part of the name.
-    return cache_root / f"{fingerprint[:16]}-{role}-v{EXPORT_FORMAT}"
-
-
-def default_cache_root(bundle_path: Path) -> Path:
-    """`$SPECDEC_ONNX_CACHE`, else `<bundle>/onnx` (the bundle's optional ONNX exports, ARCHITECTURE.md section 10)."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env) if env else Path(bundle_path) / "onnx"
-
-
-def bundle_cache_root(bundle_path: Path) -> Path:
-    """`default_cache_root`, or the user's cache when that is not writable (a read-only install)."""
-    root = default_cache_root(bundle_path)
-    probe = root if root.exists() else root.parent
-    return root if os.access(probe, os.W_OK) else USER_CACHE
-
-
-def loose_cache_root() -> Path:
-    """Where exports of models that came without a bundle go: `$SPECDEC_ONNX_CACHE` or the user's cache."""
-    return Path(os.environ.get(CACHE_ENV, USER_CACHE))
+__all__ = [
+    "BATCH_DECODER_FILE", "CACHE_ENV", "DECODER_FILE", "ENCODER_FILE", "EXPORT_FORMAT", "MANIFEST_FILE", "ROLES",
+    "USER_CACHE", "OnnxExport", "bundle_cache_root", "cached_export", "default_cache_root", "ensure_export",
+    "export_ar_drafter", "export_dir", "export_model", "export_nar_drafter", "export_verifier", "find_export",
+    "loose_cache_root", "model_fingerprint",
+]
 
 
 def ensure_export(
@@ -125,14 +99,11 @@ def ensure_export(
     if role not in ROLES:
         raise ValueError(f"no ONNX export for role {role!r}; expected one of {', '.join(ROLES)}")
     directory = export_dir(Path(cache_root), fingerprint, role)
-    manifest = directory / MANIFEST_FILE
-    if not force and manifest.is_file():
-        data = json.loads(manifest.read_text())
-        if data.get("fingerprint") == fingerprint and data.get("format") == EXPORT_FORMAT:
-            return OnnxExport(directory, fingerprint, reused=True)
+    if not force and (cached := cached_export(Path(cache_root), fingerprint, role)) is not None:
+        return cached
     tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    (export_verifier if role == "verifier" else export_nar_drafter)(model, tmp)
+    _EXPORTERS[role](model, tmp)
     (tmp / MANIFEST_FILE).write_text(
         json.dumps({"fingerprint": fingerprint, "role": role, "format": EXPORT_FORMAT, "opset": OPSET,
                     "config": model.config.to_dict(), "torch": torch.__version__}, indent=2) + "\n"
@@ -188,9 +159,10 @@ def export_verifier(model: Seq2SeqTransformer, out: Path) -> None:
     _export_batch_decoder(model32, out)
 
 
-def _export_batch_decoder(model32: Seq2SeqTransformer, out: Path, nar: bool = False) -> None:
+def _export_batch_decoder(model32: Seq2SeqTransformer, out: Path, role: str = "verifier") -> None:
     """decoder_batch.onnx: `batch_graph.BatchedDecoder` with the BATCHED kernel, ending in the fused
-    head (verifier) or the mask positions' argmax (`nar`: the NAR drafter, with `mask_from`)."""
+    head (verifier), the mask positions' argmax (the NAR drafter, with `mask_from`) or the wanted
+    rows' logits (the AR drafter)."""
     cfg = model32.config
     layers, heads, hd = cfg.decoder_layers, cfg.n_heads, cfg.d_model // cfg.n_heads
     # Every traced size distinct (B 2, T 3, P 5, N 2, S 4, R 4), so none is mistaken for another.
@@ -209,11 +181,15 @@ def _export_batch_decoder(model32: Seq2SeqTransformer, out: Path, nar: bool = Fa
         "src_lens": {0: "sources"}, "row_src": {0: "batch"}, "head_rows": {0: "rows"},
         "block_k": {1: "batch", 3: "block"}, "block_v": {1: "batch", 3: "block"},
     }
-    if nar:
+    if role == "nar_drafter":
         module: nn.Module = _BatchedNarStep(model32)
         example = (*example, torch.tensor([1, 0]))  # mask_from
         inputs, outputs = NAR_BATCH_INPUTS, NAR_BATCH_DECODER_OUTPUTS
         axes |= {"mask_from": {0: "batch"}, "draft_ids": {0: "rows"}}
+    elif role == "ar_drafter":
+        module = _BatchedArStep(model32)
+        inputs, outputs = BATCH_INPUTS, AR_BATCH_DECODER_OUTPUTS
+        axes |= {"logits": {0: "rows"}}
     else:
         module = _BatchedVerifierStep(model32)
         example = (*example, torch.tensor([8, 9, -1, -1]), torch.tensor([2]))  # targets, top_k
@@ -241,7 +217,26 @@ def export_nar_drafter(model: Seq2SeqTransformer, out: Path) -> None:
     )
     _export_decoder(_NarDecoderStep(model32), example, out, NAR_DECODER_INPUTS, NAR_DECODER_OUTPUTS,
                     {"draft_ids": {0: "k"}})
-    _export_batch_decoder(model32, out, nar=True)
+    _export_batch_decoder(model32, out, role="nar_drafter")
+
+
+def export_ar_drafter(model: Seq2SeqTransformer, out: Path) -> None:
+    """Write encoder.onnx and the small AR drafter's decoders for `model` (float32) into `out`:
+    decoder.onnx (one row, causal, the logits [1, V] of the block's last position: catching up on a
+    prefix and each sampled token) and decoder_batch.onnx (logits of the `head_rows`: a step of all
+    beams of a beam draft in one call)."""
+    model32 = _export_encoder(model, out)
+    cross_k, past = _example_cache(model32.config)
+    example = (
+        torch.tensor([[7, 8, 9]]) % model32.config.vocab_size,  # tokens
+        torch.tensor(3),  # past_len (< P on purpose, as for the verifier)
+        past, past.clone(), cross_k, cross_k.clone(),
+    )
+    _export_decoder(_ArDecoderStep(model32), example, out, AR_DECODER_INPUTS, AR_DECODER_OUTPUTS, {})
+    _export_batch_decoder(model32, out, role="ar_drafter")
+
+
+_EXPORTERS = {"verifier": export_verifier, "nar_drafter": export_nar_drafter, "ar_drafter": export_ar_drafter}
 
 
 # Dynamic axes every decoder-with-past has: the block, the cache capacities, the source length.
@@ -351,6 +346,31 @@ class _BatchedNarStep(_ModelGraph):
         m = self.model
         draft_ids = F.linear(rows, m.embed.weight, m.out_bias).argmax(-1)  # ties: lowest id, as torch
         return block_k, block_v, draft_ids
+
+
+class _BatchedArStep(_ModelGraph):
+    def __init__(self, model: Seq2SeqTransformer) -> None:
+        super().__init__(model)
+        self.decoder = BatchedDecoder(model, BATCHED)
+
+    def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        rows, block_k, block_v = self.decoder(*inputs)
+        return block_k, block_v, self.model.logits(rows)
+
+
+class _ArDecoderStep(_ModelGraph):
+    def forward(
+        self, tokens: Tensor, past_len: Tensor, past_k: Tensor, past_v: Tensor, cross_k: Tensor, cross_v: Tensor,
+    ) -> tuple[Tensor, ...]:
+        t = tokens.shape[1]
+        positions = past_len + torch.arange(t)
+        causal = torch.arange(past_len + t)[None, :] <= positions[:, None]
+        m = self.model
+        hidden, present_k, present_v = _decode_block(
+            m, tokens, past_len, positions, past_k, past_v, cross_k, cross_v, causal
+        )
+        last = hidden.index_select(0, torch.arange(t - 1, t))  # the position that predicts the next token
+        return present_k, present_v, m.logits(last)
 
 
 class _NarDecoderStep(_ModelGraph):

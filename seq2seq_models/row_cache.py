@@ -17,6 +17,13 @@ from typing import Any
 
 import numpy as np
 
+# The inputs of the batched decoder (`batch_graph.BatchedDecoder`, `decoder_batch.onnx`), by name:
+# `gather` makes them. Here, not in batch_graph, so ONNX Runtime callers need no torch.
+BATCH_INPUTS = [
+    "tokens", "block_lens", "past_lens", "past_k", "past_v", "cross_k", "cross_v", "src_lens", "row_src", "head_rows",
+]
+NAR_BATCH_INPUTS = [*BATCH_INPUTS, "mask_from"]
+
 Zeros = Callable[[tuple[int, ...]], Any]  # shape -> a zero array of the backend's type and dtype
 MIN_CAPACITY = 16
 

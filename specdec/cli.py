@@ -363,7 +363,7 @@ def _build_parser() -> argparse.ArgumentParser:
     add_decoding_flags(p)
     p.set_defaults(run=_cmd_decode)
 
-    p = sub.add_parser("export-onnx", help="export the verifier and NAR drafter to ONNX (cached by bundle fingerprint)")
+    p = sub.add_parser("export-onnx", help="export the bundle's models to ONNX (cached by bundle fingerprint)")
     p.add_argument("--bundle", help=f"model bundle directory (default: ${DEFAULT_BUNDLE_ENV} or bundles/ua-gec)")
     p.add_argument("--out", help="cache root (default: $SPECDEC_ONNX_CACHE or BUNDLE/onnx)")
     p.add_argument("--force", action="store_true", help="re-export even when the cache has this fingerprint")

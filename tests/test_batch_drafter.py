@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from core.errors import SpecdecError, StatusCode
 from core.interfaces import BlockCall
-from drafter_service.nar_batch import TorchNarEngine
 from drafter_service.onnx_nar import OnnxNarDrafter
 from drafter_service.session import LocalDrafter, make_drafter
+from drafter_service.torch_nar import TorchNarEngine
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
 from seq2seq_models.drafting import nar_block_draft
 from seq2seq_models.onnx_export import BATCH_DECODER_FILE

@@ -135,7 +135,7 @@ def test_model_info_says_int8(bundle, cache, monkeypatch):
 
     verifier_backend, drafter_backend = asyncio.run(backends())
     assert verifier_backend == "onnxruntime-cpu-int8"
-    assert drafter_backend == "nar_drafter:onnxruntime-cpu-int8,ar_drafter:torch-cpu"
+    assert drafter_backend == "nar_drafter:onnxruntime-cpu-int8,ar_drafter:onnxruntime-cpu"
     assert backend_label("onnxruntime", "cuda:1") == "onnxruntime-cuda:1"
 
 

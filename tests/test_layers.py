@@ -124,3 +124,71 @@ def test_no_import_cycles_between_modules() -> None:
 
     cyclic = sorted(m for m in edges if on_cycle(m))
     assert not cyclic, f"modules on an import cycle: {cyclic}"
+
+
+# Refuses torch the way an install without it does (the runtime image): ModuleNotFoundError.
+NO_TORCH = """
+import sys
+class _NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, _NoTorch())
+"""
+
+
+def _run_without_torch(code: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-c", NO_TORCH + code]
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+def test_the_onnx_serving_path_of_every_role_runs_without_torch(tmp_path) -> None:
+    """With the graphs exported (as the image's build stage does), verifier and drafter servers start
+    on ONNX Runtime, draft (NAR block, AR beam, AR sample) and verify, in a process where torch
+    cannot be imported; a torch backend there is a one-line error naming the backend."""
+    from seq2seq_models.bundle import make_tiny_bundle
+
+    bundle = make_tiny_bundle(tmp_path / "bundle", seed=3)
+    export = subprocess.run(
+        [sys.executable, "-m", "specdec", "export-onnx", "--bundle", str(bundle)], capture_output=True, text=True,
+        cwd=ROOT, check=True, timeout=300,
+    )
+    assert '"ar_drafter"' in export.stdout
+    code = f"""
+import asyncio
+from core.config import ServiceSection
+from core.sampling import SamplingParams
+from drafter_service.server import DrafterServer
+from verifier_service.server import VerifierServer
+
+async def main():
+    section = ServiceSection(address="127.0.0.1:0", backend="onnxruntime", device="cpu")
+    verifier = await VerifierServer.start({str(bundle)!r}, section)
+    drafter = await DrafterServer.start({str(bundle)!r}, section)
+    print("OUT", verifier.model_info.backend, drafter.model_info.backend)
+    d = drafter.drafter
+    print("OUT", len(d.open([7, 8, 9]).draft_block(0, [], 4).ids), len(d.open([7, 8, 9]).draft_beam(0, [], 3, 2).ids),
+          len(d.open([7, 8, 9], seed=1).draft_sample(0, [], 3, SamplingParams()).ids))
+    session = verifier.verifier.open([7, 8, 9])
+    print("OUT", len(session.step(0, [], [10, 11], 1).top1))
+    await drafter.stop(0)
+    await verifier.stop(0)
+
+asyncio.run(main())
+print("OUT", sorted(m for m in ("torch", "safetensors.torch") if m in __import__("sys").modules))
+"""
+    out = _run_without_torch(code)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line.removeprefix("OUT ") for line in out.stdout.splitlines() if line.startswith("OUT ")]  # not logs
+    assert lines[0] == "onnxruntime-cpu onnxruntime-cpu"
+    assert [int(n) >= 1 for n in lines[1].split()] == [True, True, True]
+    assert lines[2] == "3"
+    assert lines[-1] == "[]"
+
+    refused = _run_without_torch(
+        f"import sys; from specdec.cli import main; sys.exit(main(['serve', 'drafter', '--bundle', {str(bundle)!r}, "
+        "'--backend', 'torch', '--drafter-addr', '127.0.0.1:0']))"
+    )
+    assert refused.returncode != 0
+    assert "backend = 'torch' needs torch, which is not installed here" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr

@@ -122,7 +122,7 @@ def test_export_onnx_command(bundle, tmp_path, capsys):
     assert cli_main(args) == 0
     second = json.loads(capsys.readouterr().out)
     assert first["fingerprint"] == second["fingerprint"] == bundle.fingerprint
-    assert set(first["exports"]) == {"verifier", "nar_drafter"}
+    assert set(first["exports"]) == {"verifier", "nar_drafter", "ar_drafter"}
     for role, export in first["exports"].items():
         assert (export["reused"], second["exports"][role]["reused"]) == (False, True)
         assert export["directory"] == second["exports"][role]["directory"]

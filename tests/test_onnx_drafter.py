@@ -113,8 +113,10 @@ def test_exports_are_cached_per_role(bundle, tmp_path):
     assert not nar.reused and nar.directory != verifier.directory
     assert OnnxNarDrafter.from_bundle(bundle, cache_root=tmp_path).export.reused
     assert ensure_export(bundle.verifier, bundle.fingerprint, tmp_path).reused
+    ar = ensure_export(bundle.ar_drafter, bundle.fingerprint, tmp_path, role="ar_drafter")
+    assert not ar.reused and ar.directory not in (verifier.directory, nar.directory)
     with pytest.raises(ValueError, match="no ONNX export for role"):
-        ensure_export(bundle.ar_drafter, bundle.fingerprint, tmp_path, role="ar_drafter")
+        ensure_export(bundle.ar_drafter, bundle.fingerprint, tmp_path, role="encoder")
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])

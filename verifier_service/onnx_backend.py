@@ -14,15 +14,17 @@ on every call there; the caches are host arrays).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seq2seq_models.engines import OrtBatchEngine
 from seq2seq_models.onnx_model import OnnxModel
+from seq2seq_models.ort_engine import OrtBatchEngine
 from seq2seq_models.row_cache import Cross, RowBlock
-from seq2seq_models.transformer import Seq2SeqTransformer
 from verifier_service.batch_session import BatchSession, BatchVerifier
+
+if TYPE_CHECKING:
+    from seq2seq_models.transformer import Seq2SeqTransformer
 
 OnnxVerifierSession = BatchSession  # the session type both backends hand out
 
@@ -44,8 +46,8 @@ class OnnxVerifier(OnnxModel, BatchVerifier):
     role = "verifier"
     default_device = "auto"  # the CUDA provider when onnxruntime-gpu sees a GPU
 
-    def __init__(self, model: Seq2SeqTransformer, **options: Any) -> None:
+    def __init__(self, model: Seq2SeqTransformer | None = None, **options: Any) -> None:
         """`options`: those of `OnnxModel` (fingerprint, cache_root, device, intra_op_threads,
-        precision)."""
+        precision; or config and load instead of `model`)."""
         OnnxModel.__init__(self, model, **options)
-        BatchVerifier.__init__(self, model.config, OrtEngine(self.runner, model.config.eos_id))
+        BatchVerifier.__init__(self, self.config, OrtEngine(self.runner, self.config.eos_id))

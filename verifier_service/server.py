@@ -52,7 +52,7 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         self.verifier = make_verifier(
             bundle, backend, device=device, precision=precision, intra_op_threads=intra_op_threads or None
         )
-        cfg = bundle.verifier.config
+        cfg = bundle.config("verifier")  # from the bundle config: no torch model is loaded for ONNX Runtime
         self.max_source_len = min(limits.max_source_len or self.verifier.max_source_len, self.verifier.max_source_len)
         self.max_output_len = self.verifier.max_target_len
         r = self.registry

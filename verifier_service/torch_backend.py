@@ -1,0 +1,43 @@
+"""The verifier on eager torch: the AR model's KV caches, stepped in ragged batches (see
+`verifier_service.session`, which builds either backend and imports no torch itself)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from kernels import output_head
+from seq2seq_models.batch_graph import BATCH_INPUTS
+from seq2seq_models.engines import TorchBatchEngine
+from seq2seq_models.transformer import Seq2SeqTransformer
+from verifier_service.batch_session import BatchVerifier
+
+
+class TorchEngine(TorchBatchEngine):
+    """The batched decoder and the output head on eager torch (see the module docstring)."""
+
+    def __init__(self, model: Seq2SeqTransformer, head=output_head) -> None:
+        super().__init__(model)
+        self.head = head
+
+    @torch.no_grad()
+    def forward(self, feeds: dict[str, Any], top_k: int) -> tuple[Any, Any, np.ndarray, np.ndarray, np.ndarray]:
+        rows, block_k, block_v = self.decode(feeds, BATCH_INPUTS)
+        m = self.model
+        out = self.head(rows, m.embed.weight, m.out_bias, top_k, self.tensor(feeds["targets"]))
+        return (block_k, block_v, out.topk_logprobs.cpu().numpy(), out.topk_ids.cpu().numpy(),
+                out.target_logprobs.cpu().numpy())
+
+
+class LocalVerifier(BatchVerifier):
+    """In-process verifier over one AR model (eager torch)."""
+
+    backend = "torch"
+
+    def __init__(self, model: Seq2SeqTransformer, head=output_head) -> None:
+        super().__init__(model.config, TorchEngine(model, head))
+        self.model = model
+        self.head = head
+        self.device = str(model.embed.weight.device)  # "cpu" or "cuda:N", for GetModelInfo.backend
