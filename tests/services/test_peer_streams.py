@@ -33,9 +33,11 @@ from gateway.remote import (
     fetch_drafter_info,
     fetch_verifier_info,
 )
+from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from serving.channels import channel_options
+from specdec.serve import ServiceStack
 from tests.faults.servers import Served, write_config
-from tests.services.conftest import wait_until
+from tests.services.conftest import LOOPBACK, wait_until
 
 SOURCES = [[7, 8, 9, 10, 11], [12, 13, 12, 13, 14, 15, 16], [20, 21, 22]]
 HANG_S = 0.3  # how long a step is left hanging before it is cancelled or its deadline passes
@@ -102,7 +104,7 @@ def test_no_thread_per_stream(peers):
     for path in ("aio", "sync"):
         make_verifier, _ = peers[path]
         before = threading.active_count()
-        sessions = [make_verifier().open(source) for source in SOURCES * 7][:20]
+        sessions = [make_verifier().open(source) for source in (SOURCES * 7)[:20]]
         for s in sessions:
             s.step(0, [], [], 1)
         counts[path] = threading.active_count() - before
@@ -115,7 +117,7 @@ def test_no_thread_per_stream(peers):
 def test_closing_frees_the_peer_session(stack, peers):
     make_verifier, _ = peers["aio"]
     verifier_server = stack.running.verifier
-    assert wait_until(lambda: verifier_server.active_sessions == 0, 5.0)  # the earlier tests' are gone
+    assert wait_until(lambda: verifier_server.active_sessions == 0, 5.0), verifier_server.active_sessions
     before = 0
     sessions = [make_verifier().open(source) for source in SOURCES]
     for s in sessions:
@@ -124,6 +126,23 @@ def test_closing_frees_the_peer_session(stack, peers):
     for s in sessions:
         s.close()
     assert wait_until(lambda: verifier_server.active_sessions == before, 5.0)
+
+
+def test_a_gateway_on_sync_peer_streams_answers_as_the_default(bundle_dir, gateway):
+    """`[gateway] peer_streams = "sync"` (the old path, kept to measure against) still serves, with
+    the outputs of the default (aio) gateway."""
+    sections = {**LOOPBACK, "gateway": {**LOOPBACK["gateway"], "peer_streams": "sync"}}
+    with ServiceStack("all", bundle_dir, sections) as stack, grpc.insecure_channel(
+        stack.running.addresses["gateway"]
+    ) as channel:
+        sync_gateway = gateway_pb2_grpc.GatewayServiceStub(channel)
+        for mode in ("MODE_AR_GREEDY", "MODE_GAD"):
+            config = gateway_pb2.DecodingConfig(mode=mode, max_new_tokens=16)
+            for source in SOURCES:
+                request = gateway_pb2.GenerateRequest(input_ids=source, config=config)
+                assert list(sync_gateway.Generate(request, timeout=60).output_ids) == list(
+                    gateway.Generate(request, timeout=60).output_ids
+                )
 
 
 # ---- faults, on servers of their own ----------------------------------------------------------
