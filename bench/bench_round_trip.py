@@ -3,6 +3,7 @@ against a real verifier and against a bare echo server (the gRPC floor: no model
 
     python bench/bench_round_trip.py              # tiny random bundle
     python bench/bench_round_trip.py --bundle bundles/ua-gec
+    python bench/bench_round_trip.py --write  # also update "## Round trip split (CPU)" in BENCHMARKS.md
 
 Client designs (gateway.remote, the gateway's `[gateway] peer_streams`):
 - sync: a synchronous bidi stream fed by a request queue (a consumer thread per stream);
@@ -19,6 +20,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
+import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -36,7 +40,10 @@ from gateway.remote import RemoteVerifier, fetch_verifier_info
 from protos.specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from seq2seq_models.bundle import make_tiny_bundle
 from serving.channels import channel_options
+from specdec.bench_report import cpu_name, write_section
 from tests.services.conftest import free_port, spawn_specdec, wait_ready_line
+
+SECTION = "## Round trip split (CPU)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40, help="steps per session")
     parser.add_argument("--sessions", type=int, default=10, help="sessions per design and pass")
     parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--write", action="store_true")
+    parser.add_argument("--output", type=Path, default=Path(__file__).resolve().parents[1] / "BENCHMARKS.md")
     parser.add_argument("--echo", help=argparse.SUPPRESS)  # internal: serve the echo server at this address
     args = parser.parse_args(argv)
     if args.echo:
@@ -57,11 +66,24 @@ def main(argv: list[str] | None = None) -> int:
         echo = subprocess.Popen([sys.executable, __file__, "--echo", echo_address])
         try:
             servers = {"verifier": wait_ready_line(verifier, 120), "echo": echo_address}
-            print(_table(_measure(servers, args)))
+            table = _table(_measure(servers, args))
         finally:
             for proc in (verifier, echo):
                 proc.terminate()
                 proc.wait(30)
+    print(table)
+    if args.write:
+        stamp = (
+            f"Machine: {cpu_name()}, {os.cpu_count()} cores; date {dt.date.today().isoformat()}; "
+            f"command `{shlex.join(['python', *sys.argv])}`"
+        )
+        note = (
+            f"Bundle: {args.bundle or 'a tiny random bundle (seed 0)'}; `specdec serve verifier` (default backend) "
+            f"and a bare grpc.aio echo VerifierService, each in its own process; {args.sessions} sessions of "
+            f"{args.steps} one-token steps per design and pass, {args.passes} interleaved passes, medians. "
+            "Forward: the verifier's own `forward_ms`; the rest is transport, thread hops and the service's Python."
+        )
+        write_section(args.output, SECTION, f"{stamp}\n\n{note}\n\n{table}")
     return 0
 
 
