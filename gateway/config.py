@@ -45,7 +45,7 @@ class GatewayConfig:
     # "ar": degrade to plain AR through the verifier when the drafter fails; "fail": UNAVAILABLE.
     fallback: str = field(default="ar", metadata={"choices": FALLBACK_POLICIES})
     # How the gateway drives its verifier and drafter session streams (gateway/peer_streams.py):
-    # "aio", grpc.aio calls on the gateway's event loop (two thread hops per step); "sync", the
+    # "aio", grpc.aio calls on the gateway's event loop (no thread per stream); "sync", the
     # older synchronous streams (a thread per stream; kept to measure against, bench_services.py).
     peer_streams: str = field(default="aio", metadata={"choices": PEER_STREAMS})
     # Security (README "Security"; core.config.check_security_keys checks them together).

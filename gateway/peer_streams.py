@@ -1,12 +1,16 @@
-"""The gateway's peer streams on grpc.aio, driven from decode threads (the lean round trip).
+"""The gateway's peer streams on grpc.aio, driven from decode threads.
 
 `decode()` is synchronous and runs on a gateway worker thread; the peers' session streams live on
 the gateway's own event loop as grpc.aio calls. A step is one coroutine (write the request, read the
 answer) handed to the loop with `asyncio.run_coroutine_threadsafe`; the worker blocks on its future.
-That is two thread hops per round trip (worker -> loop -> worker), where a synchronous bidi stream
-fed by a request iterator takes five (worker -> iterator queue -> grpc's consumer thread -> ...
--> channel thread -> worker) and starts a thread for every stream. Measured in
-`bench/bench_services.py` (`[gateway] peer_streams = "sync"` selects the old path).
+No thread is started per stream (the synchronous streams of `gateway.remote._Stream` start a
+request-iterator consumer thread for each), and a cancelled request's wait fails at once.
+
+Measured (`bench/bench_round_trip.py`, BENCHMARKS.md "Round trip split"): on this 2-core machine
+a step's latency is the same as the synchronous streams' within noise, about 0.05-0.1 ms more
+against a bare echo server; the round trip is dominated by gRPC's own floor (~0.45 ms per
+message pair in Python) and the service's side (worker hop and Python around the forward), not by
+the client's thread hops. `[gateway] peer_streams = "sync"` selects the old path.
 
 Everything that touches a call runs on the loop (grpc.aio objects are not thread-safe); the worker
 thread only schedules coroutines and waits. Cancelling the request (`Cancellation.cancel()`, from

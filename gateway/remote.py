@@ -8,8 +8,7 @@ and the drafter's encoders run concurrently (ARCHITECTURE.md section 8).
 Two stream paths, chosen by the channel a `RemoteVerifier` / `RemoteDrafter` is given:
 
 - a `gateway.peer_streams.PeerChannel` (the gateway's default, `[gateway] peer_streams = "aio"`):
-  the stream is a grpc.aio call on the gateway's event loop (two thread hops per step, no thread
-  per stream);
+  the stream is a grpc.aio call on the gateway's event loop (no thread per stream);
 - a synchronous `grpc.Channel` (`peer_streams = "sync"`, and callers without an event loop): a
   synchronous bidi call fed by a request queue (`_Stream`).
 """
