@@ -1,24 +1,32 @@
 """Round-trip overhead of the services: the same inputs decoded in-process and through the gateway.
 
-    python bench/bench_services.py            # print the table
+    python bench/bench_services.py                          # print the table (tiny bundle)
+    python bench/bench_services.py --bundle bundles/ua-gec  # the trained bundle
+    python bench/bench_services.py --modes "AR greedy"      # only the configurations named so
     python bench/bench_services.py --write    # also update "## Services round trip (CPU)" in BENCHMARKS.md
     python bench/bench_services.py --triton   # also: the Triton-hosted verifier against the native one
 
-The three services run as `specdec serve all` in a separate process (as a user runs them); the
-client calls `Generate` over loopback with one request in flight. In-process runs `decode()` on
-the same bundle, the same verifier backend and the same decoding parameters, so both sides do the
-same iterations (the script checks that the outputs are identical). The difference per iteration
-is what the gRPC hops, serialisation and the gateway cost. By default the bundle is a tiny random
-one (`specdec tiny-bundle`), which makes the model work small and the overhead stand out.
+The services run as `specdec serve all` in a separate process (as a user runs them; `--processes`:
+each service in its own process); the client calls `Generate` over loopback with one request in
+flight. There is one such stack per gateway peer-stream path (`--paths`, `[gateway] peer_streams`:
+"aio", the grpc.aio calls on the gateway's loop, and "sync", the older synchronous streams), and
+every pass runs in-process and then each stack in turn, so all are measured under the same load.
+In-process runs `decode()` on the same bundle, the same verifier backend and the same decoding
+parameters, so every side does the same iterations (the script checks that the outputs are
+identical). The difference per iteration is what the gRPC hops, serialisation and the gateway cost.
+By default the bundle is a tiny random one (`specdec tiny-bundle`), which makes the model work
+small and the overhead stand out.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from core.backends import BACKENDS, DEFAULT_BACKEND
 from drafter_service.session import make_drafter
+from gateway.config import PEER_STREAMS
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig
 from gateway.wire import overrides_to_wire
@@ -47,26 +56,37 @@ TEXTS = [
     "We have been living in this city for ten years.",
     "Please send me the report before Monday morning.",
 ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundle", help="bundle directory (default: a tiny random bundle, seed 0)")
     parser.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=5, help="passes over the inputs per mode (median taken)")
+    parser.add_argument("--paths", default=",".join(PEER_STREAMS),
+                        help="gateway peer-stream paths to measure, comma-separated (default: %(default)s)")
+    parser.add_argument("--processes", action="store_true", help="serve all --processes (one process per service)")
+    parser.add_argument("--modes", help="only the configurations whose name starts with one of these, comma-separated")
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--triton", action="store_true", help="add the Triton-hosted verifier rows "
                         "(tritonserver from deploy/triton/setup.sh; both verifiers on torch)")
     parser.add_argument("--output", type=Path, default=Path(__file__).resolve().parents[1] / "BENCHMARKS.md")
     args = parser.parse_args(argv)
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    if not paths or any(p not in PEER_STREAMS for p in paths):
+        parser.error(f"--paths: each must be one of {', '.join(PEER_STREAMS)}")
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         bundle_dir = Path(args.bundle) if args.bundle else make_tiny_bundle(Path(tmp) / "bundle", seed=0)
-        server, address = start_services(bundle_dir, args.backend)
-        try:
-            rows = _measure(bundle_dir, address, args)
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+        extra = ("--processes",) if args.processes else ()
+        addresses = {}
+        for path in paths:
+            server, addresses[path] = start_services(
+                bundle_dir, args.backend, env={"SPECDEC__GATEWAY__PEER_STREAMS": path}, extra_args=extra
+            )
+            stack.callback(_stop, server)
+        rows = _measure(bundle_dir, addresses, args)
     table = _table(rows)
     if args.triton:
         with tempfile.TemporaryDirectory() as tmp:
@@ -79,53 +99,76 @@ def main(argv: list[str] | None = None) -> int:
             f"date {dt.date.today().isoformat()}; command `{shlex.join(['python', *sys.argv])}`"
         )
         bundle_note = args.bundle or "a tiny random bundle (`specdec tiny-bundle --seed 0`)"
+        layout = "`specdec serve all --processes` (one process per service)" if args.processes else (
+            "`specdec serve all` in its own process"
+        )
         note = (
             f"Bundle: {bundle_note}; {len(TEXTS)} inputs, max_new_tokens {args.max_new_tokens}, median of "
-            f"{args.repeats} passes. Services: `specdec serve all` in its own process, one request in flight "
-            "over loopback. Outputs through the services are identical to in-process in every mode."
+            f"{args.repeats} interleaved passes. Services: {layout}, one request in flight over loopback; "
+            "path: the gateway's `peer_streams` (aio: grpc.aio calls on its event loop; sync: synchronous "
+            "streams, a thread per stream). Outputs through the services are identical to in-process in "
+            "every mode."
         )
         write_section(args.output, SECTION, f"{stamp}\n\n{note}\n\n{table}")
     return 0
 
 
-def _measure(bundle_dir: Path, address: str, args) -> list[dict]:
+def _stop(server: subprocess.Popen) -> None:
+    server.terminate()
+    server.wait(timeout=30)
+
+
+def _measure(bundle_dir: Path, addresses: dict[str, str], args) -> list[dict]:
+    """Per configuration: in-process, then through each stack, pass after pass (the first dropped)."""
     bundle = load_bundle(bundle_dir)
     verifier = make_verifier(bundle, args.backend)
     drafter = make_drafter(bundle, args.backend)
     sources = [bundle.tokenizer.encode(t) for t in TEXTS]
+    wanted = tuple(m.strip() for m in args.modes.split(",")) if args.modes else None
     rows = []
-    with grpc.insecure_channel(address) as channel:
-        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    with contextlib.ExitStack() as stack:
+        stubs = {
+            path: gateway_pb2_grpc.GatewayServiceStub(stack.enter_context(grpc.insecure_channel(address)))
+            for path, address in addresses.items()
+        }
         for bench_config in quick_configs():  # one configuration per mode, as `specdec bench --quick`
             mode = bench_config.name
+            if wanted is not None and not mode.startswith(wanted):
+                continue
             overrides = {**bench_config.overrides, "max_new_tokens": args.max_new_tokens, "seed": 1}
             config = DecodingConfig().with_overrides(overrides)
             wire = overrides_to_wire(overrides)
-            local_s, remote_s, iterations = [], [], 0
-            for _ in range(args.repeats + 1):  # the first pass warms both sides up and is dropped
+            local_s: list[float] = []
+            remote_s: dict[str, list[float]] = {path: [] for path in stubs}
+            iterations = 0
+            for _ in range(args.repeats + 1):
                 t0 = time.perf_counter()
                 local = [decode(src, config, verifier, drafter) for src in sources]
-                t1 = time.perf_counter()
-                remote = [stub.Generate(gateway_pb2.GenerateRequest(text=t, config=wire), timeout=120) for t in TEXTS]
-                t2 = time.perf_counter()
-                for a, b in zip(local, remote, strict=True):
-                    if a.output_ids != list(b.output_ids):
-                        raise AssertionError(f"{mode}: services and in-process outputs differ")
-                local_s.append(t1 - t0)
-                remote_s.append(t2 - t1)
+                local_s.append(time.perf_counter() - t0)
                 iterations = sum(r.stats.iterations for r in local)
-            local_ms = statistics.median(local_s) * 1000 / len(TEXTS)
-            remote_ms = statistics.median(remote_s) * 1000 / len(TEXTS)
+                for path, stub in stubs.items():
+                    t1 = time.perf_counter()
+                    remote = [stub.Generate(gateway_pb2.GenerateRequest(text=t, config=wire), timeout=120)
+                              for t in TEXTS]
+                    remote_s[path].append(time.perf_counter() - t1)
+                    for a, b in zip(local, remote, strict=True):
+                        if a.output_ids != list(b.output_ids):
+                            raise AssertionError(f"{mode} ({path}): services and in-process outputs differ")
+            # The first pass warms every side up and is dropped.
+            local_ms = statistics.median(local_s[1:]) * 1000 / len(TEXTS)
             per_request_iterations = iterations / len(TEXTS)
-            rows.append(
-                {
-                    "mode": mode,
-                    "iterations": per_request_iterations,
-                    "local_ms": local_ms,
-                    "remote_ms": remote_ms,
-                    "overhead_per_iteration_ms": (remote_ms - local_ms) / per_request_iterations,
-                }
-            )
+            for path, times in remote_s.items():
+                remote_ms = statistics.median(times[1:]) * 1000 / len(TEXTS)
+                rows.append(
+                    {
+                        "mode": mode,
+                        "path": path,
+                        "iterations": per_request_iterations,
+                        "local_ms": local_ms,
+                        "remote_ms": remote_ms,
+                        "overhead_per_iteration_ms": (remote_ms - local_ms) / per_request_iterations,
+                    }
+                )
     return rows
 
 
@@ -193,13 +236,13 @@ def _triton_table(rows: list[dict]) -> str:
 
 def _table(rows: list[dict]) -> str:
     lines = [
-        "| configuration | iterations / request | in-process ms / request | services ms / request | ratio | "
-        "overhead ms / iteration |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| configuration | peer streams | iterations / request | in-process ms / request | services ms / request "
+        "| ratio | overhead ms / iteration |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['mode']} | {r['iterations']:.1f} | {r['local_ms']:.1f} | {r['remote_ms']:.1f} | "
+            f"| {r['mode']} | {r['path']} | {r['iterations']:.1f} | {r['local_ms']:.1f} | {r['remote_ms']:.1f} | "
             f"{r['remote_ms'] / r['local_ms']:.2f}x | {r['overhead_per_iteration_ms']:.2f} |"
         )
     return "\n".join(lines)

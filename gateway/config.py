@@ -13,6 +13,7 @@ from core.config import DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS, chec
 from gateway.decoding_config import DecodingConfig, DecodingLimits
 
 FALLBACK_POLICIES = ("ar", "fail")
+PEER_STREAMS = ("aio", "sync")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ class GatewayConfig:
     drain_notice_s: float = 0.5
     # "ar": degrade to plain AR through the verifier when the drafter fails; "fail": UNAVAILABLE.
     fallback: str = field(default="ar", metadata={"choices": FALLBACK_POLICIES})
+    # How the gateway drives its verifier and drafter session streams (gateway/peer_streams.py):
+    # "aio", grpc.aio calls on the gateway's event loop (no thread per stream); "sync", the
+    # older synchronous streams (a thread per stream; kept to measure against, bench_services.py).
+    peer_streams: str = field(default="aio", metadata={"choices": PEER_STREAMS})
     # Security (README "Security"; core.config.check_security_keys checks them together).
     tls_cert: str | None = None  # PEM certificate chain; with tls_key the gateway speaks TLS only
     tls_key: str | None = None

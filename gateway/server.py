@@ -32,6 +32,7 @@ from gateway.remote import (
     CallOptions,
     Cancellation,
     DrafterFailure,
+    PeerChannel,
     RemoteCallError,
     RemoteDrafter,
     RemoteVerifier,
@@ -81,6 +82,18 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.verifier_channel = open_channel(target.address, peers, channel_options())
         self.drafter_channel = (
             open_channel(config.drafter_address, peers, channel_options()) if config.drafter_address else None
+        )
+        # The session streams' channels: grpc.aio on this (the gateway's) loop, or the synchronous
+        # channels above (`peer_streams = "sync"`). The synchronous ones also serve the one-off calls
+        # (GetModelInfo at start-up and on reconnect) made from worker threads.
+        aio = config.peer_streams == "aio"
+        self.verifier_streams: grpc.Channel | PeerChannel = (
+            PeerChannel(target.address, peers, channel_options()) if aio and self.triton is None
+            else self.verifier_channel
+        )
+        self.drafter_streams: grpc.Channel | PeerChannel | None = (
+            PeerChannel(config.drafter_address, peers, channel_options()) if aio and config.drafter_address
+            else self.drafter_channel
         )
         self.verifier_info: common_pb2.ModelInfo | None = None
         self.drafter_info: common_pb2.ModelInfo | None = None
@@ -161,7 +174,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
                 except grpc.RpcError:
                     self._drafter_retry_at = time.monotonic() + self.config.drafter_retry_s
                     return None
-        return RemoteDrafter(self.drafter_channel, self.drafter_info, options, self.config.drafter_timeout_s)
+        return RemoteDrafter(self.drafter_streams, self.drafter_info, options, self.config.drafter_timeout_s)
 
     def _drafter_failed(self, exc: Exception, log) -> None:
         """A real attempt at the drafter failed: skip it for drafter_retry_s, then try again."""
@@ -212,6 +225,9 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             self.triton.close()
         if self.drafter_channel is not None:
             self.drafter_channel.close()
+        for streams in (self.verifier_streams, self.drafter_streams):
+            if isinstance(streams, PeerChannel):
+                await streams.close()
 
     # ---- RPCs ----------------------------------------------------------------------------------
 
@@ -406,7 +422,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         assert self.verifier_info is not None
         verifier = (
             self.triton.verifier(self.verifier_info, options) if self.triton is not None
-            else RemoteVerifier(self.verifier_channel, self.verifier_info, options)
+            else RemoteVerifier(self.verifier_streams, self.verifier_info, options)
         )
         committed: list[int] = []
 

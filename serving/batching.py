@@ -250,8 +250,14 @@ class BatchScheduler:
                 self.on_batch(stats)
             except Exception:  # metrics must never cost a caller its result
                 log.exception("on_batch failed")
+        # One wake-up of the event loop per forward, not one per step: every callback through
+        # call_soon_threadsafe writes the loop's self-pipe, and the loop wakes once per write.
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any]]] = {}
         for step, result in zip(live, results, strict=True):
-            _call_soon(step.future, _settle, step.future, result)
+            by_loop.setdefault(step.future.get_loop(), []).append((step.future, result))
+        for loop, settled in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # the callers' loop is closed: nobody is left to tell
+                loop.call_soon_threadsafe(_settle_all, settled)
 
 
 def one_by_one(items: list[tuple[Any, Any]], step: Callable[[Any, Any], Any]) -> list[Any]:
@@ -344,6 +350,11 @@ def _settle(future: asyncio.Future, result: Any) -> None:
         future.set_exception(result)
     else:
         future.set_result(result)
+
+
+def _settle_all(settled: list[tuple[asyncio.Future, Any]]) -> None:
+    for future, result in settled:
+        _settle(future, result)
 
 
 def _call_soon(future: asyncio.Future, fn: Callable[..., None], *args: Any) -> None:

@@ -48,13 +48,18 @@ def write_section(path: Path, heading: str, body: str) -> None:
     path.write_text(text)
 
 
-def start_services(bundle_dir: Path, backend: str, threads: int | None = None) -> tuple[subprocess.Popen, str]:
-    """`specdec serve all` in its own process on ephemeral ports; returns it and the gateway address."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+def start_services(
+    bundle_dir: Path, backend: str, threads: int | None = None, env: dict[str, str] | None = None,
+    extra_args: tuple[str, ...] = (),
+) -> tuple[subprocess.Popen, str]:
+    """`specdec serve all` in its own process on ephemeral ports; returns it and the gateway address.
+    `env` adds to the environment (e.g. SPECDEC__GATEWAY__... keys), `extra_args` to the command."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     cmd = [sys.executable, "-m", "specdec", "serve", "all", "--bundle", str(bundle_dir), "--backend", backend,
-           "--gateway-addr", "127.0.0.1:0", "--verifier-addr", "127.0.0.1:0", "--drafter-addr", "127.0.0.1:0"]
+           "--gateway-addr", "127.0.0.1:0", "--verifier-addr", "127.0.0.1:0", "--drafter-addr", "127.0.0.1:0",
+           *extra_args]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     address = proc.stdout.readline().strip()  # printed once all three are SERVING
