@@ -51,10 +51,19 @@ def test_the_three_processes_serve_and_stop_together(bundle_dir, tmp_path):
 
 
 def test_a_child_that_cannot_start_stops_the_parent_with_a_reason(bundle_dir, tmp_path):
-    proc = _serve(bundle_dir, tmp_path, "--device", "cuda:7", stderr=subprocess.PIPE)
+    # A socket in a folder that does not exist: only the verifier's own bind can find that out.
+    unbindable = f"unix://{tmp_path}/missing/verifier.sock"
+    proc = _serve(bundle_dir, tmp_path, "--verifier-addr", unbindable, stderr=subprocess.PIPE)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0
     assert "before it was serving" in err and "specdec serve verifier exited" in err
+
+
+def test_a_missing_device_stops_the_parent_before_any_child_starts(bundle_dir, tmp_path):
+    proc = _serve(bundle_dir, tmp_path, "--device", "cuda:7", stderr=subprocess.PIPE)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "device 'cuda:7' does not exist" in err and "specdec serve verifier exited" not in err
 
 
 def _gad(address: str, max_new_tokens: int) -> gateway_pb2.GenerateResponse:
