@@ -53,8 +53,10 @@ class DecodingConfig:
         default=False,
         metadata=about("choose the block length per step for the load, up to k (gad, gad++, iad)", wire="adaptive_k"),
     )
+    # Off by default: on one 2-core host the pre-draft competes with the verifier for the cores and
+    # GAD ran 0.91x (BENCHMARKS.md, "Overlapped drafting"); it is for drafter and verifier on their own devices.
     overlap: bool = field(
-        default=True,
+        default=False,
         metadata=about("draft the next block while the verifier verifies this one (gad, gad++, mjsd)"),
     )
 

@@ -147,7 +147,7 @@ def test_speculative_sampling_and_drafterless_modes_never_pre_draft() -> None:
     source = [5, 6, 7, 8, 9, 10, 11, 12]
     for mode in (Mode.SPECULATIVE, Mode.IAD, Mode.AR):
         recording = RecordingDrafter(_drafter(0))
-        result = decode(source, DecodingConfig(mode=mode, max_new_tokens=30), _verifier(0), recording)
+        result = decode(source, DecodingConfig(mode=mode, max_new_tokens=30, overlap=True), _verifier(0), recording)
         assert result.stats.predrafts == 0
         assert not any(c.predraft for r in recording.records for c in r.calls)
 
@@ -193,7 +193,7 @@ class _VerifierFailsAt:
 def test_a_verifier_failure_waits_for_the_pre_draft_in_flight() -> None:
     source = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3
     recording = RecordingDrafter(_drafter(0), hook=_slow_predrafts(0.05))
-    config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60)
+    config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, overlap=True)
     with pytest.raises(RuntimeError, match="verifier went away"):
         decode(source, config, _VerifierFailsAt(_verifier(0), 3), recording)
     (record,) = recording.records
@@ -214,7 +214,7 @@ def test_a_drafter_that_dies_during_a_pre_draft_fails_like_a_plain_draft_and_ar_
             raise DrafterFailure(ConnectionError("drafter process died"))
 
     recording = RecordingDrafter(_drafter(0), hook=hook)
-    config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60)
+    config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, overlap=True)
     committed: list[int] = []
     with pytest.raises(DrafterFailure, match="drafter process died"):
         decode(source, config, _verifier(0), recording, on_tokens=committed.extend)
@@ -230,6 +230,6 @@ def test_a_drafter_that_dies_during_a_pre_draft_fails_like_a_plain_draft_and_ar_
 def test_pre_draft_threads_are_a_bounded_pool_not_one_per_step() -> None:
     source = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3
     for _ in range(5):
-        decode(source, DecodingConfig(mode=Mode.GAD, k=2, max_new_tokens=60), _verifier(0), _drafter(0))
+        decode(source, DecodingConfig(mode=Mode.GAD, k=2, max_new_tokens=60, overlap=True), _verifier(0), _drafter(0))
     names = [t.name for t in threading.enumerate() if t.name.startswith("specdec-predraft")]
     assert 1 <= len(names) <= PREDRAFT_THREADS

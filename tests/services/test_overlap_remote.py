@@ -58,13 +58,15 @@ def test_overlapped_generate_equals_plain_generate(gateway, ids, max_new, params
     assert 0 <= b.predrafts_used <= b.predrafts <= b.iterations
 
 
-def test_overlap_is_on_by_default_and_its_counts_reach_the_metrics(stack, gateway):
+def test_overlap_is_off_by_default_and_when_asked_for_its_counts_reach_the_metrics(stack, gateway):
     port = stack.running.gateway.host.metrics_port
     key = 'specdec_gateway_predrafts_total{mode="gad"}'
     used_key = 'specdec_gateway_predrafts_used_total{mode="gad"}'
     before = scrape(port)
     ids = list(range(FIRST_WORD, FIRST_WORD + 30))
-    response = _generate(gateway, ids, {"mode": "gad", "k": 1, "max_new_tokens": 40})  # overlap unset: on
+    unset = _generate(gateway, ids, {"mode": "gad", "k": 1, "max_new_tokens": 40})
+    assert unset.stats.predrafts == 0
+    response = _generate(gateway, ids, {"mode": "gad", "k": 1, "max_new_tokens": 40, "overlap": True})
     assert response.stats.predrafts > 0
     after = scrape(port)
     assert after[key] - before.get(key, 0.0) == response.stats.predrafts
