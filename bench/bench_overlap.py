@@ -15,9 +15,7 @@ and the drafter's guess of the verifier's token right) and whether the outputs a
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -27,7 +25,7 @@ import grpc
 
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
-from specdec.bench_report import cpu_name, write_section
+from specdec.bench_report import machine_stamp, write_section
 from specdec.loadtest import ua_gec_texts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,8 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     table = _table(rows)
     print(table)
     if args.write:
-        stamp = (f"Machine: {cpu_name()}, {os.cpu_count()} cores; ONNX Runtime; date {dt.date.today().isoformat()}; "
-                 f"command `{shlex.join(['python', *sys.argv])}`")
+        stamp = machine_stamp("ONNX Runtime")
         note = (f"Bundle: {Path(args.bundle).name}; the first {len(texts)} UA-GEC test sentences through "
                 f"`specdec serve all --processes` (TCP loopback), one Generate in flight, max_new_tokens "
                 f"{args.max_new_tokens}; best of {args.rounds} interleaved rounds, overlap off and on in each. Hit "

@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
-import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -40,7 +37,7 @@ from gateway.remote import RemoteVerifier, fetch_verifier_info
 from protos.specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from seq2seq_models.bundle import make_tiny_bundle
 from serving.channels import channel_options
-from specdec.bench_report import cpu_name, write_section
+from specdec.bench_report import machine_stamp, write_section
 from tests.services.conftest import free_port, spawn_specdec, wait_ready_line
 
 SECTION = "## Round trip split (CPU)"
@@ -73,10 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 proc.wait(30)
     print(table)
     if args.write:
-        stamp = (
-            f"Machine: {cpu_name()}, {os.cpu_count()} cores; date {dt.date.today().isoformat()}; "
-            f"command `{shlex.join(['python', *sys.argv])}`"
-        )
+        stamp = machine_stamp()
         note = (
             f"Bundle: {args.bundle or 'a tiny random bundle (seed 0)'}; `specdec serve verifier` (default backend) "
             f"and a bare grpc.aio echo VerifierService, each in its own process; {args.sessions} sessions of "

@@ -14,9 +14,6 @@ on every round trip of the accept loop.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -27,7 +24,7 @@ import grpc
 
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
-from specdec.bench_report import cpu_name, write_section
+from specdec.bench_report import machine_stamp, write_section
 from specdec.loadtest import ua_gec_texts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     table = _table(rows)
     print(table)
     if args.write:
-        stamp = (f"Machine: {cpu_name()}, {os.cpu_count()} cores; ONNX Runtime; date {dt.date.today().isoformat()}; "
-                 f"command `{shlex.join(['python', *sys.argv])}`")
+        stamp = machine_stamp("ONNX Runtime")
         note = (f"Bundle: {Path(args.bundle).name}; the first {len(texts)} UA-GEC test sentences, one Generate in "
                 f"flight, max_new_tokens {args.max_new_tokens}; best of {args.rounds} interleaved rounds. Both stacks "
                 "are `specdec serve all --processes`, up at once; outputs are identical on both.")

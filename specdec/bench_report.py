@@ -21,6 +21,16 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def machine_stamp(*facts: str) -> str:
+    """The line every BENCHMARKS.md section opens with: machine, cores, `facts`, date, the command run."""
+    import datetime as dt
+    import shlex
+
+    parts = [f"Machine: {cpu_name()}, {os.cpu_count()} cores", *facts, f"date {dt.date.today().isoformat()}",
+             f"command `{shlex.join(['python', *sys.argv])}`"]
+    return "; ".join(parts)
+
+
 def median_seconds(fn, repeats: int) -> float:
     """Median wall time of `repeats` calls of `fn`, after one untimed call (ONNX Runtime allocates its
     buffers for the shapes on the first)."""

@@ -127,55 +127,40 @@ def draft_verify_loop(
     With `overlap`, the next block is drafted while the verifier verifies this one; however the
     loop ends, it waits for that drafting before it returns (the caller closes the sessions next)."""
     try:
-        return _loop(session, propose, accept, top_k, max_new_tokens, eos_id, stats, on_tokens, prefix, overlap)
+        out: list[int] = list(prefix or [])
+        sync = PrefixSync()
+        while True:
+            # A block commits at most len(draft) + 1 tokens: never draft past max_new_tokens.
+            room = max_new_tokens - len(out) - 1
+            t0 = time.perf_counter()
+            draft = propose(out, room) if room > 0 else Draft(ids=[])
+            ids = draft.ids[:room] if room > 0 else []
+            if overlap is not None:
+                # The room after this block, if it is accepted in full with the verifier's token.
+                overlap.predraft(out, ids, room - len(ids) - 1)
+            t1 = time.perf_counter()
+            committed, append = sync.delta(out)
+            result = session.step(committed, append, ids, top_k)
+            stats.drafter_time_s += t1 - t0
+            stats.verifier_time_s += time.perf_counter() - t1
+            sync.seen = out + ids
+            accepted, token = accept(ids, draft, result)
+            stats.iterations += 1
+            stats.record_accepts(len(ids), accepted)
+            block = [*ids[:accepted], token]
+            finish = ""
+            if eos_id in block:
+                block = block[: block.index(eos_id)]
+                finish = "eos"
+            out.extend(block)
+            if on_tokens is not None and block:
+                on_tokens(block)
+            if not finish and len(out) >= max_new_tokens:
+                finish = "length"
+            if finish:
+                stats.finish_reason = finish
+                stats.output_tokens = len(out)
+                return out
     finally:
         if overlap is not None:
             overlap.settle()
-
-
-def _loop(
-    session: VerifierSession,
-    propose: Propose,
-    accept: Accept,
-    top_k: int,
-    max_new_tokens: int,
-    eos_id: int,
-    stats: DecodeStats,
-    on_tokens: OnTokens | None,
-    prefix: list[int] | None,
-    overlap: Overlap | None,
-) -> list[int]:
-    out: list[int] = list(prefix or [])
-    sync = PrefixSync()
-    while True:
-        # A block commits at most len(draft) + 1 tokens: never draft past max_new_tokens.
-        room = max_new_tokens - len(out) - 1
-        t0 = time.perf_counter()
-        draft = propose(out, room) if room > 0 else Draft(ids=[])
-        ids = draft.ids[:room] if room > 0 else []
-        if overlap is not None:
-            # The room after this block, if it is accepted in full with the verifier's token.
-            overlap.predraft(out, ids, room - len(ids) - 1)
-        t1 = time.perf_counter()
-        committed, append = sync.delta(out)
-        result = session.step(committed, append, ids, top_k)
-        stats.drafter_time_s += t1 - t0
-        stats.verifier_time_s += time.perf_counter() - t1
-        sync.seen = out + ids
-        accepted, token = accept(ids, draft, result)
-        stats.iterations += 1
-        stats.record_accepts(len(ids), accepted)
-        block = [*ids[:accepted], token]
-        finish = ""
-        if eos_id in block:
-            block = block[: block.index(eos_id)]
-            finish = "eos"
-        out.extend(block)
-        if on_tokens is not None and block:
-            on_tokens(block)
-        if not finish and len(out) >= max_new_tokens:
-            finish = "length"
-        if finish:
-            stats.finish_reason = finish
-            stats.output_tokens = len(out)
-            return out
