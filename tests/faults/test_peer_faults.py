@@ -32,8 +32,10 @@ def _request(overrides: dict) -> gateway_pb2.GenerateRequest:
 
 @pytest.fixture
 def served(bundle_dir, tmp_path):
-    # The drafter gets 1 s per request before the gateway gives up on it; retried 0.5 s later.
-    running = serve_separately(bundle_dir, tmp_path, gateway={"drafter_timeout_s": 1.0, "drafter_retry_s": 0.5})
+    # The drafter's stream gets 3 s per request before the gateway gives up on it; retried 0.5 s later.
+    # The cap covers the whole request, so it must exceed a healthy GAD request even on a loaded CI
+    # machine (at 1 s a 200-token request right after the verifier's restart tripped it).
+    running = serve_separately(bundle_dir, tmp_path, gateway={"drafter_timeout_s": 3.0, "drafter_retry_s": 0.5})
     try:
         yield running
     finally:
