@@ -15,8 +15,6 @@ and the drafter's guess of the verifier's token right) and whether the outputs a
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,7 +23,7 @@ import grpc
 
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
-from specdec.bench_report import machine_stamp, write_section
+from specdec.bench_report import machine_stamp, start_services, write_section
 from specdec.loadtest import ua_gec_texts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
     args = p.parse_args(argv)
     texts = ua_gec_texts(args.sentences)
-    proc, address = _start(args.bundle)
+    proc, address = start_services(Path(args.bundle), "onnxruntime", extra_args=("--processes",))
     try:
         rows = _measure(address, texts, args)
     finally:
@@ -101,18 +99,6 @@ def _table(rows: list[dict]) -> str:
     if any(r["degraded"] for r in rows):
         lines.append(f"\n{sum(r['degraded'] for r in rows)} requests fell back to AR (drafter failures).")
     return "\n".join(lines)
-
-
-def _start(bundle: str) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "specdec", "serve", "all", "--processes", "--bundle", bundle,
-           *(x for role in ("gateway", "verifier", "drafter") for x in (f"--{role}-addr", "127.0.0.1:0"))]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    address = proc.stdout.readline().strip()  # printed once all three are SERVING
-    if not address:
-        raise SystemExit(f"serve all exited with {proc.wait()}")
-    return proc, address
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import grpc
 
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
-from specdec.bench_report import machine_stamp, write_section
+from specdec.bench_report import machine_stamp, start_services, write_section
 from specdec.loadtest import ua_gec_texts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,18 +100,10 @@ def _table(rows: list[dict]) -> str:
 
 
 def _start(bundle: str, transport: str, tmp: Path) -> tuple[subprocess.Popen, str]:
-    if transport == "unix":
-        addresses = {role: f"unix://{tmp}/{role}.sock" for role in ("gateway", "verifier", "drafter")}
-    else:
-        addresses = {role: "127.0.0.1:0" for role in ("gateway", "verifier", "drafter")}
-    cmd = [sys.executable, "-m", "specdec", "serve", "all", "--processes", "--bundle", bundle,
-           *(x for role, a in addresses.items() for x in (f"--{role}-addr", a))]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    address = proc.stdout.readline().strip()
-    if not address:
-        raise SystemExit(f"serve all ({transport}) exited with {proc.wait()}")
-    return proc, address
+    # The later address flags override start_services' TCP loopback ones.
+    unix = [x for role in ("gateway", "verifier", "drafter") for x in (f"--{role}-addr", f"unix://{tmp}/{role}.sock")]
+    flags = ("--processes", *(unix if transport == "unix" else ()))
+    return start_services(Path(bundle), "onnxruntime", extra_args=flags)
 
 
 if __name__ == "__main__":
