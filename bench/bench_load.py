@@ -43,7 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from core.backends import BACKENDS
-from specdec.bench_report import cpu_name, write_section
+from specdec.bench_report import cpu_name, start_services, write_section
 from specdec.loadtest import LoadReport, LoadSpec, run_load, ua_gec_texts
 
 SECTION = "## Load (serve all)"
@@ -329,20 +329,9 @@ def _extra_keys(items: list[str]) -> dict[str, dict[str, str]]:
 
 
 def _start(args, config: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    if args.threads:
-        env["OMP_NUM_THREADS"] = str(args.threads)
-    cmd = [sys.executable, "-m", "specdec", "serve", "all", "--bundle", args.bundle, "--backend", args.backend,
-           "--config", str(config), "--gateway-addr", "127.0.0.1:0", "--verifier-addr", "127.0.0.1:0",
-           "--drafter-addr", "127.0.0.1:0", *([] if args.one_process else ["--processes"])]
-    with open(log, "w") as err:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
-    assert proc.stdout is not None
-    address = proc.stdout.readline().strip()  # printed once all three are SERVING
-    if not address:
-        tail = "\n".join(log.read_text().splitlines()[-5:])
-        raise SystemExit(f"specdec serve all exited with {proc.wait()}:\n{tail}")
-    return proc, address
+    processes = () if args.one_process else ("--processes",)
+    return start_services(Path(args.bundle), args.backend, args.threads,
+                          extra_args=("--config", str(config), *processes), log=log)
 
 
 def _free_port() -> int:

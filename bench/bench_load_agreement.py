@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from bench_load import MODES as LOAD_MODES
 
 from core.backends import BACKENDS
-from specdec.bench_report import cpu_name, write_section
+from specdec.bench_report import cpu_name, start_services, write_section
 from specdec.loadtest import LoadReport, LoadSpec, run_load, ua_gec_texts
 
 SECTION = "## Load: outputs under batching (agreement)"
@@ -203,20 +203,8 @@ def _start(args, tmp: Path) -> tuple[subprocess.Popen, str, str]:
         *(line for s in ("verifier", "drafter")
           for line in (f"[{s}]", f"max_sessions = {max(64, 8 * clients)}", f'metrics_address = "{metrics[s]}"', "")),
     ]))
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    if args.threads:
-        env["OMP_NUM_THREADS"] = str(args.threads)
-    cmd = [sys.executable, "-m", "specdec", "serve", "all", "--processes", "--bundle", str(args.bundle),
-           "--backend", args.backend, "--config", str(config), "--gateway-addr", "127.0.0.1:0",
-           "--verifier-addr", "127.0.0.1:0", "--drafter-addr", "127.0.0.1:0"]
-    log = tmp / "serve.log"
-    with open(log, "w") as err:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
-    assert proc.stdout is not None
-    address = proc.stdout.readline().strip()  # printed once all three are SERVING
-    if not address:
-        tail = "\n".join(log.read_text().splitlines()[-5:])
-        raise SystemExit(f"specdec serve all exited with {proc.wait()}:\n{tail}")
+    proc, address = start_services(Path(args.bundle), args.backend, args.threads,
+                                   extra_args=("--processes", "--config", str(config)), log=tmp / "serve.log")
     return proc, address, f"http://{metrics['verifier']}/metrics"
 
 
