@@ -5,11 +5,14 @@
     python bench/bench_services.py --modes "AR greedy"      # only the configurations named so
     python bench/bench_services.py --write    # also update "## Services round trip (CPU)" in BENCHMARKS.md
     python bench/bench_services.py --triton   # also: the Triton-hosted verifier against the native one
+    python bench/bench_services.py --greedy-chunks 16,1   # AR runs of 16 steps per round trip, and of 1
 
 The services run as `specdec serve all` in a separate process (as a user runs them; `--processes`:
 each service in its own process); the client calls `Generate` over loopback with one request in
 flight. There is one such stack per gateway peer-stream path (`--paths`, `[gateway] peer_streams`:
-"aio", the grpc.aio calls on the gateway's loop, and "sync", the older synchronous streams), and
+"aio", the grpc.aio calls on the gateway's loop, and "sync", the older synchronous streams) and
+AR run length (`--greedy-chunks`, `[gateway] greedy_chunk`: AR steps per verifier round trip; 1 is
+one round trip per token; only AR greedy differs, so other modes run on the first value only), and
 every pass runs in-process and then each stack in turn, so all are measured under the same load.
 In-process runs `decode()` on the same bundle, the same verifier backend and the same decoding
 parameters, so every side does the same iterations (the script checks that the outputs are
@@ -40,7 +43,7 @@ from core.backends import BACKENDS, DEFAULT_BACKEND
 from drafter_service.session import make_drafter
 from gateway.config import PEER_STREAMS
 from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig
+from gateway.decoding_config import DecodingConfig, Mode
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
@@ -48,7 +51,8 @@ from specdec.bench_report import cpu_name, start_services, write_section
 from specdec.benchmark import quick_configs
 from verifier_service.session import make_verifier
 
-SECTION = "## Services round trip (CPU)"
+SECTION = "## Services round trip (CPU)"  # the tiny bundle; a --bundle run gets its own section
+TRAINED_SECTION = "## Services round trip (CPU, trained bundle)"
 TRITON_MODES = ("AR greedy", "IAD", "GAD k=")  # lossless rows: same tokens, so the same iterations
 TEXTS = [
     "Я хочу подякувати вам за вашу допомогу.",
@@ -66,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="passes over the inputs per mode (median taken)")
     parser.add_argument("--paths", default=",".join(PEER_STREAMS),
                         help="gateway peer-stream paths to measure, comma-separated (default: %(default)s)")
+    parser.add_argument("--greedy-chunks", default="16,1",
+                        help="[gateway] greedy_chunk values to measure AR greedy with (default: %(default)s)")
     parser.add_argument("--processes", action="store_true", help="serve all --processes (one process per service)")
     parser.add_argument("--modes", help="only the configurations whose name starts with one of these, comma-separated")
     parser.add_argument("--write", action="store_true")
@@ -76,16 +82,22 @@ def main(argv: list[str] | None = None) -> int:
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     if not paths or any(p not in PEER_STREAMS for p in paths):
         parser.error(f"--paths: each must be one of {', '.join(PEER_STREAMS)}")
+    try:
+        chunks = [int(c) for c in args.greedy_chunks.split(",") if c.strip()]
+    except ValueError:
+        chunks = []
+    if not chunks or min(chunks) < 1:
+        parser.error("--greedy-chunks: comma-separated integers >= 1")
 
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         bundle_dir = Path(args.bundle) if args.bundle else make_tiny_bundle(Path(tmp) / "bundle", seed=0)
         extra = ("--processes",) if args.processes else ()
         addresses = {}
-        for path in paths:
-            server, addresses[path] = start_services(
-                bundle_dir, args.backend, env={"SPECDEC__GATEWAY__PEER_STREAMS": path}, extra_args=extra
-            )
-            stack.callback(_stop, server)
+        for chunk in chunks:
+            for path in paths:
+                env = {"SPECDEC__GATEWAY__PEER_STREAMS": path, "SPECDEC__GATEWAY__GREEDY_CHUNK": str(chunk)}
+                server, addresses[path, chunk] = start_services(bundle_dir, args.backend, env=env, extra_args=extra)
+                stack.callback(_stop, server)
         rows = _measure(bundle_dir, addresses, args)
     table = _table(rows)
     if args.triton:
@@ -106,10 +118,12 @@ def main(argv: list[str] | None = None) -> int:
             f"Bundle: {bundle_note}; {len(TEXTS)} inputs, max_new_tokens {args.max_new_tokens}, median of "
             f"{args.repeats} interleaved passes. Services: {layout}, one request in flight over loopback; "
             "path: the gateway's `peer_streams` (aio: grpc.aio calls on its event loop; sync: synchronous "
-            "streams, a thread per stream). Outputs through the services are identical to in-process in "
-            "every mode."
+            "streams, a thread per stream); AR steps / trip: the gateway's `greedy_chunk`, the most AR "
+            "steps the verifier runs per round trip (`VerifyStep.greedy_steps`; other modes run on "
+            f"{chunks[0]}). Outputs through the services are identical to in-process in every mode."
         )
-        write_section(args.output, SECTION, f"{stamp}\n\n{note}\n\n{table}")
+        section = TRAINED_SECTION if args.bundle else SECTION
+        write_section(args.output, section, f"{stamp}\n\n{note}\n\n{table}")
     return 0
 
 
@@ -118,7 +132,7 @@ def _stop(server: subprocess.Popen) -> None:
     server.wait(timeout=30)
 
 
-def _measure(bundle_dir: Path, addresses: dict[str, str], args) -> list[dict]:
+def _measure(bundle_dir: Path, addresses: dict[tuple[str, int], str], args) -> list[dict]:
     """Per configuration: in-process, then through each stack, pass after pass (the first dropped)."""
     bundle = load_bundle(bundle_dir)
     verifier = make_verifier(bundle, args.backend)
@@ -128,9 +142,10 @@ def _measure(bundle_dir: Path, addresses: dict[str, str], args) -> list[dict]:
     rows = []
     with contextlib.ExitStack() as stack:
         stubs = {
-            path: gateway_pb2_grpc.GatewayServiceStub(stack.enter_context(grpc.insecure_channel(address)))
-            for path, address in addresses.items()
+            key: gateway_pb2_grpc.GatewayServiceStub(stack.enter_context(grpc.insecure_channel(address)))
+            for key, address in addresses.items()
         }
+        first_chunk = next(iter(addresses))[1]
         for bench_config in quick_configs():  # one configuration per mode, as `specdec bench --quick`
             mode = bench_config.name
             if wanted is not None and not mode.startswith(wanted):
@@ -139,30 +154,33 @@ def _measure(bundle_dir: Path, addresses: dict[str, str], args) -> list[dict]:
             config = DecodingConfig().with_overrides(overrides)
             wire = overrides_to_wire(overrides)
             local_s: list[float] = []
-            remote_s: dict[str, list[float]] = {path: [] for path in stubs}
+            # Only AR greedy takes runs of steps: the other modes are the same on every chunk.
+            mode_stubs = {k: s for k, s in stubs.items() if k[1] == first_chunk or config.mode == Mode.AR}
+            remote_s: dict[tuple[str, int], list[float]] = {key: [] for key in mode_stubs}
             iterations = 0
             for _ in range(args.repeats + 1):
                 t0 = time.perf_counter()
                 local = [decode(src, config, verifier, drafter) for src in sources]
                 local_s.append(time.perf_counter() - t0)
                 iterations = sum(r.stats.iterations for r in local)
-                for path, stub in stubs.items():
+                for key, stub in mode_stubs.items():
                     t1 = time.perf_counter()
                     remote = [stub.Generate(gateway_pb2.GenerateRequest(text=t, config=wire), timeout=120)
                               for t in TEXTS]
-                    remote_s[path].append(time.perf_counter() - t1)
+                    remote_s[key].append(time.perf_counter() - t1)
                     for a, b in zip(local, remote, strict=True):
                         if a.output_ids != list(b.output_ids):
-                            raise AssertionError(f"{mode} ({path}): services and in-process outputs differ")
+                            raise AssertionError(f"{mode} ({key}): services and in-process outputs differ")
             # The first pass warms every side up and is dropped.
             local_ms = statistics.median(local_s[1:]) * 1000 / len(TEXTS)
             per_request_iterations = iterations / len(TEXTS)
-            for path, times in remote_s.items():
+            for (path, chunk), times in remote_s.items():
                 remote_ms = statistics.median(times[1:]) * 1000 / len(TEXTS)
                 rows.append(
                     {
                         "mode": mode,
                         "path": path,
+                        "chunk": chunk if config.mode == Mode.AR else None,
                         "iterations": per_request_iterations,
                         "local_ms": local_ms,
                         "remote_ms": remote_ms,
@@ -236,14 +254,15 @@ def _triton_table(rows: list[dict]) -> str:
 
 def _table(rows: list[dict]) -> str:
     lines = [
-        "| configuration | peer streams | iterations / request | in-process ms / request | services ms / request "
-        "| ratio | overhead ms / iteration |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| configuration | peer streams | AR steps / trip | iterations / request | in-process ms / request "
+        "| services ms / request | ratio | overhead ms / iteration |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        chunk = "" if r["chunk"] is None else str(r["chunk"])
         lines.append(
-            f"| {r['mode']} | {r['path']} | {r['iterations']:.1f} | {r['local_ms']:.1f} | {r['remote_ms']:.1f} | "
-            f"{r['remote_ms'] / r['local_ms']:.2f}x | {r['overhead_per_iteration_ms']:.2f} |"
+            f"| {r['mode']} | {r['path']} | {chunk} | {r['iterations']:.1f} | {r['local_ms']:.1f} | "
+            f"{r['remote_ms']:.1f} | {r['remote_ms'] / r['local_ms']:.2f}x | {r['overhead_per_iteration_ms']:.2f} |"
         )
     return "\n".join(lines)
 

@@ -103,6 +103,23 @@ class VerifierSession(Protocol):
     def close(self) -> None: ...
 
 
+class GreedySession(VerifierSession, Protocol):
+    """A verifier session that runs several plain AR steps per call (`core.greedy`).
+
+    `step_greedy(committed_len, append_ids, steps, top_k)` is `step` with no draft, then, while
+    fewer than `steps` ran, its top1 appended (not EOS, room left) and another step: one
+    `VerifyResult` with one position per step run. The session then holds every greedy token but
+    the last, as after `steps` single steps. `max_greedy_steps` is how many one call should ask
+    for at most (a remote session's chunk: tokens reach a streaming client a chunk at a time);
+    `first_greedy_runs`, the sizes of the first calls' runs (short, for a streaming client's first
+    tokens), if any."""
+
+    max_greedy_steps: int
+    first_greedy_runs: tuple[int, ...]
+
+    def step_greedy(self, committed_len: int, append_ids: list[int], steps: int, top_k: int) -> VerifyResult: ...
+
+
 class MultiRowSession(VerifierSession, Protocol):
     """A verifier session holding several rows over one source (the beams of one request).
 

@@ -49,6 +49,10 @@ class GatewayConfig:
     # synchronous streams (a thread per stream). Default sync: with aio, a request arriving as the
     # gateway stops was sometimes CANCELLED instead of UNAVAILABLE (tests/faults/test_shutdown.py).
     peer_streams: str = field(default="sync", metadata={"choices": PEER_STREAMS})
+    # AR steps the verifier runs per round trip at most (VerifyStep.greedy_steps): the AR
+    # baseline, and AR after a drafter failure, without a round trip per token. A streaming
+    # request gets its first token alone, then 4, then chunks of this many. 1: a round trip per step.
+    greedy_chunk: int = 16
     # Security (README "Security"; core.config.check_security_keys checks them together).
     tls_cert: str | None = None  # PEM certificate chain; with tls_key the gateway speaks TLS only
     tls_key: str | None = None
@@ -72,7 +76,7 @@ class GatewayConfig:
             verifier_target(self.verifier_url)  # a malformed URL fails at start-up, naming the key
         if not self.kserve_model:
             raise ValueError("[gateway] kserve_model: must not be empty")
-        for name, least in (("workers", 1), ("max_queued", 0), ("max_per_client", 1)):
+        for name, least in (("workers", 1), ("max_queued", 0), ("max_per_client", 1), ("greedy_chunk", 1)):
             if getattr(self, name) < least:
                 raise ValueError(f"[gateway] {name}: must be at least {least}; got {getattr(self, name)}")
 

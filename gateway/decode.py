@@ -13,6 +13,7 @@ from core.interfaces import Drafter, DrafterSession, Verifier
 from gateway.decoding_config import DecodingConfig
 from gateway.modes import MODES, PolicyInputs
 from gateway.policies.drafter_sync import DrafterSync
+from gateway.policies.greedy import greedy_loop
 from gateway.policies.loop import DecodeResult, DecodeStats, OnTokens, draft_verify_loop
 from gateway.policies.overlap import OverlappedSync
 
@@ -64,6 +65,9 @@ def decode(
             sync = DrafterSync(drafter_session)
         propose, accept = spec.build(PolicyInputs(config, source_ids, verifier, sync, rng))
         top_k = spec.top_k(config, verifier.vocab_size)
+        if spec.greedy and getattr(session, "max_greedy_steps", 1) > 1:
+            out = greedy_loop(session, top_k, config.max_new_tokens, verifier.eos_id, stats, on_tokens, prefix)
+            return DecodeResult(out, stats)
         out = draft_verify_loop(
             session, propose, accept, top_k, config.max_new_tokens, verifier.eos_id, stats, on_tokens, prefix,
             overlap,

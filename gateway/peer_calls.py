@@ -89,12 +89,14 @@ class Cancellation:
 
 @dataclass(frozen=True)
 class CallOptions:
-    """Per-request call settings: an absolute deadline (time.monotonic), the request id, and the
-    request's cancel switch (None: calls are not cancellable from outside)."""
+    """Per-request call settings: an absolute deadline (time.monotonic), the request id, the
+    request's cancel switch (None: calls are not cancellable from outside), and whether its client
+    reads tokens as they come (GenerateStream: the verifier's first greedy runs are short)."""
 
     deadline: float | None = None
     request_id: str = ""
     cancellation: Cancellation | None = field(default=None, compare=False)
+    streaming: bool = False
 
     def timeout(self, cap: float | None = None) -> float | None:
         left = None if self.deadline is None else max(self.deadline - time.monotonic(), 0.001)

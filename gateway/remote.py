@@ -50,6 +50,9 @@ __all__ = [
     "fetch_verifier_info",
 ]
 
+# Steps in a streaming request's first greedy runs (VerifyStep.greedy_steps), before full runs.
+STREAM_FIRST_RUNS = (1, 4)
+
 # A channel to a peer: synchronous (one `_Stream` per session) or on the gateway's loop (`AioStream`).
 Channel = grpc.Channel | PeerChannel
 
@@ -67,8 +70,12 @@ def fetch_drafter_info(channel: grpc.Channel, timeout: float = 5.0) -> common_pb
 class RemoteVerifier:
     """`core.interfaces.Verifier` over a VerifierService; one instance per request (options)."""
 
-    def __init__(self, channel: Channel, info: common_pb2.ModelInfo, options: CallOptions | None = None) -> None:
+    def __init__(
+        self, channel: Channel, info: common_pb2.ModelInfo, options: CallOptions | None = None, greedy_chunk: int = 1
+    ) -> None:
         self._channel = channel
+        # AR steps per round trip at most (VerifyStep.greedy_steps; 1: one step per round trip).
+        self.greedy_chunk = greedy_chunk
         self._method = channel.verify if isinstance(channel, PeerChannel) else (
             verifier_pb2_grpc.VerifierServiceStub(channel).Verify
         )
@@ -82,17 +89,23 @@ class RemoteVerifier:
 
     def open(self, source_ids: list[int]) -> RemoteVerifierSession:
         first = verifier_pb2.VerifyRequest(open=verifier_pb2.VerifyOpen(source_ids=source_ids))
-        return RemoteVerifierSession(_open_stream("verifier", self._channel, self._method, self.options, None, first))
+        stream = _open_stream("verifier", self._channel, self._method, self.options, None, first)
+        # A streaming client gets its first token alone and the next few soon, then full runs.
+        first_runs = STREAM_FIRST_RUNS if self.options.streaming else ()
+        return RemoteVerifierSession(stream, self.greedy_chunk, first_runs)
 
 
 class RemoteVerifierSession:
-    """One Verify stream: single-row steps (`step`) and multi-row beam steps (`step_rows`,
+    """One Verify stream: single-row steps (`step`), runs of AR steps in one round trip
+    (`step_greedy`, `core.interfaces.GreedySession`) and multi-row beam steps (`step_rows`,
     `core.interfaces.MultiRowSession`). Every result carries the forward's load figures
     (`batch_rows`, `batch_tokens`, `forward_s`) as the verifier reports them (0: not reported,
     an older verifier)."""
 
-    def __init__(self, stream: _Stream | AioStream) -> None:
+    def __init__(self, stream: _Stream | AioStream, greedy_chunk: int = 1, first_runs: tuple[int, ...] = ()) -> None:
         self._stream = stream
+        self.max_greedy_steps = greedy_chunk
+        self.first_greedy_runs = first_runs
 
     def step(self, committed_len: int, append_ids: list[int], draft_ids: list[int], top_k: int) -> VerifyResult:
         step = verifier_pb2.VerifyStep(
@@ -105,6 +118,26 @@ class RemoteVerifierSession:
             topk_ids=[list(p.topk_ids) for p in positions],
             topk_logprobs=[list(p.topk_logprobs) for p in positions],
             draft_logprobs=[p.draft_logprob for p in positions[: len(draft_ids)]],
+            **_load(res),
+        )
+
+    def step_greedy(self, committed_len: int, append_ids: list[int], steps: int, top_k: int) -> VerifyResult:
+        step = verifier_pb2.VerifyStep(
+            committed_len=committed_len, append_ids=append_ids, top_k=top_k, greedy_steps=steps
+        )
+        res = self._exchange(step)
+        positions = res.positions
+        if not 1 <= len(positions) <= max(steps, 1):
+            # A peer's fault: e.g. a verifier that does not know greedy_steps answers one position
+            # (accepted: a run of one), but never none or more than asked.
+            raise RemoteCallError(
+                "verifier", grpc.StatusCode.INTERNAL, f"answered {len(positions)} positions to {steps} greedy steps"
+            )
+        return VerifyResult(
+            top1=[p.top1 for p in positions],
+            topk_ids=[list(p.topk_ids) for p in positions],
+            topk_logprobs=[list(p.topk_logprobs) for p in positions],
+            draft_logprobs=[],
             **_load(res),
         )
 

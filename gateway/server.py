@@ -257,7 +257,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             cancellation.check()
             loop.call_soon_threadsafe(chunks.put_nowait, list(block))
 
-        task = asyncio.ensure_future(self._run(request, context, on_tokens, cancellation))
+        task = asyncio.ensure_future(self._run(request, context, on_tokens, cancellation, streaming=True))
         ids: list[int] = []
         sent_text = ""
         try:
@@ -307,7 +307,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
     # ---- one request -----------------------------------------------------------------------------
 
     async def _run(
-        self, request, context, on_tokens: OnTokens, cancellation: Cancellation
+        self, request, context, on_tokens: OnTokens, cancellation: Cancellation, streaming: bool = False
     ) -> tuple[DecodeResult, Mode, float]:
         request_id = request_id_of(context)
         structlog.contextvars.bind_contextvars(request_id=request_id)
@@ -322,7 +322,9 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             source, config = await self._prepare(request)
             remaining = context.time_remaining()
             deadline = time.monotonic() + (remaining if remaining is not None else self.config.request_timeout_s)
-            options = CallOptions(deadline=deadline, request_id=request_id, cancellation=cancellation)
+            options = CallOptions(
+                deadline=deadline, request_id=request_id, cancellation=cancellation, streaming=streaming
+            )
             need = sessions_needed(config, self.drafter_channel is not None)
             async with self.admission.slot(client_of(context), need, deadline - time.monotonic()):
                 result = await self._submit(source, config, options, on_tokens, log)
@@ -422,7 +424,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         assert self.verifier_info is not None
         verifier = (
             self.triton.verifier(self.verifier_info, options) if self.triton is not None
-            else RemoteVerifier(self.verifier_streams, self.verifier_info, options)
+            else RemoteVerifier(self.verifier_streams, self.verifier_info, options, self.config.greedy_chunk)
         )
         committed: list[int] = []
 

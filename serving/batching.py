@@ -45,6 +45,9 @@ class Sized(Protocol):
 # run_batch: [(session, call), ...] -> one result per item, in order; an item's exception is its
 # result (it fails that item only).
 RunBatch = Callable[[list[tuple[Any, Any]]], Sequence[Any]]
+# then(call, result, results so far) -> the session's next call, or None: a run of steps submitted
+# once (multi-step greedy decoding, core.greedy); the worker queues each next step itself.
+Then = Callable[[Any, Any, int], Any]
 
 
 @dataclass(frozen=True)
@@ -172,11 +175,19 @@ class BatchScheduler:
         self.limits = limits
         self.on_batch = on_batch
 
-    async def submit(self, session: Any, call: Sized) -> Any:
+    async def submit(self, session: Any, call: Sized, then: Then | None = None) -> Any:
         """Queue one step; its result once the forward it joined has run. Cancelling the caller
-        while the step is queued drops it (it never runs); once running, its result is discarded."""
+        while the step is queued drops it (it never runs); once running, its result is discarded.
+
+        With `then`, a run of steps: after each, on the worker, `then(call, result, n)` names the
+        next call (queued at once, behind what is queued already, so it joins a later forward like
+        any step) or ends the run; the answer is the list of the run's results. The caller's event
+        loop is not woken between the steps. A step failing ends the run with its exception."""
         future = asyncio.get_running_loop().create_future()
-        self.executor._put(_Step(self, session, call, future, time.perf_counter(), call.n_rows, call.n_tokens))
+        step = _Step(self, session, call, future, time.perf_counter(), call.n_rows, call.n_tokens)
+        if then is not None:
+            step.then, step.run = then, []
+        self.executor._put(step)
         return await future
 
     # ---- the worker's side ---------------------------------------------------------------------
@@ -254,10 +265,33 @@ class BatchScheduler:
         # call_soon_threadsafe writes the loop's self-pipe, and the loop wakes once per write.
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any]]] = {}
         for step, result in zip(live, results, strict=True):
+            if step.then is not None:
+                result = self._continue(step, result)
+                if result is _QUEUED:
+                    continue
             by_loop.setdefault(step.future.get_loop(), []).append((step.future, result))
         for loop, settled in by_loop.items():
             with contextlib.suppress(RuntimeError):  # the callers' loop is closed: nobody is left to tell
                 loop.call_soon_threadsafe(_settle_all, settled)
+
+
+    def _continue(self, step: _Step, result: Any) -> Any:
+        """Worker: a run's step answered. Queue its next step (_QUEUED) or return what the caller
+        gets: the run's results, or the exception that ended it."""
+        if isinstance(result, BaseException):
+            return result
+        assert step.then is not None and step.run is not None
+        step.run.append(result)
+        try:
+            call = None if step.future.cancelled() else step.then(step.call, result, len(step.run))
+            if call is None:
+                return step.run
+            following = _Step(self, step.session, call, step.future, time.perf_counter(), call.n_rows, call.n_tokens)
+            following.then, following.run = step.then, step.run
+            self.executor._put(following)
+        except Exception as exc:  # a bad continuation, or the worker shut down: the caller hears it
+            return exc
+        return _QUEUED
 
 
 def one_by_one(items: list[tuple[Any, Any]], step: Callable[[Any, Any], Any]) -> list[Any]:
@@ -332,6 +366,11 @@ class _Step:
     queued: float  # perf_counter at submit
     rows: int
     tokens: int
+    then: Then | None = None  # a run of steps (BatchScheduler.submit): what follows this one
+    run: list | None = None  # the run's results so far
+
+
+_QUEUED = object()  # a run's step answered and its next one queued: nothing to tell the caller yet
 
 
 def _remove(queue: deque, entries: list) -> None:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from core.errors import SpecdecError, StatusCode
+from core.greedy import greedy_next
 from core.interfaces import StepCall
 from seq2seq_models.transformer import Seq2SeqTransformer
 from serving.batching import BatchLimits, BatchScheduler, BatchStats, StepExecutor, one_by_one, with_batch_load
@@ -287,3 +288,72 @@ def test_shutdown_cancels_what_is_queued(verifier) -> None:
         return recorder
 
     assert asyncio.run(main()).batches == []
+
+
+def _greedy_then(steps: int, eos_id: int, room: int):
+    def then(call: StepCall, result, steps_run: int):
+        return greedy_next(call, result, steps_run, steps, eos_id, room)
+
+    return then
+
+
+def test_runs_of_greedy_steps_interleave_with_other_sessions_and_equal_single_steps(verifier) -> None:
+    """Two sessions' greedy runs submitted once: each next step is queued by the worker, so the runs
+    share every forward (two rows) and answer what step-by-step decoding gives."""
+    eos, room = verifier.eos_id, verifier.max_target_len
+    expected = []
+    for source in SOURCES[:2]:
+        session = verifier.open(source)
+        expected.append(session.step_greedy(0, [], 6, 1).top1)  # in process, one step after another
+        session.close()
+
+    async def main():
+        executor, scheduler, recorder = _scheduler()
+        sessions = [verifier.open(s) for s in SOURCES[:2]]
+        async with Hold(executor):
+            tasks = [
+                asyncio.ensure_future(scheduler.submit(s, StepCall(0, [], [], 1), _greedy_then(6, eos, room)))
+                for s in sessions
+            ]
+            await asyncio.sleep(0.05)
+        runs = await asyncio.gather(*tasks)
+        executor.shutdown()
+        return recorder, runs
+
+    recorder, runs = asyncio.run(main())
+    for run, want in zip(runs, expected, strict=True):
+        assert [r.top1[0] for r in run] == want
+    lengths = [len(w) for w in expected]
+    # Every forward holds one step of each run still going.
+    assert recorder.sizes() == [sum(n > i for n in lengths) for i in range(max(lengths))]
+
+
+def test_a_cancelled_run_stops_and_its_queued_step_never_runs(verifier) -> None:
+    """Cancelling the caller mid-run: the step queued next is dropped, no further step is queued."""
+
+    async def main():
+        executor, scheduler, recorder = _scheduler()
+        session = verifier.open(SOURCES[2])
+        steps_seen = []
+        loop = asyncio.get_running_loop()
+        cancelled = threading.Event()
+
+        def then(call, result, steps_run):
+            steps_seen.append(steps_run)
+            if steps_run == 2:  # as a client's cancel would, while the run is under way
+                loop.call_soon_threadsafe(task.cancel)
+                loop.call_soon_threadsafe(cancelled.set)
+                cancelled.wait(5)  # the loop has cancelled the caller: the rule below sees it
+            return greedy_next(call, result, steps_run, 50, -1, verifier.max_target_len)
+
+        task = asyncio.ensure_future(scheduler.submit(session, StepCall(0, [], [], 1), then))
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.1)
+        ran = len(recorder.batches)
+        executor.shutdown()
+        return ran, steps_seen
+
+    ran, steps_seen = asyncio.run(main())
+    # Cancelled during step 2's continuation: step 3 is queued, then dropped before it runs.
+    assert ran == 2 and steps_seen == [1, 2]

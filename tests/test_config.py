@@ -105,6 +105,7 @@ BAD_VALUES = [
     ("gateway", "workers", "eight", "expected int, got str 'eight'"),
     ("gateway", "request_timeout_s", True, "expected float, got bool True"),
     ("gateway", "fallback", "retry", "must be one of ar, fail"),
+    ("gateway", "greedy_chunk", 0, "must be at least 1; got 0"),
     ("defaults", "k", 2.5, "expected int, got float 2.5"),
     ("defaults", "mode", "fast", "must be one of ar, beam, iad, gad, gad++, mjsd, spec"),
     ("limits", "max_new_tokens", "256", "expected int, got str '256'"),

@@ -31,6 +31,7 @@ import numpy as np
 from core.batch_slots import answer_in_slots
 from core.checks import check_session_step
 from core.errors import out_of_step
+from core.greedy import greedy_next, merge_greedy
 from core.interfaces import BeamRow, StepCall, VerifyResult
 from seq2seq_models.config import ModelConfig
 from seq2seq_models.row_cache import Cross, CrossStack, RowBlock, RowKV, Zeros, gather, scatter
@@ -90,6 +91,17 @@ class BatchSession:
             raise result
         assert isinstance(result, VerifyResult)
         return result
+
+    def step_greedy(self, committed_len: int, append_ids: list[int], steps: int, top_k: int) -> VerifyResult:
+        """`core.interfaces.GreedySession.step_greedy`: the steps one after the other, in process."""
+        call: StepCall | None = StepCall(committed_len, list(append_ids), [], top_k)
+        verifier = self._verifier
+        results: list[VerifyResult] = []
+        while call is not None:
+            result = self.step(call.committed_len, call.append_ids, [], top_k)
+            results.append(result)
+            call = greedy_next(call, result, len(results), steps, verifier.eos_id, verifier.max_target_len)
+        return merge_greedy(results)
 
     def step_rows(self, rows: list[BeamRow], top_k: int) -> list[VerifyResult]:
         result = self._verifier.step_batch([(self, StepCall(top_k=top_k, rows=list(rows)))])[0]

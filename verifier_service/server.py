@@ -14,6 +14,7 @@ from pathlib import Path
 from core.backends import DEFAULT_PRECISION, backend_label
 from core.checks import check_draft_len, check_ids, check_length, check_wire_top_k
 from core.errors import invalid, out_of_range, out_of_step
+from core.greedy import check_greedy_steps, greedy_next, merge_greedy
 from core.interfaces import BeamRow, StepCall, VerifyResult
 from core.wire import sends_candidates, session_top_k
 from protos.specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
@@ -97,12 +98,14 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
 
     async def _step(self, session: VerifierSession, step: verifier_pb2.VerifyStep) -> verifier_pb2.VerifyResponse:
         call = self._checked_call(session, step)
+        candidates = sends_candidates(step.top_k)
+        if step.greedy_steps > 1:
+            return await self._greedy(session, call, step.greedy_steps, candidates)
         result = await self.scheduler.submit(session, call)
         self.m_steps.inc()
         appended = sum(len(r.append_ids) for r in call.rows) if call.rows else len(call.append_ids)
         self.m_scored.inc(appended + len(call.draft_ids))
         self.m_draft_tokens.inc(len(call.draft_ids))
-        candidates = sends_candidates(step.top_k)
         if call.rows is None:
             positions = [_position(result, i, candidates, i < len(call.draft_ids)) for i in range(len(result.top1))]
             load = result
@@ -121,10 +124,35 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
             )
         )
 
+    async def _greedy(
+        self, session: VerifierSession, call: StepCall, steps: int, candidates: bool
+    ) -> verifier_pb2.VerifyResponse:
+        """`greedy_steps`: the steps run back to back on the model worker (core.greedy), each
+        batched with other sessions' steps, answered once."""
+        eos, room = self.model_info.eos_id, self.max_output_len
+
+        def then(done: StepCall, result: VerifyResult, steps_run: int) -> StepCall | None:
+            return greedy_next(done, result, steps_run, steps, eos, room)
+
+        results = await self.scheduler.submit(session, call, then)
+        self.m_steps.inc(len(results))
+        self.m_scored.inc(len(call.append_ids) + len(results) - 1)
+        merged = merge_greedy(results)
+        return verifier_pb2.VerifyResponse(
+            step=verifier_pb2.VerifyStepResult(
+                committed_len=call.committed_len + len(call.append_ids) + len(results) - 1,
+                positions=[_position(merged, i, candidates, False) for i in range(len(results))],
+                batch_rows=merged.batch_rows,
+                batch_tokens=merged.batch_tokens,
+                forward_ms=merged.forward_s * 1000.0,
+            )
+        )
+
     def _checked_call(self, session: VerifierSession, step: verifier_pb2.VerifyStep) -> StepCall:
         """The step as the scheduler takes it, after the checks of what the client controls."""
         vocab = self.model_info.vocab_size
         if step.rows:
+            check_greedy_steps(step.greedy_steps, StepCall(rows=[]))
             return StepCall(top_k=session_top_k(step.top_k), rows=self._checked_rows(session, step))
         # Lengths before per-id work: a 16 MiB message holds millions of ids.
         check_draft_len(len(step.draft_ids), self.limits.max_draft_len)
@@ -133,7 +161,9 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         check_wire_top_k(step.top_k, vocab)
         check_ids(append, vocab, "append_ids")
         check_ids(draft, vocab, "draft_ids")
-        return StepCall(step.committed_len, append, draft, session_top_k(step.top_k))
+        call = StepCall(step.committed_len, append, draft, session_top_k(step.top_k))
+        check_greedy_steps(step.greedy_steps, call)
+        return call
 
     def _checked_rows(self, session: VerifierSession, step: verifier_pb2.VerifyStep) -> list[BeamRow]:
         """A multi-row (beam) step's rows. Whether each parent and committed_len fit the session's

@@ -17,4 +17,6 @@ def no_draft(output: list[int], room: int) -> Draft:
     return Draft(ids=[])
 
 
-SPEC = ModeSpec(Mode.AR, wire="MODE_AR_GREEDY", lossless=True, drafter=DrafterMethod.NONE, build=build)
+SPEC = ModeSpec(
+    Mode.AR, wire="MODE_AR_GREEDY", lossless=True, drafter=DrafterMethod.NONE, build=build, greedy=True
+)

@@ -70,6 +70,9 @@ class ModeSpec:
     # Overlapped drafting may draft the next block during the verifier's step
     # (gateway.policies.overlap): only for a drafter call that depends on the output alone.
     overlap: bool = False
+    # Every step is a plain AR step (an empty draft, exact accept): a verifier session that runs
+    # several per call (core.interfaces.GreedySession) may take them a run at a time.
+    greedy: bool = False
 
     def __post_init__(self) -> None:
         if (self.build is None) == (self.run is None):

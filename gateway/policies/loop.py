@@ -147,20 +147,27 @@ def draft_verify_loop(
             accepted, token = accept(ids, draft, result)
             stats.iterations += 1
             stats.record_accepts(len(ids), accepted)
-            block = [*ids[:accepted], token]
-            finish = ""
-            if eos_id in block:
-                block = block[: block.index(eos_id)]
-                finish = "eos"
-            out.extend(block)
-            if on_tokens is not None and block:
-                on_tokens(block)
-            if not finish and len(out) >= max_new_tokens:
-                finish = "length"
-            if finish:
-                stats.finish_reason = finish
-                stats.output_tokens = len(out)
+            if commit([*ids[:accepted], token], out, eos_id, max_new_tokens, stats, on_tokens):
                 return out
     finally:
         if overlap is not None:
             overlap.settle()
+
+
+def commit(block: list[int], out: list[int], eos_id: int, max_new_tokens: int, stats: DecodeStats,
+           on_tokens: OnTokens | None) -> bool:
+    """Append a block of final tokens to `out` (cut at EOS) and tell `on_tokens`; True when the
+    output is finished (EOS, or max_new_tokens reached), with the stats' finish reason set."""
+    finish = ""
+    if eos_id in block:
+        block = block[: block.index(eos_id)]
+        finish = "eos"
+    out.extend(block)
+    if on_tokens is not None and block:
+        on_tokens(block)
+    if not finish and len(out) >= max_new_tokens:
+        finish = "length"
+    if finish:
+        stats.finish_reason = finish
+        stats.output_tokens = len(out)
+    return bool(finish)

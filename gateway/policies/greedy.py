@@ -1,0 +1,46 @@
+"""AR greedy with several steps per verifier call (`core.interfaces.GreedySession.step_greedy`).
+
+The same steps, tokens and stats as `draft_verify_loop` with an empty draft: each call asks the
+verifier for a run of plain AR steps (`VerifyStep.greedy_steps`), so a remote verifier costs one
+round trip per run instead of one per token. Runs are the session's `max_greedy_steps` long, after
+its `first_greedy_runs` (a streaming request's: 1, then 4 steps, so its first token comes as soon
+as without runs).
+"""
+
+from __future__ import annotations
+
+import time
+
+from core.interfaces import GreedySession
+from gateway.policies.loop import DecodeStats, OnTokens, PrefixSync, commit
+
+
+def greedy_loop(
+    session: GreedySession,
+    top_k: int,
+    max_new_tokens: int,
+    eos_id: int,
+    stats: DecodeStats,
+    on_tokens: OnTokens | None = None,
+    prefix: list[int] | None = None,
+) -> list[int]:
+    """Decode until EOS or max_new_tokens (`draft_verify_loop`'s contract, with no draft)."""
+    out: list[int] = list(prefix or [])
+    sync = PrefixSync()
+    first_runs = getattr(session, "first_greedy_runs", ())
+    runs = 0
+    while True:
+        chunk = first_runs[runs] if runs < len(first_runs) else session.max_greedy_steps
+        steps = max(1, min(chunk, session.max_greedy_steps, max_new_tokens - len(out)))
+        runs += 1
+        t0 = time.perf_counter()
+        committed, append = sync.delta(out)
+        result = session.step_greedy(committed, append, steps, top_k)
+        stats.verifier_time_s += time.perf_counter() - t0
+        tokens = result.top1
+        sync.seen = out + tokens[:-1]  # the verifier appended every greedy token but the last
+        for _ in tokens:
+            stats.iterations += 1
+            stats.record_accepts(0, 0)
+        if commit(list(tokens), out, eos_id, max_new_tokens, stats, on_tokens):
+            return out

@@ -1,0 +1,95 @@
+"""Multi-step greedy (`core.greedy`, `gateway.policies.greedy`): runs of AR steps in one call give
+the tokens, steps and stats of one step per call, on random tiny models in float64."""
+
+from __future__ import annotations
+
+import functools
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway.decode import decode
+from gateway.decoding_config import DecodingConfig, Mode
+from gateway.policies.greedy import greedy_loop
+from gateway.policies.loop import DecodeStats
+from tests.zoo import MAX_LEN, model_pool
+from tests.zoo import sources as zoo_sources
+from verifier_service.session import LocalVerifier
+
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@functools.cache
+def _verifier(trio_index: int) -> LocalVerifier:
+    return LocalVerifier(model_pool()[trio_index].verifier)
+
+
+class Chunked:
+    """An in-process session that runs at most `chunk` steps per `step_greedy` call, recording
+    each call's size (the remote session's `max_greedy_steps`)."""
+
+    def __init__(self, session, chunk: int, first_runs: tuple[int, ...]) -> None:
+        self.session = session
+        self.max_greedy_steps = chunk
+        self.first_greedy_runs = first_runs
+        self.calls: list[int] = []
+
+    def step_greedy(self, committed_len, append_ids, steps, top_k):
+        assert steps <= self.max_greedy_steps
+        result = self.session.step_greedy(committed_len, append_ids, steps, top_k)
+        self.calls.append(len(result.top1))
+        return result
+
+    def close(self) -> None:
+        self.session.close()
+
+
+@PROPERTY
+@given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1),
+       chunk=st.integers(1, 40), prefix_len=st.integers(0, 3), streaming=st.booleans())
+def test_greedy_runs_equal_one_step_at_a_time(trio, source, max_new, chunk, prefix_len, streaming):
+    verifier = _verifier(trio)
+    reference = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=max_new), verifier)
+    prefix = reference.output_ids[: min(prefix_len, max_new - 1)]
+    if prefix:  # a committed prefix (AR after a drafter failure) continues the same way
+        reference = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=max_new), verifier, prefix=prefix)
+    first_runs = (1, 4) if streaming else ()
+    session = Chunked(verifier.open(source), chunk, first_runs)
+    stats = DecodeStats()
+    blocks: list[list[int]] = []
+    try:
+        out = greedy_loop(session, 1, max_new, verifier.eos_id, stats, blocks.append, prefix)
+    finally:
+        session.close()
+    assert out == reference.output_ids
+    assert [t for b in blocks for t in b] == out[len(prefix):]
+    assert stats.iterations == reference.stats.iterations
+    assert stats.finish_reason == reference.stats.finish_reason
+    assert stats.steps_per_draft_length == reference.stats.steps_per_draft_length
+    assert sum(session.calls) == stats.iterations
+    # A stream's first runs are 1 and 4 steps (its first token comes alone), then the chunk.
+    assert session.calls[0] == (1 if streaming else min(chunk, max_new - len(prefix), len(out) - len(prefix) + 1))
+    assert all(n <= chunk for n in session.calls)
+
+
+def test_a_run_stops_at_eos_and_when_the_session_is_full():
+    """Asked for more steps than fit, a run answers through EOS, or until the session is full: its
+    last step is the one after the most tokens a session holds (max_target_len)."""
+    ends = set()
+    for trio in (0, 2):  # trio 0 ends these sources with EOS, trio 2 runs them to the limit
+        verifier = _verifier(trio)
+        for source in ([5, 6, 7], [9, 9, 9, 9], [4]):
+            reference = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=MAX_LEN - 1), verifier)
+            session = verifier.open(source)
+            try:
+                run = session.step_greedy(0, [], 10 * MAX_LEN, 1)
+            finally:
+                session.close()
+            if reference.stats.finish_reason == "eos":
+                assert run.top1 == [*reference.output_ids, verifier.eos_id]
+            else:
+                assert len(reference.output_ids) == verifier.max_target_len
+                assert run.top1[:-1] == reference.output_ids
+                assert len(run.top1) == verifier.max_target_len + 1
+            ends.add(reference.stats.finish_reason)
+    assert ends == {"eos", "length"}, ends
