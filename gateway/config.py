@@ -48,10 +48,9 @@ class GatewayConfig:
     # "ar": degrade to plain AR through the verifier when the drafter fails; "fail": UNAVAILABLE.
     fallback: str = field(default="ar", metadata={"choices": FALLBACK_POLICIES})
     # How the gateway drives its verifier and drafter session streams (gateway/peer_streams.py):
-    # "aio", grpc.aio calls on the gateway's event loop (no thread per stream); "sync", the
-    # synchronous streams (a thread per stream). Default sync: with aio, a request arriving as the
-    # gateway stops was sometimes CANCELLED instead of UNAVAILABLE (tests/faults/test_shutdown.py).
-    peer_streams: str = field(default="sync", metadata={"choices": PEER_STREAMS})
+    # "aio", grpc.aio calls on the gateway's event loop (no thread per stream; faster under load);
+    # "sync", the synchronous streams (a thread per stream).
+    peer_streams: str = field(default="aio", metadata={"choices": PEER_STREAMS})
     # Security (README "Security"; core.config.check_security_keys checks them together).
     tls_cert: str | None = None  # PEM certificate chain; with tls_key the gateway speaks TLS only
     tls_key: str | None = None
