@@ -39,16 +39,18 @@ class GatewayConfig:
     startup_timeout_s: float = 60.0  # how long start-up waits for the verifier
     drafter_retry_s: float = 1.0  # after a drafter failure, skip it this long before retrying
     # SIGTERM: in-flight requests get drain_grace_s to finish, then are cancelled (UNAVAILABLE); new
-    # requests are answered UNAVAILABLE by the handler for at least drain_notice_s before the listener closes.
+    # requests are answered UNAVAILABLE by the handler for at least drain_notice_s before the listener
+    # closes, and until no call has arrived for drain_quiet_s (within the grace): grpc ends a call that
+    # races the listener's close CANCELLED, without a handler (gateway/arrivals.py).
     drain_grace_s: float = 10.0
     drain_notice_s: float = 0.5
+    drain_quiet_s: float = 0.25
     # "ar": degrade to plain AR through the verifier when the drafter fails; "fail": UNAVAILABLE.
     fallback: str = field(default="ar", metadata={"choices": FALLBACK_POLICIES})
     # How the gateway drives its verifier and drafter session streams (gateway/peer_streams.py):
-    # "aio", grpc.aio calls on the gateway's event loop (no thread per stream); "sync", the
-    # synchronous streams (a thread per stream). Default sync: with aio, a request arriving as the
-    # gateway stops was sometimes CANCELLED instead of UNAVAILABLE (tests/faults/test_shutdown.py).
-    peer_streams: str = field(default="sync", metadata={"choices": PEER_STREAMS})
+    # "aio", grpc.aio calls on the gateway's event loop (no thread per stream; faster under load);
+    # "sync", the synchronous streams (a thread per stream).
+    peer_streams: str = field(default="aio", metadata={"choices": PEER_STREAMS})
     # AR steps the verifier runs per round trip at most (VerifyStep.greedy_steps): the AR
     # baseline, and AR after a drafter failure, without a round trip per token. A streaming
     # request gets its first token alone, then 4, then chunks of this many. 1: a round trip per step.

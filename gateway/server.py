@@ -22,6 +22,7 @@ from core.errors import SpecdecError, StatusCode, invalid
 from core.wire import SPECIAL_ID_FIELDS, source_len_from_wire, target_len_from_wire
 from gateway import kserve
 from gateway.admission import Admission, AdmissionQueue, Budget, client_of, sessions_needed
+from gateway.arrivals import CallArrivals
 from gateway.config import GatewayConfig, verifier_of
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode, validate
@@ -113,8 +114,10 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         )
         token = read_token(config.auth_token, config.auth_token_file)
         auth = [BearerTokenInterceptor(token)] if token else []
+        # What the drain watches before it closes the listener (gateway.arrivals says why).
+        self.arrivals = CallArrivals()
         self.host = ServiceHost(
-            "gateway", [SERVICE_NAME, kserve.SERVICE_NAME], self.registry, interceptors=auth,
+            "gateway", [SERVICE_NAME, kserve.SERVICE_NAME], self.registry, interceptors=[self.arrivals, *auth],
             max_message_bytes=config.max_request_bytes,
         )
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(self, self.host.server)
@@ -199,11 +202,15 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         loop = asyncio.get_running_loop()
         started = loop.time()
         await self.host.begin_drain(grace)
-        # The listener stays open: grpc.aio's server.stop() would refuse new calls at the transport,
-        # and one that races the stop is reported CANCELLED by grpc; here its handler answers
-        # UNAVAILABLE with a reason. The notice window also covers clients that watch health.
+        # The listener stays open, so a new call reaches its handler, which answers UNAVAILABLE with
+        # a reason; it closes once the notice is over, nothing is in flight and no call has arrived
+        # for `drain_quiet_s`, or when the grace is over. Closing it while calls still arrive would
+        # have grpc core end the ones without a handler yet CANCELLED (gateway.arrivals).
         notice = min(self.config.drain_notice_s, grace)
-        while loop.time() - started < grace and (loop.time() - started < notice or self._inflight):
+        quiet = self.arrivals.watch()
+        while loop.time() - started < grace and (
+            loop.time() - started < notice or self._inflight or quiet.quiet_for() < self.config.drain_quiet_s
+        ):
             await asyncio.sleep(0.02)
         left = list(self._inflight)
         if left:

@@ -19,6 +19,7 @@ import grpc
 import pytest
 
 from core.errors import SpecdecError, StatusCode
+from gateway.config import GatewayConfig
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig
 from gateway.peer_streams import PeerChannel
@@ -128,13 +129,16 @@ def test_closing_frees_the_peer_session(stack, peers):
     assert wait_until(lambda: verifier_server.active_sessions == before, 5.0)
 
 
-def test_a_gateway_on_sync_peer_streams_answers_as_the_default(bundle_dir, gateway):
+def test_a_gateway_on_sync_peer_streams_answers_as_the_default(bundle_dir, stack, gateway):
     """`[gateway] peer_streams = "sync"` (the old path, kept to measure against) still serves, with
     the outputs of the default (aio) gateway."""
+    assert GatewayConfig().peer_streams == "aio"
+    assert isinstance(stack.running.gateway.verifier_streams, PeerChannel)  # the shared stack runs the default
     sections = {**LOOPBACK, "gateway": {**LOOPBACK["gateway"], "peer_streams": "sync"}}
-    with ServiceStack("all", bundle_dir, sections) as stack, grpc.insecure_channel(
-        stack.running.addresses["gateway"]
+    with ServiceStack("all", bundle_dir, sections) as sync_stack, grpc.insecure_channel(
+        sync_stack.running.addresses["gateway"]
     ) as channel:
+        assert not isinstance(sync_stack.running.gateway.verifier_streams, PeerChannel)
         sync_gateway = gateway_pb2_grpc.GatewayServiceStub(channel)
         for mode in ("MODE_AR_GREEDY", "MODE_GAD"):
             config = gateway_pb2.DecodingConfig(mode=mode, max_new_tokens=16)
