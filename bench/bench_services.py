@@ -5,14 +5,15 @@
     python bench/bench_services.py --modes "AR greedy"      # only the configurations named so
     python bench/bench_services.py --write    # also update "## Services round trip (CPU)" in BENCHMARKS.md
     python bench/bench_services.py --triton   # also: the Triton-hosted verifier against the native one
-    python bench/bench_services.py --greedy-chunks 16,1   # AR runs of 16 steps per round trip, and of 1
+    python bench/bench_services.py --greedy-chunks 0,16,1   # AR: one run per request, runs of 16, one step per trip
 
 The services run as `specdec serve all` in a separate process (as a user runs them; `--processes`:
 each service in its own process); the client calls `Generate` over loopback with one request in
 flight. There is one such stack per gateway peer-stream path (`--paths`, `[gateway] peer_streams`:
 "aio", the grpc.aio calls on the gateway's loop, and "sync", the older synchronous streams) and
-AR run length (`--greedy-chunks`, `[gateway] greedy_chunk`: AR steps per verifier round trip; 1 is
-one round trip per token; only AR greedy differs, so other modes run on the first value only), and
+AR run length (`--greedy-chunks`, `[gateway] greedy_chunk`: AR steps per verifier round trip; 0, the
+default, is a request's whole output in one run, 1 is one round trip per token; only AR greedy
+differs, so other modes run on the first value only), and
 every pass runs in-process and then each stack in turn, so all are measured under the same load.
 In-process runs `decode()` on the same bundle, the same verifier backend and the same decoding
 parameters, so every side does the same iterations (the script checks that the outputs are
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="passes over the inputs per mode (median taken)")
     parser.add_argument("--paths", default=",".join(PEER_STREAMS),
                         help="gateway peer-stream paths to measure, comma-separated (default: %(default)s)")
-    parser.add_argument("--greedy-chunks", default="16,1",
+    parser.add_argument("--greedy-chunks", default="0,1",
                         help="[gateway] greedy_chunk values to measure AR greedy with (default: %(default)s)")
     parser.add_argument("--processes", action="store_true", help="serve all --processes (one process per service)")
     parser.add_argument("--modes", help="only the configurations whose name starts with one of these, comma-separated")
@@ -86,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         chunks = [int(c) for c in args.greedy_chunks.split(",") if c.strip()]
     except ValueError:
         chunks = []
-    if not chunks or min(chunks) < 1:
-        parser.error("--greedy-chunks: comma-separated integers >= 1")
+    if not chunks or min(chunks) < 0:
+        parser.error("--greedy-chunks: comma-separated integers >= 0 (0: no limit)")
 
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         bundle_dir = Path(args.bundle) if args.bundle else make_tiny_bundle(Path(tmp) / "bundle", seed=0)
@@ -119,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.repeats} interleaved passes. Services: {layout}, one request in flight over loopback; "
             "path: the gateway's `peer_streams` (aio: grpc.aio calls on its event loop; sync: synchronous "
             "streams, a thread per stream); AR steps / trip: the gateway's `greedy_chunk`, the most AR "
-            "steps the verifier runs per round trip (`VerifyStep.greedy_steps`; other modes run on "
-            f"{chunks[0]}). Outputs through the services are identical to in-process in every mode."
+            "steps the verifier runs per round trip (`VerifyStep.greedy_steps`; all: the whole output in one "
+            f"run; other modes run on {chunks[0] or 'all'}). Outputs through the services are identical to "
+            "in-process in every mode."
         )
         section = TRAINED_SECTION if args.bundle else SECTION
         write_section(args.output, section, f"{stamp}\n\n{note}\n\n{table}")
@@ -259,7 +261,7 @@ def _table(rows: list[dict]) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        chunk = "" if r["chunk"] is None else str(r["chunk"])
+        chunk = "" if r["chunk"] is None else str(r["chunk"] or "all")
         lines.append(
             f"| {r['mode']} | {r['path']} | {chunk} | {r['iterations']:.1f} | {r['local_ms']:.1f} | "
             f"{r['remote_ms']:.1f} | {r['remote_ms'] / r['local_ms']:.2f}x | {r['overhead_per_iteration_ms']:.2f} |"

@@ -93,6 +93,10 @@ class Draft:
     cum_logq: list[float] = field(default_factory=list)
     # Sampled drafts: the warped q the token at each position was drawn from, as (ids, probs).
     q_rows: list[tuple[list[int], list[float]]] = field(default_factory=list)
+    # An empty draft whose policy commits to this many plain AR steps before it proposes again
+    # (adaptive speculation under load): the loop may take them as one run of greedy steps
+    # (`GreedySession.step_greedy`). Only for policies whose token after an empty draft is top-1.
+    ar_steps: int = 1
 
 
 class VerifierSession(Protocol):

@@ -52,9 +52,12 @@ class GatewayConfig:
     # "sync", the synchronous streams (a thread per stream).
     peer_streams: str = field(default="aio", metadata={"choices": PEER_STREAMS})
     # AR steps the verifier runs per round trip at most (VerifyStep.greedy_steps): the AR
-    # baseline, and AR after a drafter failure, without a round trip per token. A streaming
-    # request gets its first token alone, then 4, then chunks of this many. 1: a round trip per step.
-    greedy_chunk: int = 16
+    # baseline, and AR after a drafter failure, without a round trip per token. greedy_chunk is
+    # Generate's (0: no limit, the whole output in one run; 1: a round trip per step);
+    # stream_greedy_chunk is GenerateStream's, whose tokens reach the client a run at a time
+    # (its first runs are 1 and 4 steps, so the first token is not delayed).
+    greedy_chunk: int = 0
+    stream_greedy_chunk: int = 16
     # Security (README "Security"; core.config.check_security_keys checks them together).
     tls_cert: str | None = None  # PEM certificate chain; with tls_key the gateway speaks TLS only
     tls_key: str | None = None
@@ -78,7 +81,8 @@ class GatewayConfig:
             verifier_target(self.verifier_url)  # a malformed URL fails at start-up, naming the key
         if not self.kserve_model:
             raise ValueError("[gateway] kserve_model: must not be empty")
-        for name, least in (("workers", 1), ("max_queued", 0), ("max_per_client", 1), ("greedy_chunk", 1)):
+        for name, least in (("workers", 1), ("max_queued", 0), ("max_per_client", 1), ("greedy_chunk", 0),
+                            ("stream_greedy_chunk", 1)):
             if getattr(self, name) < least:
                 raise ValueError(f"[gateway] {name}: must be at least {least}; got {getattr(self, name)}")
 

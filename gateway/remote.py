@@ -71,11 +71,14 @@ class RemoteVerifier:
     """`core.interfaces.Verifier` over a VerifierService; one instance per request (options)."""
 
     def __init__(
-        self, channel: Channel, info: common_pb2.ModelInfo, options: CallOptions | None = None, greedy_chunk: int = 1
+        self, channel: Channel, info: common_pb2.ModelInfo, options: CallOptions | None = None,
+        greedy_chunk: int = 1, stream_greedy_chunk: int = 1,
     ) -> None:
         self._channel = channel
-        # AR steps per round trip at most (VerifyStep.greedy_steps; 1: one step per round trip).
+        # AR steps per round trip at most (VerifyStep.greedy_steps), for a request and for a
+        # streaming one (options.streaming); 0: no limit; 1: one step per round trip.
         self.greedy_chunk = greedy_chunk
+        self.stream_greedy_chunk = stream_greedy_chunk
         self._method = channel.verify if isinstance(channel, PeerChannel) else (
             verifier_pb2_grpc.VerifierServiceStub(channel).Verify
         )
@@ -90,9 +93,10 @@ class RemoteVerifier:
     def open(self, source_ids: list[int]) -> RemoteVerifierSession:
         first = verifier_pb2.VerifyRequest(open=verifier_pb2.VerifyOpen(source_ids=source_ids))
         stream = _open_stream("verifier", self._channel, self._method, self.options, None, first)
-        # A streaming client gets its first token alone and the next few soon, then full runs.
-        first_runs = STREAM_FIRST_RUNS if self.options.streaming else ()
-        return RemoteVerifierSession(stream, self.greedy_chunk, first_runs)
+        if self.options.streaming:  # its first token alone and the next few soon, then full runs
+            return RemoteVerifierSession(stream, self.stream_greedy_chunk, STREAM_FIRST_RUNS)
+        # No limit: every step the output may still take (the session's room, and one past it).
+        return RemoteVerifierSession(stream, self.greedy_chunk or self.max_target_len + 1)
 
 
 class RemoteVerifierSession:

@@ -431,7 +431,10 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         assert self.verifier_info is not None
         verifier = (
             self.triton.verifier(self.verifier_info, options) if self.triton is not None
-            else RemoteVerifier(self.verifier_streams, self.verifier_info, options, self.config.greedy_chunk)
+            else RemoteVerifier(
+                self.verifier_streams, self.verifier_info, options,
+                self.config.greedy_chunk, self.config.stream_greedy_chunk,
+            )
         )
         committed: list[int] = []
 

@@ -4,12 +4,15 @@ the tokens, steps and stats of one step per call, on random tiny models in float
 from __future__ import annotations
 
 import functools
+import random
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from drafter_service.session import LocalDrafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
+from gateway.policies.adaptive import AR_RUN, LoadModel, install_load_model
 from gateway.policies.greedy import greedy_loop
 from gateway.policies.loop import DecodeStats
 from tests.zoo import MAX_LEN, model_pool
@@ -39,6 +42,10 @@ class Chunked:
         result = self.session.step_greedy(committed_len, append_ids, steps, top_k)
         self.calls.append(len(result.top1))
         return result
+
+    def step(self, committed_len, append_ids, draft_ids, top_k):  # drafted steps: one at a time
+        self.calls.append(1)
+        return self.session.step(committed_len, append_ids, draft_ids, top_k)
 
     def close(self) -> None:
         self.session.close()
@@ -93,3 +100,71 @@ def test_a_run_stops_at_eos_and_when_the_session_is_full():
                 assert len(run.top1) == verifier.max_target_len + 1
             ends.add(reference.stats.finish_reason)
     assert ends == {"eos", "length"}, ends
+
+
+class ChunkedVerifier:
+    """The in-process verifier whose sessions take runs of AR steps (as a remote one does)."""
+
+    def __init__(self, verifier: LocalVerifier, chunk: int) -> None:
+        self.verifier = verifier
+        self.chunk = chunk
+        self.sessions: list[Chunked] = []
+        for name in ("vocab_size", "bos_id", "eos_id", "max_source_len", "max_target_len"):
+            setattr(self, name, getattr(verifier, name))
+
+    def open(self, source_ids):
+        session = Chunked(self.verifier.open(source_ids), self.chunk, ())
+        self.sessions.append(session)
+        return session
+
+
+class _RandomK(LoadModel):
+    """Block lengths drawn at random, k = 0 half the time (a loaded server's choice)."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.rng = random.Random(seed)
+
+    def choose(self, mode: str, a: float, k_max: int, rows: int) -> int:
+        return 0 if self.rng.random() < 0.5 else self.rng.randint(1, k_max)
+
+
+@PROPERTY
+@given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1),
+       mode=st.sampled_from([Mode.GAD, Mode.IAD]), k=st.integers(1, 8), seed=st.integers(0, 2**16))
+def test_adaptive_runs_of_plain_steps_stay_lossless(trio, source, max_new, mode, k, seed):
+    """Adaptive speculation choosing k = 0 takes its plain AR steps as runs (Draft.ar_steps) on a
+    verifier that has them: the output is still AR greedy's, and the runs really happen."""
+    verifier = _verifier(trio)
+    reference = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=max_new), verifier)
+    chunked = ChunkedVerifier(verifier, chunk=16)
+    install_load_model(chunked, _RandomK(seed))
+    drafter = LocalDrafter(model_pool()[trio].drafter_models())
+    config = DecodingConfig(mode=mode, k=k, adaptive=True, max_new_tokens=max_new)
+    result = decode(source, config, chunked, drafter)
+    assert result.output_ids == reference.output_ids
+    assert result.stats.finish_reason == reference.stats.finish_reason
+    (session,) = chunked.sessions
+    assert sum(session.calls) == result.stats.iterations
+    assert all(n <= AR_RUN for n in session.calls)
+
+
+class _Plain(LoadModel):
+    def choose(self, mode: str, a: float, k_max: int, rows: int) -> int:
+        return 0
+
+
+def test_a_loaded_adaptive_request_takes_its_plain_steps_in_runs():
+    """k = 0 chosen every time (a compute-bound batch): runs of AR_RUN steps, a short probe block
+    now and then, and AR greedy's output."""
+    verifier = _verifier(2)  # runs these sources to the length limit
+    reference = decode([5, 6, 7], DecodingConfig(mode=Mode.AR, max_new_tokens=60), verifier)
+    chunked = ChunkedVerifier(verifier, chunk=16)
+    install_load_model(chunked, _Plain())
+    drafter = LocalDrafter(model_pool()[2].drafter_models())
+    config = DecodingConfig(mode=Mode.GAD, k=6, adaptive=True, max_new_tokens=60)
+    result = decode([5, 6, 7], config, chunked, drafter)
+    assert result.output_ids == reference.output_ids
+    (session,) = chunked.sessions
+    assert session.calls.count(AR_RUN) >= 5
+    assert len(session.calls) < result.stats.iterations / 2

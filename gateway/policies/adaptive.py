@@ -78,6 +78,10 @@ PRIOR_WEIGHT = 4.0  # draft positions the prior is worth against a request's own
 POOL_DECAY = 0.99  # per block folded into the pooled rate: it follows the last few hundred
 PROBE_K = 2
 PROBE_AFTER = 8
+# Plain AR steps one k = 0 choice commits to: a verifier that runs several per call
+# (`GreedySession`) takes them in one round trip, as AR greedy does, so a loaded server speculating
+# adaptively is not slower than plain AR for want of runs. The choice is made again after them.
+AR_RUN = 8
 PROBE_MAX_INTERVAL = 64
 BUCKET_SIZE = 16  # observations kept per power-of-two bucket of forward tokens
 MAX_BUCKET = 20  # forwards of up to 2^20 tokens
@@ -267,6 +271,11 @@ class LoadModel:
             state[:] = [0, min(2 * state[1], PROBE_MAX_INTERVAL)]
             return True
 
+    def count_plain_steps(self, mode: str, steps: int) -> None:
+        """Plain AR steps of a run after its first (which `probe` counted) bring the next probe closer."""
+        with self._lock:
+            self._probes.setdefault(mode, [0, PROBE_AFTER])[0] += steps
+
     def choose(self, mode: str, a: float, k_max: int, rows: int) -> int:
         """The block length for one step (subclass to force a policy, e.g. in tests)."""
         return choose_block_length(a, k_max, rows, self.verifier_cost.line(), self.drafter_cost(mode).line())
@@ -325,7 +334,7 @@ class AdaptiveBlocks:
             draft = self._propose(output, k)
             self.load.drafter_cost(self.mode).observe(k, time.perf_counter() - t0)
         else:
-            draft = Draft(ids=[])
+            draft = Draft(ids=[], ar_steps=min(AR_RUN, room + 1))
         own_tokens = max(1, len(output) - self._verified + min(len(draft.ids), k))
         self._verified = len(output)
         self._step = (time.perf_counter(), own_tokens)
@@ -345,5 +354,8 @@ class AdaptiveBlocks:
         if ids:
             self.own.add(len(ids), accepted)
             self.load.pool(self.mode, len(ids), accepted)
+        elif len(res.top1) > 1:  # a run of plain AR steps (Draft.ar_steps): its tokens but the last are cached
+            self.load.count_plain_steps(self.mode, len(res.top1) - 1)
+            self._verified += len(res.top1) - 1
         self._verified += accepted  # accepted drafts are in the verifier's cache; its token is not yet
         return accepted, token

@@ -140,6 +140,20 @@ def draft_verify_loop(
                 overlap.predraft(out, ids, room - len(ids) - 1)
             t1 = time.perf_counter()
             committed, append = sync.delta(out)
+            if not ids and draft.ar_steps > 1 and getattr(session, "max_greedy_steps", 1) > 1:
+                # The policy commits to several plain AR steps: one verifier call runs them.
+                steps = min(draft.ar_steps, session.max_greedy_steps, max_new_tokens - len(out))
+                result = session.step_greedy(committed, append, steps, top_k)
+                stats.drafter_time_s += t1 - t0
+                stats.verifier_time_s += time.perf_counter() - t1
+                sync.seen = out + result.top1[:-1]  # the verifier appended all the run's tokens but the last
+                accept(ids, draft, result)  # for what the policy learns; its token is the run's first
+                for _ in result.top1:
+                    stats.iterations += 1
+                    stats.record_accepts(0, 0)
+                if commit(list(result.top1), out, eos_id, max_new_tokens, stats, on_tokens):
+                    return out
+                continue
             result = session.step(committed, append, ids, top_k)
             stats.drafter_time_s += t1 - t0
             stats.verifier_time_s += time.perf_counter() - t1
