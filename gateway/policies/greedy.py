@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from core.interfaces import GreedySession
-from gateway.policies.loop import DecodeStats, OnTokens, PrefixSync, commit
+from gateway.policies.loop import DecodeStats, OnTokens, PrefixSync, commit, run_plain_steps
 
 
 def greedy_loop(
@@ -34,13 +34,7 @@ def greedy_loop(
         steps = max(1, min(chunk, session.max_greedy_steps, max_new_tokens - len(out)))
         runs += 1
         t0 = time.perf_counter()
-        committed, append = sync.delta(out)
-        result = session.step_greedy(committed, append, steps, top_k)
+        result = run_plain_steps(session, out, sync, steps, top_k, stats)
         stats.verifier_time_s += time.perf_counter() - t0
-        tokens = result.top1
-        sync.seen = out + tokens[:-1]  # the verifier appended every greedy token but the last
-        for _ in tokens:
-            stats.iterations += 1
-            stats.record_accepts(0, 0)
-        if commit(list(tokens), out, eos_id, max_new_tokens, stats, on_tokens):
+        if commit(list(result.top1), out, eos_id, max_new_tokens, stats, on_tokens):
             return out

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from core.interfaces import Draft, VerifierSession, VerifyResult
+from core.interfaces import Draft, GreedySession, VerifierSession, VerifyResult
 
 # propose(output so far, most tokens worth drafting) -> Draft
 Propose = Callable[[list[int], int], Draft]
@@ -139,21 +139,17 @@ def draft_verify_loop(
                 # The room after this block, if it is accepted in full with the verifier's token.
                 overlap.predraft(out, ids, room - len(ids) - 1)
             t1 = time.perf_counter()
-            committed, append = sync.delta(out)
             if not ids and draft.ar_steps > 1 and getattr(session, "max_greedy_steps", 1) > 1:
                 # The policy commits to several plain AR steps: one verifier call runs them.
                 steps = min(draft.ar_steps, session.max_greedy_steps, max_new_tokens - len(out))
-                result = session.step_greedy(committed, append, steps, top_k)
+                result = run_plain_steps(session, out, sync, steps, top_k, stats)
                 stats.drafter_time_s += t1 - t0
                 stats.verifier_time_s += time.perf_counter() - t1
-                sync.seen = out + result.top1[:-1]  # the verifier appended all the run's tokens but the last
                 accept(ids, draft, result)  # for what the policy learns; its token is the run's first
-                for _ in result.top1:
-                    stats.iterations += 1
-                    stats.record_accepts(0, 0)
                 if commit(list(result.top1), out, eos_id, max_new_tokens, stats, on_tokens):
                     return out
                 continue
+            committed, append = sync.delta(out)
             result = session.step(committed, append, ids, top_k)
             stats.drafter_time_s += t1 - t0
             stats.verifier_time_s += time.perf_counter() - t1
@@ -166,6 +162,20 @@ def draft_verify_loop(
     finally:
         if overlap is not None:
             overlap.settle()
+
+
+def run_plain_steps(
+    session: GreedySession, out: list[int], sync: PrefixSync, steps: int, top_k: int, stats: DecodeStats
+) -> VerifyResult:
+    """One verifier call for up to `steps` plain AR steps after `out` (`GreedySession.step_greedy`):
+    its result, one position per step run, with `sync` and the stats' step counts brought up to date."""
+    committed, append = sync.delta(out)
+    result = session.step_greedy(committed, append, steps, top_k)
+    sync.seen = out + result.top1[:-1]  # the verifier appended all the run's tokens but the last
+    for _ in result.top1:
+        stats.iterations += 1
+        stats.record_accepts(0, 0)
+    return result
 
 
 def commit(block: list[int], out: list[int], eos_id: int, max_new_tokens: int, stats: DecodeStats,
