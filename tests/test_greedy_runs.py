@@ -19,7 +19,7 @@ from tests.zoo import MAX_LEN, model_pool
 from tests.zoo import sources as zoo_sources
 from verifier_service.session import LocalVerifier
 
-PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @functools.cache
