@@ -93,10 +93,20 @@ class RemoteVerifier:
     def open(self, source_ids: list[int]) -> RemoteVerifierSession:
         first = verifier_pb2.VerifyRequest(open=verifier_pb2.VerifyOpen(source_ids=source_ids))
         stream = _open_stream("verifier", self._channel, self._method, self.options, None, first)
-        if self.options.streaming:  # its first token alone and the next few soon, then full runs
-            return RemoteVerifierSession(stream, self.stream_greedy_chunk, STREAM_FIRST_RUNS)
-        # No limit: every step the output may still take (the session's room, and one past it).
-        return RemoteVerifierSession(stream, self.greedy_chunk or self.max_target_len + 1)
+        runs = greedy_runs(self.options, self.greedy_chunk, self.stream_greedy_chunk, self.max_target_len)
+        return RemoteVerifierSession(stream, *runs)
+
+
+def greedy_runs(
+    options: CallOptions, greedy_chunk: int, stream_greedy_chunk: int, max_target_len: int
+) -> tuple[int, tuple[int, ...]]:
+    """A request's AR runs (`GreedySession`): the most steps per call, and its first runs' sizes. A
+    streaming request gets its first token alone and the next few soon, then runs of
+    `stream_greedy_chunk`; another request runs of `greedy_chunk`, 0 being no limit (every step
+    the output may still take: the session's room, and one past it)."""
+    if options.streaming:
+        return stream_greedy_chunk, STREAM_FIRST_RUNS
+    return greedy_chunk or max_target_len + 1, ()
 
 
 class RemoteVerifierSession:

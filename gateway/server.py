@@ -429,12 +429,10 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
     def _decode(self, source, config: DecodingConfig, options: CallOptions, on_tokens: OnTokens, log) -> DecodeResult:
         """Worker thread: decode through the services; on drafter trouble, again as plain AR."""
         assert self.verifier_info is not None
+        runs = (self.config.greedy_chunk, self.config.stream_greedy_chunk)
         verifier = (
-            self.triton.verifier(self.verifier_info, options) if self.triton is not None
-            else RemoteVerifier(
-                self.verifier_streams, self.verifier_info, options,
-                self.config.greedy_chunk, self.config.stream_greedy_chunk,
-            )
+            self.triton.verifier(self.verifier_info, options, *runs) if self.triton is not None
+            else RemoteVerifier(self.verifier_streams, self.verifier_info, options, *runs)
         )
         committed: list[int] = []
 

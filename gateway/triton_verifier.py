@@ -28,7 +28,7 @@ from tritonclient.utils import InferenceServerException
 from core.errors import SpecdecError, StatusCode
 from core.interfaces import VerifyResult
 from core.wire import SPECIAL_ID_FIELDS, sends_candidates, source_len_from_wire, target_len_from_wire
-from gateway.remote import CallOptions, RemoteCallError, RequestCancelled, RequestDeadlineExceeded
+from gateway.remote import CallOptions, RemoteCallError, RequestCancelled, RequestDeadlineExceeded, greedy_runs
 from protos.specdec.v1 import common_pb2
 
 PEER = "verifier (triton)"
@@ -66,8 +66,10 @@ class TritonVerifierClient:
             raise SpecdecError(StatusCode.UNAVAILABLE, f"triton at {self.address}: {exc.message()}") from None
         return model_info(config.parameters, self.model)
 
-    def verifier(self, info: common_pb2.ModelInfo, options: CallOptions) -> TritonVerifier:
-        return TritonVerifier(self.client, self.model, info, options)
+    def verifier(
+        self, info: common_pb2.ModelInfo, options: CallOptions, greedy_chunk: int = 1, stream_greedy_chunk: int = 1
+    ) -> TritonVerifier:
+        return TritonVerifier(self.client, self.model, info, options, greedy_chunk, stream_greedy_chunk)
 
     def close(self) -> None:
         self.client.close()
@@ -93,7 +95,12 @@ def model_info(parameters, model: str) -> common_pb2.ModelInfo:
 class TritonVerifier:
     """`core.interfaces.Verifier` for one request (its deadline, request id and cancel switch)."""
 
-    def __init__(self, client, model: str, info: common_pb2.ModelInfo, options: CallOptions) -> None:
+    def __init__(
+        self, client, model: str, info: common_pb2.ModelInfo, options: CallOptions,
+        greedy_chunk: int = 1, stream_greedy_chunk: int = 1,
+    ) -> None:
+        self.greedy_chunk = greedy_chunk  # as RemoteVerifier's
+        self.stream_greedy_chunk = stream_greedy_chunk
         self.client = client
         self.model = model
         self.info = info
@@ -107,7 +114,12 @@ class TritonVerifier:
     def open(self, source_ids: list[int]) -> TritonVerifierSession:
         if self.options.cancellation is not None:
             self.options.cancellation.check()
-        return TritonVerifierSession(self, list(source_ids))
+        session = TritonVerifierSession(self, list(source_ids))
+        # Runs of AR steps (the model's GREEDY_STEPS input), as on the native verifier.
+        session.max_greedy_steps, session.first_greedy_runs = greedy_runs(
+            self.options, self.greedy_chunk, self.stream_greedy_chunk, self.max_target_len
+        )
+        return session
 
 
 class TritonVerifierSession:
@@ -118,11 +130,21 @@ class TritonVerifierSession:
         self._started = False
         self._ended = False
 
-    def step(self, committed_len: int, append_ids: list[int], draft_ids: list[int], top_k: int) -> VerifyResult:
+    max_greedy_steps = 1  # `core.interfaces.GreedySession`: set by TritonVerifier.open
+    first_greedy_runs: tuple[int, ...] = ()
+
+    def step_greedy(self, committed_len: int, append_ids: list[int], steps: int, top_k: int) -> VerifyResult:
+        return self.step(committed_len, append_ids, [], top_k, greedy_steps=steps)
+
+    def step(
+        self, committed_len: int, append_ids: list[int], draft_ids: list[int], top_k: int, greedy_steps: int = 0
+    ) -> VerifyResult:
         inputs = [
             _int64("COMMITTED_LEN", [committed_len]),
             _int64("TOP_K", [top_k]),
         ]
+        if greedy_steps > 1:
+            inputs.append(_int64("GREEDY_STEPS", [greedy_steps]))
         if append_ids:
             inputs.append(_int64("APPEND_IDS", append_ids))
         if draft_ids:

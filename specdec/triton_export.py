@@ -93,6 +93,7 @@ def verifier_config(options: TritonExportOptions, info: dict[str, object]) -> st
         _tensor("APPEND_IDS", "TYPE_INT64", "[ -1 ]", optional=True),
         _tensor("DRAFT_IDS", "TYPE_INT64", "[ -1 ]", optional=True),
         _tensor("TOP_K", "TYPE_INT64", "[ 1 ]", optional=True),
+        _tensor("GREEDY_STEPS", "TYPE_INT64", "[ 1 ]", optional=True),
     ]
     outputs = [
         _tensor("TOP1", "TYPE_INT64", "[ -1 ]"),

@@ -25,7 +25,8 @@ import numpy as np
 
 from core.checks import check_draft_len, check_ids, check_length, check_source_ids, check_wire_top_k
 from core.errors import SpecdecError, StatusCode, invalid, out_of_step
-from core.interfaces import VerifyResult
+from core.greedy import check_greedy_steps
+from core.interfaces import StepCall, VerifyResult
 from core.wire import session_top_k
 
 # Outputs, in the config's order; TOPK_* are [positions, top_k], the others [n].
@@ -63,7 +64,7 @@ class SequenceTable:
         start: bool,
         end: bool,
         source: list[int] | None,
-        step: tuple[int, list[int], list[int], int] | None,
+        step: tuple[int, list[int], list[int], int] | tuple[int, list[int], list[int], int, int] | None,
     ) -> VerifyResult | None:
         """One request of sequence `corrid`: open (start), step (when `step` is given), free (end)."""
         now = self.clock()
@@ -106,14 +107,20 @@ class SequenceTable:
             raise SpecdecError(StatusCode.RESOURCE_EXHAUSTED, f"the verifier holds {held} sessions, its limit")
         self.sessions[corrid] = _Entry(self.verifier.open(source), self.clock())
 
-    def _step(self, session, committed_len: int, append: list[int], draft: list[int], top_k: int) -> VerifyResult:
+    def _step(
+        self, session, committed_len: int, append: list[int], draft: list[int], top_k: int, greedy_steps: int = 0
+    ) -> VerifyResult:
         # The checks of the native servicer (verifier_service.server), in its order.
         check_draft_len(len(draft), self.limits.max_draft_len)
         check_length(append, self.limits.max_output_len, "append_ids")
         check_wire_top_k(top_k, self.limits.vocab_size)
         check_ids(append, self.limits.vocab_size, "append_ids")
         check_ids(draft, self.limits.vocab_size, "draft_ids")
-        return session.step(committed_len, append, draft, session_top_k(top_k))
+        call = StepCall(committed_len, append, draft, session_top_k(top_k))
+        check_greedy_steps(greedy_steps, call)
+        if greedy_steps > 1:  # VerifyStep.greedy_steps: a run of plain AR steps, answered once
+            return session.step_greedy(committed_len, append, greedy_steps, call.top_k)
+        return session.step(committed_len, append, draft, call.top_k)
 
 
 def result_arrays(result: VerifyResult | None, sessions: int) -> dict[str, np.ndarray]:
@@ -186,7 +193,8 @@ class TritonPythonModel:
                 top_k = ids("TOP_K")
                 if len(committed) != 1 or top_k is None or len(top_k) != 1:
                     raise invalid("a step needs COMMITTED_LEN and TOP_K, one value each")
-                step = (committed[0], ids("APPEND_IDS") or [], ids("DRAFT_IDS") or [], top_k[0])
+                greedy = ids("GREEDY_STEPS") or [0]
+                step = (committed[0], ids("APPEND_IDS") or [], ids("DRAFT_IDS") or [], top_k[0], greedy[0])
             result = self.table.handle(corrid, flag("START"), flag("END"), ids("SOURCE_IDS"), step)
         except SpecdecError as exc:
             return pb_utils.InferenceResponse(error=_triton_error(pb_utils, exc))

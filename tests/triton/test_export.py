@@ -38,7 +38,9 @@ def test_export_writes_a_sequence_model_triton_can_parse(bundle_dir, bundle, tmp
         "START": kinds.CONTROL_SEQUENCE_START, "END": kinds.CONTROL_SEQUENCE_END,
         "CORRID": kinds.CONTROL_SEQUENCE_CORRID,
     }
-    assert [i.name for i in config.input] == ["SOURCE_IDS", "COMMITTED_LEN", "APPEND_IDS", "DRAFT_IDS", "TOP_K"]
+    assert [i.name for i in config.input] == [
+        "SOURCE_IDS", "COMMITTED_LEN", "APPEND_IDS", "DRAFT_IDS", "TOP_K", "GREEDY_STEPS"
+    ]
     assert all(i.optional for i in config.input)
     info = model_info(config.parameters, "specdec_verifier")
     cfg = bundle.verifier.config
@@ -86,6 +88,22 @@ def test_sequence_table_steps_like_the_native_session(bundle):
     arrays = result_arrays(got, len(table.sessions))
     assert arrays["TOP1"].tolist() == got.top1 and arrays["SESSIONS"].tolist() == [1]
     assert table.handle(1, start=False, end=True, source=None, step=None) is None
+    assert not table.sessions
+
+
+def test_sequence_table_runs_greedy_steps_like_the_native_session(bundle):
+    """GREEDY_STEPS: a run of plain AR steps answered once, as VerifyStep.greedy_steps; with a
+    draft it is INVALID_ARGUMENT."""
+    table = _table(bundle, Clock())
+    native = make_verifier(bundle, "torch").open([5, 6, 7])
+    got = table.handle(2, start=True, end=False, source=[5, 6, 7], step=(0, [], [], 2, 6))
+    want = native.step_greedy(0, [], 6, 2)
+    assert got.top1 == want.top1 and got.topk_ids == want.topk_ids and 1 <= len(got.top1) <= 6
+    arrays = result_arrays(got, len(table.sessions))
+    assert arrays["TOPK_IDS"].shape == (len(got.top1), 2)
+    with pytest.raises(SpecdecError) as err:
+        table.handle(2, start=False, end=True, source=None, step=(0, [], [9], 1, 3))
+    assert err.value.code == StatusCode.INVALID_ARGUMENT
     assert not table.sessions
 
 
