@@ -164,11 +164,13 @@ def _slow_predrafts(seconds: float):
 
 
 class _VerifierFailsAt:
-    """The real verifier, whose session fails at its `n`-th step (a verifier outage mid-request)."""
+    """The real verifier, whose session fails at its `n`-th step (a verifier outage mid-request),
+    after `before_failing()` (e.g. waiting until a pre-draft is under way)."""
 
-    def __init__(self, inner: LocalVerifier, n: int) -> None:
+    def __init__(self, inner: LocalVerifier, n: int, before_failing=lambda: None) -> None:
         self.inner = inner
         self.n = n
+        self.before_failing = before_failing
         for name in ("vocab_size", "bos_id", "eos_id", "max_source_len", "max_target_len"):
             setattr(self, name, getattr(inner, name))
 
@@ -181,6 +183,7 @@ class _VerifierFailsAt:
             def step(self, committed_len, append_ids, draft_ids, top_k):
                 steps[0] += 1
                 if steps[0] == outer.n:
+                    outer.before_failing()
                     raise RuntimeError("verifier went away")
                 return session.step(committed_len, append_ids, draft_ids, top_k)
 
@@ -194,10 +197,23 @@ def test_a_verifier_failure_waits_for_the_pre_draft_in_flight() -> None:
     source = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3
     recording = RecordingDrafter(_drafter(0), hook=_slow_predrafts(0.05))
     config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, overlap=True)
+
+    def predraft_running() -> bool:  # the pool may start it late on a busy machine: wait, bounded
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            with recording.records[0].lock:
+                if recording.records[0].in_flight:
+                    return True
+            time.sleep(0.001)
+        return False
+
+    running: list[bool] = []
+    failing = _VerifierFailsAt(_verifier(0), 3, before_failing=lambda: running.append(predraft_running()))
     with pytest.raises(RuntimeError, match="verifier went away"):
-        decode(source, config, _VerifierFailsAt(_verifier(0), 3), recording)
+        decode(source, config, failing, recording)
     (record,) = recording.records
-    assert record.on_predraft_thread(), "a pre-draft was under way when the verifier failed"
+    assert running == [True], "a pre-draft was under way when the verifier failed"
+    assert record.on_predraft_thread()
     _assert_clean(record)
 
 
