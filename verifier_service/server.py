@@ -14,7 +14,7 @@ from pathlib import Path
 from core.backends import DEFAULT_PRECISION, backend_label
 from core.checks import check_draft_len, check_ids, check_length, check_wire_top_k
 from core.errors import invalid, out_of_range, out_of_step
-from core.greedy import check_greedy_steps, greedy_next, merge_greedy
+from core.greedy import check_greedy_steps, greedy_next
 from core.interfaces import BeamRow, StepCall, VerifyResult
 from core.wire import sends_candidates, session_top_k
 from protos.specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
@@ -137,14 +137,14 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         results = await self.scheduler.submit(session, call, then)
         self.m_steps.inc(len(results))
         self.m_scored.inc(len(call.append_ids) + len(results) - 1)
-        merged = merge_greedy(results)
+        last = results[-1]  # the load figures: the run's last forward
         return verifier_pb2.VerifyResponse(
             step=verifier_pb2.VerifyStepResult(
                 committed_len=call.committed_len + len(call.append_ids) + len(results) - 1,
-                positions=[_position(merged, i, candidates, False) for i in range(len(results))],
-                batch_rows=merged.batch_rows,
-                batch_tokens=merged.batch_tokens,
-                forward_ms=merged.forward_s * 1000.0,
+                positions=[_position(r, 0, candidates, False) for r in results],  # one position per step
+                batch_rows=last.batch_rows,
+                batch_tokens=last.batch_tokens,
+                forward_ms=last.forward_s * 1000.0,
             )
         )
 
