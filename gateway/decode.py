@@ -5,6 +5,8 @@ in `gateway.policies`, against the `Drafter` / `Verifier` interfaces."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from core.checks import check_ids, check_source_ids
@@ -12,7 +14,8 @@ from core.errors import SpecdecError, StatusCode, invalid, out_of_range
 from core.interfaces import Drafter, DrafterSession, Verifier
 from gateway.decoding_config import DecodingConfig
 from gateway.modes import MODES, PolicyInputs
-from gateway.policies.drafter_sync import DrafterSync
+from gateway.policies.adaptive import load_model
+from gateway.policies.drafter_sync import DrafterSync, LazyDrafterSession
 from gateway.policies.greedy import greedy_loop
 from gateway.policies.loop import DecodeResult, DecodeStats, OnTokens, draft_verify_loop
 from gateway.policies.overlap import OverlappedSync
@@ -31,6 +34,21 @@ def decode(
     from `config.seed`; pass one in to draw many samples from a single stream. `prefix` continues
     an output already committed (a fallback after the drafter failed mid-request); the result
     includes it."""
+    # Every request counts in its verifier's load while it decodes, whatever its mode: adaptive
+    # speculation reads the load from there (gateway.policies.adaptive, "rows").
+    with load_model(verifier).decoding():
+        return _decode(source_ids, config, verifier, drafter, on_tokens, rng, prefix)
+
+
+def _decode(
+    source_ids: list[int],
+    config: DecodingConfig,
+    verifier: Verifier,
+    drafter: Drafter | None,
+    on_tokens: OnTokens | None,
+    rng: np.random.Generator | None,
+    prefix: list[int] | None,
+) -> DecodeResult:
     # The in-process edge: what a caller controls is checked here; the sessions below trust it.
     check_source_ids(source_ids, verifier.vocab_size, verifier.max_source_len, what="input", ids_name="input_ids")
     spec = MODES[config.mode]
@@ -56,7 +74,10 @@ def decode(
         if spec.needs_drafter:
             assert drafter is not None
             drafter_seed = int(np.random.SeedSequence([config.seed, 1]).generate_state(1)[0])
-            drafter_session = drafter.open(source_ids, seed=drafter_seed)
+            if config.adaptive:  # may never draft (k = 0 under load): open the drafter on first use
+                drafter_session = LazyDrafterSession(partial(drafter.open, source_ids, seed=drafter_seed))
+            else:
+                drafter_session = drafter.open(source_ids, seed=drafter_seed)
         sync: DrafterSync | None = None
         overlap: OverlappedSync | None = None
         if drafter_session is not None and config.overlap and spec.overlap:

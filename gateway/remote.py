@@ -75,6 +75,9 @@ class RemoteVerifier:
         greedy_chunk: int = 1, stream_greedy_chunk: int = 1,
     ) -> None:
         self._channel = channel
+        # Made per request: what the gateway learns about the verifier's load (adaptive
+        # speculation's `LoadModel`) is kept per channel, i.e. per gateway process and peer.
+        self.load_key = channel
         # AR steps per round trip at most (VerifyStep.greedy_steps), for a request and for a
         # streaming one (options.streaming); 0: no limit; 1: one step per round trip.
         self.greedy_chunk = greedy_chunk

@@ -102,6 +102,7 @@ class TritonVerifier:
         self.greedy_chunk = greedy_chunk  # as RemoteVerifier's
         self.stream_greedy_chunk = stream_greedy_chunk
         self.client = client
+        self.load_key = client  # per request, as RemoteVerifier: the load is learnt per shared client
         self.model = model
         self.info = info
         self.options = options

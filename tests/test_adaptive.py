@@ -397,3 +397,118 @@ def test_steps_per_draft_length_reach_the_wire() -> None:
     wire = stats_to_wire(stats, Mode.GAD, 0.1)
     assert list(wire.steps_per_draft_length) == [2, 1, 0, 2]
     assert stats_from_wire(wire, 0).steps_per_draft_length == [2, 1, 0, 2]
+
+
+# --- what the load is learnt per, and read from --------------------------------------------------
+
+
+def test_the_gateways_per_request_verifiers_share_one_load_model() -> None:
+    """The gateway makes a RemoteVerifier per request; what adaptive speculation learns (costs,
+    pooled acceptance) is kept per channel they share, not thrown away with each request."""
+    import grpc
+
+    from gateway.remote import RemoteVerifier
+    from protos.specdec.v1 import common_pb2
+
+    info = common_pb2.ModelInfo(vocab_size=32, bos_id=1, eos_id=2)
+    shared, other = grpc.insecure_channel("127.0.0.1:9"), grpc.insecure_channel("127.0.0.1:9")
+    try:
+        first, second = RemoteVerifier(shared, info), RemoteVerifier(shared, info)
+        assert load_model(first) is load_model(second)
+        assert load_model(RemoteVerifier(other, info)) is not load_model(first)
+    finally:
+        shared.close()
+        other.close()
+
+
+class _InFlight(LoadModel):
+    """Records the requests in flight at every choice; the first choice of each request waits
+    until `parties` requests have made theirs (so all of them are decoding then)."""
+
+    def __init__(self, parties: int) -> None:
+        super().__init__()
+        self.barrier = threading.Barrier(parties, timeout=30)
+        self.seen: list[int] = []
+        self.rows: list[int] = []
+        self._first: set[int] = set()
+
+    def choose(self, mode: str, a: float, k_max: int, rows: int) -> int:
+        if threading.get_ident() not in self._first:
+            self._first.add(threading.get_ident())
+            self.barrier.wait()
+            self.seen.append(self.in_flight)
+        self.rows.append(rows)
+        return k_max
+
+
+def test_every_request_decoding_on_a_verifier_counts_in_its_load() -> None:
+    verifier = LocalVerifier(model_pool()[1].verifier)
+    load = _InFlight(parties=3)
+    install_load_model(verifier, load)
+    config = DecodingConfig(mode=Mode.GAD, k=4, max_new_tokens=MAX_LEN - 1, adaptive=True)
+    sources = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15]]
+    outputs: list[list[int]] = []
+    threads = [threading.Thread(target=lambda s=s: outputs.append(decode(s, config, verifier, _drafter(1)).output_ids))
+               for s in sources]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(outputs) == 3 and load.seen == [3, 3, 3] and load.in_flight == 0
+    ar = DecodingConfig(mode=Mode.AR, max_new_tokens=MAX_LEN - 1)
+    assert sorted(outputs) == sorted(decode(s, ar, verifier, None).output_ids for s in sources)
+
+
+def test_a_choice_takes_the_requests_in_flight_as_its_rows() -> None:
+    """Requests that draft leave the verifier's forwards half empty (their other half is in the
+    drafter), so the load is read from the requests in flight when they are more than the last
+    forward's rows; the rows when more (other gateways on the same verifier)."""
+    load = _InFlight(parties=1)
+    blocks = AdaptiveBlocks(load, "gad", 10, lambda output, k: Draft(ids=[7] * k), exact)
+    loop = _Loop(blocks)
+    with load.decoding(), load.decoding(), load.decoding():
+        loop.step([7] * 11)
+    assert load.rows == [3]
+    blocks.rows = 5  # the last forward's rows
+    with load.decoding():
+        loop.step([7] * 11)
+    assert load.rows == [3, 5]
+
+
+def test_an_adaptive_request_that_never_drafts_never_opens_the_drafter() -> None:
+    """k = 0 at every step (a loaded server): the drafter session, its stream and its encoder run
+    are never paid for; output AR greedy's."""
+    from tests.recording import RecordingDrafter
+
+    verifier = LocalVerifier(model_pool()[0].verifier)
+    install_load_model(verifier, _Fixed(Line(0.0, 1 * MS), Line(1.0, 0.0)))  # drafting never pays
+    recording = RecordingDrafter(_drafter(0))
+    source = [5, 6, 7, 8, 9]
+    max_new = min(PROBE_AFTER - 1, MAX_LEN - 1)  # ends before the gateway's first probe is due
+    result = decode(source, DecodingConfig(mode=Mode.GAD, k=6, max_new_tokens=max_new, adaptive=True),
+                    verifier, recording)
+    assert result.stats.drafted_tokens == 0 and recording.records == []
+    greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=max_new), verifier)
+    assert result.output_ids == greedy.output_ids
+    # Once it drafts (a forced long block), the session opens on that first call and closes at the end.
+    install_load_model(verifier, _KMax())
+    drafted = decode(source, DecodingConfig(mode=Mode.GAD, k=6, max_new_tokens=max_new, adaptive=True),
+                     verifier, recording)
+    assert drafted.stats.drafted_tokens > 0 and len(recording.records) == 1 and recording.records[0].closed
+    assert drafted.output_ids == result.output_ids
+
+
+def test_under_load_a_plain_choice_runs_longer() -> None:
+    """k = 0 runs AR_RUN steps per ROWS_PER_RUN requests in flight (fewer round trips while
+    plain AR keeps winning), never past the room left."""
+    from contextlib import ExitStack
+
+    load = _Fixed(Line(0.0, 1 * MS), Line(1.0, 0.0))  # drafting never pays
+    blocks = AdaptiveBlocks(load, "gad", 10, lambda output, k: Draft(ids=[7] * k), exact)
+    assert blocks.propose([], 100).ar_steps == adaptive.AR_RUN
+    blocks = AdaptiveBlocks(load, "gad", 10, lambda output, k: Draft(ids=[7] * k), exact)
+    with ExitStack() as stack:
+        for _ in range(32):
+            stack.enter_context(load.decoding())
+        assert blocks.propose([], 100).ar_steps == adaptive.AR_RUN * 32 // adaptive.ROWS_PER_RUN
+        assert blocks.propose([], 20).ar_steps == 21  # the room left, and the step after it (EOS)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.interfaces import Draft, DrafterSession
@@ -39,6 +41,45 @@ class SampleDraft:
 
     def run(self, session: DrafterSession, committed: int, append: list[int], room: int) -> Draft:
         return session.draft_sample(committed, append, min(self.gamma, room), self.params)
+
+
+class LazyDrafterSession:
+    """A `DrafterSession` opened on its first call (`open_session()`). An adaptive request may
+    choose k = 0 at every step of a loaded server and never draft; it then pays neither the
+    drafter's encoder run nor its stream. Thread-safe (a pre-draft may make the first call)."""
+
+    def __init__(self, open_session: Callable[[], DrafterSession]) -> None:
+        self._open_session = open_session
+        self._session: DrafterSession | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @property
+    def opened(self) -> bool:
+        return self._session is not None
+
+    def draft_block(self, committed_len: int, append_ids: list[int], k: int) -> Draft:
+        return self._opened().draft_block(committed_len, append_ids, k)
+
+    def draft_beam(self, committed_len: int, append_ids: list[int], gamma: int, num_beams: int) -> Draft:
+        return self._opened().draft_beam(committed_len, append_ids, gamma, num_beams)
+
+    def draft_sample(self, committed_len: int, append_ids: list[int], gamma: int, params: SamplingParams) -> Draft:
+        return self._opened().draft_sample(committed_len, append_ids, gamma, params)
+
+    def close(self) -> None:
+        with self._lock:
+            session, self._session, self._closed = self._session, None, True
+        if session is not None:
+            session.close()
+
+    def _opened(self) -> DrafterSession:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the drafter session is closed")
+            if self._session is None:
+                self._session = self._open_session()
+            return self._session
 
 
 # One kind of drafter call with its parameters: everything about a draft but the output and the room.
