@@ -5,6 +5,8 @@ exactly the items that were in it."""
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,3 +39,48 @@ def answer_in_slots(
             for slot, _ in planned:
                 outcomes[slot] = e
     return outcomes
+
+
+# `split_by_length`'s fixed cost of a forward, in token-rows of padding, per device. On a CPU a
+# batched verifier forward costs about c0 + a*rows + b*rows*block_len with c0/b ~ 35 token-rows
+# (bench/bench_batch_forward.py --blocks; 2.5 ms fixed, 0.07 ms a token-row on the 2-core machine): one
+# 3-token probe among 25 one-token rows pads 50 token-rows, and a GAD block of 11 among them 250.
+# On a GPU the fixed cost (kernel launches) dwarfs padded FLOPs: never split there.
+SPLIT_TOKENS_CPU = 32
+
+
+def split_tokens_for(device: str) -> int:
+    return SPLIT_TOKENS_CPU if device == "cpu" else 0
+
+
+def split_by_length(lengths: Sequence[int], fixed_cost: float) -> list[list[int]]:
+    """The indices of `lengths` (the block lengths of one batch's rows) grouped into forwards.
+
+    A forward pads every row to its longest block, so it costs about `fixed_cost` + rows * longest,
+    in token-rows. The groups minimise the sum of that over the forwards (rows sorted by length;
+    the best cut points by dynamic programming over the distinct lengths, a handful). With
+    `fixed_cost` <= 0, one group: never split. Each group lists its indices in their original order."""
+    if fixed_cost <= 0 or len(set(lengths)) < 2:
+        return [list(range(len(lengths)))]
+    distinct = sorted(set(lengths))
+    counts = [sum(1 for n in lengths if n == d) for d in distinct]
+    # best[j]: the cost of the rows with the j shortest distinct lengths; cut[j]: where its last group starts.
+    best = [0.0] + [math.inf] * len(distinct)
+    cut = [0] * (len(distinct) + 1)
+    for j in range(1, len(distinct) + 1):
+        rows = 0
+        for i in range(j, 0, -1):  # the last group holds distinct lengths i-1 .. j-1
+            rows += counts[i - 1]
+            cost = best[i - 1] + fixed_cost + rows * distinct[j - 1]
+            if cost < best[j]:
+                best[j], cut[j] = cost, i - 1
+    bounds: list[int] = []
+    j = len(distinct)
+    while j > 0:
+        bounds.append(distinct[cut[j]])
+        j = cut[j]
+    bounds.sort()
+    groups: list[list[int]] = [[] for _ in bounds]
+    for index, n in enumerate(lengths):
+        groups[bisect.bisect_right(bounds, n) - 1].append(index)
+    return groups

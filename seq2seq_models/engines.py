@@ -29,6 +29,11 @@ class TorchBatchEngine:
         weight = model.embed.weight
         self._dtype, self._device = weight.dtype, weight.device
 
+    @property
+    def device(self) -> str:
+        """"cpu" or "cuda:N": where the model runs."""
+        return str(self._device)
+
     def zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.zeros(shape, dtype=self._dtype, device=self._device)
 

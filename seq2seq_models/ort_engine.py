@@ -19,6 +19,11 @@ class OrtBatchEngine:
         self.runner = runner
         self.eos_id = eos_id
 
+    @property
+    def device(self) -> str:
+        """"cpu" or "cuda:N": where the graphs run."""
+        return self.runner.device
+
     @staticmethod
     def zeros(shape: tuple[int, ...]) -> np.ndarray:
         return np.zeros(shape, np.float32)

@@ -41,15 +41,18 @@ def _random_call(rng: random.Random, held: int, vocab: int, max_out: int) -> Ste
     return StepCall(committed, append, draft, rng.randint(1, 5))
 
 
+@pytest.mark.parametrize("split", [0, 1], ids=["one-forward", "split-by-length"])
 @pytest.mark.parametrize("trio", zoo.model_pool()[:2], ids=lambda t: t.label)
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**31 - 1), sessions=st.integers(1, 5))
-def test_batches_equal_one_row_steps(trio, seed, sessions):
+def test_batches_equal_one_row_steps(trio, split, seed, sessions):
     """Random sessions step in random subsets, single-row or multi-row; every row equals a one-row
     reference (single-row: its twin session stepped alone; a beam row: a fresh session fed the
-    row's whole prefix)."""
+    row's whole prefix). The batch runs as one forward, or as one forward per block length
+    (`split_tokens` = 1: any padding outweighs the fixed cost)."""
     rng = random.Random(seed)
     batched, alone = LocalVerifier(trio.verifier), LocalVerifier(trio.verifier)
+    batched.split_tokens = split
     vocab, max_out = zoo.VOCAB, 40
     srcs = [[rng.randrange(W, vocab) for _ in range(rng.randint(1, 20))] for _ in range(sessions)]
     multi = [rng.random() < 0.4 for _ in srcs]
@@ -213,3 +216,16 @@ def test_onnx_batches_agree_with_torch_one_row_steps(bundle, tmp_path, seed):
         beam_rows = [beam_rows[r.parent][: r.committed_len] + r.append_ids for r in rows]
         for got, toks in zip(out[-1], beam_rows, strict=True):
             _same(_fresh_row(torch_v, srcs[0], toks, 3), got, 1e-4, (seed, step, "beam"))
+
+
+def test_a_batch_splits_by_block_length_only_where_the_padding_outweighs_a_forward() -> None:
+    from core.batch_slots import split_by_length
+
+    # 25 one-token rows and one 3-token probe: 50 token-rows of padding against a fixed cost of 32.
+    assert split_by_length([1] * 12 + [3] + [1] * 13, 32) == [[*range(12), *range(13, 26)], [12]]
+    assert split_by_length([1] * 12 + [3] + [1] * 3, 32) == [list(range(16))]  # 30 token-rows: not worth it
+    assert split_by_length([1] * 12 + [3] + [1] * 13, 0) == [list(range(26))]  # 0: never
+    assert split_by_length([4, 4, 4], 1) == [[0, 1, 2]]
+    # Three lengths: 11-token GAD blocks and 10-token ones go together, the one-token rows apart.
+    assert split_by_length([11, 1, 10, 1, 1, 11, 1, 1], 32) == [[1, 3, 4, 6, 7], [0, 2, 5]]
+    assert split_by_length([], 32) == [[]]

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from core.batch_slots import answer_in_slots
+from core.batch_slots import answer_in_slots, split_by_length, split_tokens_for
 from core.checks import check_session_step
 from core.errors import out_of_step
 from core.greedy import greedy_next, merge_greedy
@@ -47,6 +47,7 @@ class Engine(Protocol):
     row without padding (ONNX Runtime's one-row graph); `step_batch` uses it for lone rows."""
 
     zeros: Zeros
+    device: str  # "cpu" or "cuda:N"
 
     def encode(self, source_ids: list[int]) -> Cross: ...
 
@@ -136,7 +137,12 @@ class BatchVerifier(ModelVerifier):
         super().__init__(config)
         self.config = config
         self.engine = engine
-        self._crosses = CrossStack()  # the last forward's stacked sources, reused while they stay
+        # The last forward's stacked sources per group of a split batch, reused while they stay.
+        self._crosses: list[CrossStack] = []
+        # A batch whose blocks differ in length runs as several forwards, one per group of lengths,
+        # when the padding that saves (in token-rows) outweighs a forward's fixed cost:
+        # `core.batch_slots.split_by_length`. 0: never split.
+        self.split_tokens = split_tokens_for(engine.device)
 
     def open(self, source_ids: list[int]) -> BatchSession:
         return BatchSession(self, source_ids)
@@ -197,47 +203,71 @@ class BatchVerifier(ModelVerifier):
 
     def _run(self, planned: list[_Planned], outcomes: list[StepOutcome | None]) -> None:
         started = time.perf_counter()
-        sources: dict[int, int] = {}
-        crosses: list[Cross] = []
         blocks: list[RowBlock] = []
+        crosses: list[Cross] = []
         for p in planned:
-            src = sources.setdefault(id(p.session), len(crosses))
-            if src == len(crosses):
-                assert p.session.cross is not None
-                crosses.append(p.session.cross)
-            for b in p.blocks:
-                b.source = src
-                blocks.append(b)
+            assert p.session.cross is not None
+            blocks.extend(p.blocks)
+            crosses.extend(p.session.cross for _ in p.blocks)
         top_k = min(self.vocab_size, max(p.call.top_k for p in planned))
-        one = getattr(self.engine, "forward_one", None)
-        if len(blocks) == 1 and one is not None:  # a lone row: the engine's unpadded path
-            block_k, block_v, topk_lp, topk_ids, target_lp = one(blocks[0], crosses[0], top_k)
-            scatter(blocks, block_k, block_v)
-        elif blocks:
-            feeds = gather(blocks, crosses, self.engine.zeros, self._crosses)
-            block_k, block_v, topk_lp, topk_ids, target_lp = self.engine.forward(feeds, top_k)
-            scatter(blocks, block_k, block_v)
+        # Each block's head rows [n_targets, k] (top-k log-probs, top-k ids) and draft log-probs.
+        heads: list[tuple[Any, Any, Any]] = [()] * len(blocks)  # type: ignore[list-item]
+        groups = split_by_length([len(b.fed) for b in blocks], self.split_tokens)
+        for g, group in enumerate(groups):
+            for i, out in zip(group, self._forward([blocks[i] for i in group], [crosses[i] for i in group], top_k, g),
+                              strict=True):
+                heads[i] = out
         forward_s = time.perf_counter() - started
         load = {"batch_rows": len(blocks), "batch_tokens": sum(len(b.fed) for b in blocks), "forward_s": forward_s}
-        head = 0
+        at = 0  # the next block's index in `heads`
         for p in planned:
             if p.session.closed:  # closed while its forward ran: refused, its rows not revived
                 outcomes[p.slot] = out_of_step("the session is closed")
-                head += sum(n + 1 for n in p.draft_lens)
+                at += len(p.blocks)
                 continue
             k = min(p.call.top_k, self.vocab_size)
             results = []
             for block, row, n_draft in zip(p.blocks, p.new_rows, p.draft_lens, strict=True):
-                n = n_draft + 1
-                ids = topk_ids[head : head + n, :k].tolist()
+                topk_lp, topk_ids, target_lp = heads[at]
+                at += 1
+                ids = topk_ids[:, :k].tolist()
                 results.append(VerifyResult(
                     top1=[r[0] for r in ids],
                     topk_ids=ids,
-                    topk_logprobs=topk_lp[head : head + n, :k].tolist(),
-                    draft_logprobs=target_lp[head : head + n_draft].tolist(),
+                    topk_logprobs=topk_lp[:, :k].tolist(),
+                    draft_logprobs=target_lp[:n_draft].tolist(),
                     **load,
                 ))
-                head += n
                 row.tokens = row.tokens[: block.past_len - 1] + block.fed if block.past_len else block.fed[1:]
             p.session.rows = p.new_rows
             outcomes[p.slot] = results[0] if p.call.rows is None else results
+
+    def _forward(
+        self, blocks: list[RowBlock], crosses: list[Cross], top_k: int, group: int
+    ) -> list[tuple[Any, Any, Any]]:
+        """One forward over `blocks` (each with its session's source); each block's head rows.
+        Appends every block's K/V to its row's cache."""
+        if not blocks:
+            return []
+        sources: dict[int, int] = {}
+        distinct: list[Cross] = []
+        for b, c in zip(blocks, crosses, strict=True):
+            b.source = sources.setdefault(id(c), len(distinct))
+            if b.source == len(distinct):
+                distinct.append(c)
+        one = getattr(self.engine, "forward_one", None)
+        if len(blocks) == 1 and one is not None:  # a lone row: the engine's unpadded path
+            block_k, block_v, topk_lp, topk_ids, target_lp = one(blocks[0], distinct[0], top_k)
+        else:
+            while len(self._crosses) <= group:  # one stack per group: both stay valid from step to step
+                self._crosses.append(CrossStack())
+            feeds = gather(blocks, distinct, self.engine.zeros, self._crosses[group])
+            block_k, block_v, topk_lp, topk_ids, target_lp = self.engine.forward(feeds, top_k)
+        scatter(blocks, block_k, block_v)
+        heads = []
+        head = 0
+        for b in blocks:
+            n = len(b.targets)
+            heads.append((topk_lp[head : head + n], topk_ids[head : head + n], target_lp[head : head + n - 1]))
+            head += n
+        return heads
