@@ -2,7 +2,8 @@
 # Build deploy/Dockerfile from the repository root:
 #   deploy/build-image.sh [--tag NAME:TAG] [--variant cpu|cuda] [extra docker build args...]
 # Stages what the build needs but git must not hold in deploy/.build/ (ignored): the CPU torch wheel
-# from $SPECDEC_WHEELS or $PIP_FIND_LINKS (PyPI's torch is the multi-GB CUDA build), and the CA bundle
+# from $SPECDEC_WHEELS or $PIP_FIND_LINKS (PyPI's torch is the multi-GB CUDA build; both variants export
+# with it, and neither image keeps it), and the CA bundle
 # that $PIP_CERT names (pip behind a TLS proxy). The CA stays in the build stage, never in the image.
 # Builds the base image first when it is missing (deploy/build-base-image.sh) — no registry needed.
 set -euo pipefail
@@ -23,13 +24,13 @@ done
 stage=deploy/.build
 rm -rf "$stage" && mkdir -p "$stage/wheels"
 wheels="${SPECDEC_WHEELS:-${PIP_FIND_LINKS:-}}"
-if [ "$variant" = cpu ]; then
-  [ -n "$wheels" ] && ls "$wheels"/torch-*+cpu-*.whl >/dev/null 2>&1 || {
-    echo "the CPU image needs a torch CPU wheel: set SPECDEC_WHEELS (or PIP_FIND_LINKS) to its directory" >&2
-    exit 1
-  }
-  cp "$wheels"/torch-*+cpu-*.whl "$stage/wheels/"
-fi
+case "$variant" in cpu|cuda) ;; *) echo "--variant must be cpu or cuda, not $variant" >&2; exit 1 ;; esac
+# Both variants: the build stage exports the graphs with the CPU torch (the runtime has no torch).
+[ -n "$wheels" ] && ls "$wheels"/torch-*+cpu-*.whl >/dev/null 2>&1 || {
+  echo "the build stage needs a torch CPU wheel: set SPECDEC_WHEELS (or PIP_FIND_LINKS) to its directory" >&2
+  exit 1
+}
+cp "$wheels"/torch-*+cpu-*.whl "$stage/wheels/"
 if [ -n "${PIP_CERT:-}" ] && [ -s "$PIP_CERT" ]; then
   cp "$PIP_CERT" "$stage/ca.pem"
 fi

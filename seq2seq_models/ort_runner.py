@@ -14,6 +14,7 @@ device between steps and only the decoder's other outputs come back to the host.
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from core.config import parse_device
 from core.threads import MAX_THREADS, usable_cpus
+from seq2seq_models.cuda_devices import count_gpus
 
 if TYPE_CHECKING:  # onnx_export imports torch; a runner itself needs only onnxruntime
     from seq2seq_models.config import ModelConfig
@@ -36,6 +38,7 @@ def open_runner(export: OnnxExport, device: Device = "cpu", intra_op_threads: in
     first GPU when usable). A GPU that is not there is a one-line ValueError (`require_device`)."""
     kind, index = parse_device(resolve_device(device, onnx=True))
     if kind == "cuda":
+        _preload_cuda_libraries()
         cuda = ("CUDAExecutionProvider", {"device_id": index})
         return CudaOrtRunner(export, intra_op_threads, [cuda, "CPUExecutionProvider"], index or 0)
     return OrtRunner(export, intra_op_threads, ["CPUExecutionProvider"])
@@ -47,7 +50,7 @@ def resolve_device(device: Device, onnx: bool = False) -> str:
     to start with one line rather than failing on its first request."""
     kind, index = parse_device(device)
     if kind == "auto":
-        usable = cuda_available() if onnx else _torch_gpus() > 0
+        usable = cuda_available() if onnx else count_gpus(onnx=False).count > 0
         return "cuda:0" if usable else "cpu"
     if kind == "cpu":
         return "cpu"
@@ -60,9 +63,9 @@ def require_device(device: Device, onnx: bool = False) -> None:
     kind, index = parse_device(device)
     if kind != "cuda":
         return
-    gpus = _torch_gpus()
-    if index is None or index >= gpus:
-        seen = f"{gpus} CUDA device(s) visible" if gpus else "no CUDA device visible (a CPU-only torch, or no GPU)"
+    gpus = count_gpus(onnx)
+    if index is None or index >= gpus.count:
+        seen = f"{gpus.count} CUDA device(s) visible" if gpus.count else f"no CUDA device visible ({gpus.why_none})"
         raise ValueError(f"device {device!r} does not exist: {seen}")
     if onnx and not _ort_cuda():
         raise ValueError(f"device {device!r} needs onnxruntime-gpu (the CUDA execution provider is not installed)")
@@ -186,8 +189,8 @@ def default_intra_op_threads() -> int:
 
 
 def cuda_available() -> bool:
-    """onnxruntime-gpu with the CUDA provider, and a GPU torch can see."""
-    return _ort_cuda() and _torch_gpus() > 0
+    """onnxruntime-gpu with the CUDA provider, and a GPU (`cuda_devices.count_gpus`: the driver's count)."""
+    return _ort_cuda() and count_gpus(onnx=True).count > 0
 
 
 def _ort_cuda() -> bool:
@@ -198,12 +201,16 @@ def _ort_cuda() -> bool:
     return "CUDAExecutionProvider" in ort.get_available_providers()
 
 
-def _torch_gpus() -> int:
-    try:
-        import torch
-    except ImportError:
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+@cache
+def _preload_cuda_libraries() -> None:
+    """Load the CUDA and cuDNN libraries of the nvidia-* wheels (onnxruntime-gpu[cuda,cudnn]) before the
+    first CUDA session: the CUDA provider links them, and without CUDA torch nothing else puts them
+    on the loader's path. ORT < 1.21 has no preload_dlls; there the libraries must be on the
+    system's path (a CUDA base image or LD_LIBRARY_PATH)."""
+    import onnxruntime as ort
+
+    if hasattr(ort, "preload_dlls"):
+        ort.preload_dlls()
 
 
 def _source(source_ids: list[int], eos_id: int) -> np.ndarray:
