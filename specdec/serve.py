@@ -271,7 +271,7 @@ def _check_devices(role: str, config: ServeConfig) -> None:
     for name, section in (("verifier", config.verifier), ("drafter", config.drafter)):
         if role in (name, "all"):
             try:
-                # torch must see the GPU (bundles load through it); ONNX Runtime needs its CUDA provider too.
+                # The CUDA driver must see the GPU (the torch backend: torch); ONNX Runtime needs its CUDA provider too.
                 require_device(section.device, onnx=section.backend == "onnxruntime")
             except ValueError as exc:
                 raise ValueError(f"[{name}] device: {exc}") from None
