@@ -512,3 +512,20 @@ def test_under_load_a_plain_choice_runs_longer() -> None:
             stack.enter_context(load.decoding())
         assert blocks.propose([], 100).ar_steps == adaptive.AR_RUN * 32 // adaptive.ROWS_PER_RUN
         assert blocks.propose([], 20).ar_steps == 21  # the room left, and the step after it (EOS)
+
+
+def test_under_load_probes_come_further_apart() -> None:
+    """The probe interval doubles up to PROBE_MAX_INTERVAL per ROWS_PER_RUN requests in flight."""
+
+    def gaps(rows: int) -> list[int]:
+        load, found, since = LoadModel(), [], 0
+        for _ in range(20 * PROBE_MAX_INTERVAL):
+            since += 1
+            if load.probe("gad", drafting=False, rows=rows):
+                found.append(since)
+                since = 0
+        return found
+
+    assert max(gaps(1)) == PROBE_MAX_INTERVAL
+    assert max(gaps(32)) == PROBE_MAX_INTERVAL * 32 // adaptive.ROWS_PER_RUN
+    assert gaps(32)[:4] == gaps(1)[:4] == [PROBE_AFTER, 2 * PROBE_AFTER, 4 * PROBE_AFTER, 8 * PROBE_AFTER]

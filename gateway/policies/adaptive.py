@@ -59,10 +59,12 @@ The estimates
 Probing: while k = 0 wins, nothing is learnt about acceptance, and the drafter's cost is not
 measured again. So after PROBE_AFTER plain AR steps of a mode in a row (counted over the gateway's
 requests) one step drafts a short block (PROBE_K tokens), the interval doubling after each probe up
-to PROBE_MAX_INTERVAL: the estimates keep tracking at a bounded cost (under load, PROBE_K extra
-tokens per PROBE_MAX_INTERVAL AR steps: 3%). Cost observations expire after MAX_AGE_S, so one that
-made drafting look too dear is not kept for ever either; the first of each estimator is ignored
-(a backend's lazy start).
+to PROBE_MAX_INTERVAL per ROWS_PER_RUN requests in flight: the estimates keep tracking at a bounded
+cost. Under load the interval grows with the load, as the AR runs do: a probe costs more than its
+PROBE_K tokens (the request's drafter session is opened for it: an encoder run on the drafter), and
+at 32 clients, probing every 64 steps cost adaptive GAD ~7% of its throughput against plain AR.
+Cost observations expire after MAX_AGE_S, so one that made drafting look too dear is not kept for
+ever either; the first of each estimator is ignored (a backend's lazy start).
 """
 
 from __future__ import annotations
@@ -285,8 +287,9 @@ class LoadModel:
         with self._lock:
             self._pooled.setdefault(mode, Acceptance()).add(drafted, accepted, POOL_DECAY)
 
-    def probe(self, mode: str, drafting: bool) -> bool:
+    def probe(self, mode: str, drafting: bool, rows: int = 1) -> bool:
         """Count a step of the mode: True when this plain AR step should draft a probe instead.
+        `rows`: the load (the interval's cap grows with it, see the module docstring).
 
         The schedule is the gateway's, not each request's: under load every request would otherwise
         pay its own probes, and a new request's prior is the pooled rate the probes keep fresh."""
@@ -298,7 +301,7 @@ class LoadModel:
             state[0] += 1
             if state[0] < state[1]:
                 return False
-            state[:] = [0, min(2 * state[1], PROBE_MAX_INTERVAL)]
+            state[:] = [0, min(2 * state[1], PROBE_MAX_INTERVAL * max(1, rows // ROWS_PER_RUN))]
             return True
 
     def count_plain_steps(self, mode: str, steps: int) -> None:
@@ -365,7 +368,7 @@ class AdaptiveBlocks:
         limit = min(self.k_max, room)
         rows = max(self.rows, self.load.in_flight)
         k = min(self.load.choose(self.mode, self.rate, limit, rows), limit) if limit > 0 else 0
-        if limit > 0 and self.load.probe(self.mode, drafting=k > 0):
+        if limit > 0 and self.load.probe(self.mode, drafting=k > 0, rows=rows):
             k = min(PROBE_K, limit)
         self.chosen.append(k)
         if k > 0:
