@@ -7,11 +7,11 @@
 CTranslate2 (`pip install -e '.[bench]'`) runs the verifier converted by bench/ct2_convert.py (fp32
 weights; int8 is its `compute_type="int8"`), greedy, beam 1, one sentence per call. specdec runs
 in-process (`gateway.decode.decode`) on ONNX Runtime at `precision` fp32 and int8 (verifier and NAR
-drafter): AR greedy, IAD, GAD k=10 and GAD++. Both engines get the same intra-op threads
-(`--threads`: CTranslate2's `intra_threads`, ONNX Runtime's `intra_op_num_threads` of every
-session). Timing: after a warm-up of a few sentences per row, ROUNDS interleaved rounds (each
-round every ROUNDS-th sentence, every row in turn), so drift of a shared machine skews all rows
-alike; a row's ms/sentence is its summed wall time over the sample.
+drafter): AR greedy, IAD, GAD k=10 (fixed, and adaptive: k <= 10 per step) and GAD++. Both
+engines get the same intra-op threads (`--threads`: CTranslate2's `intra_threads`, ONNX Runtime's
+`intra_op_num_threads` of every session). Timing: after a warm-up of a few sentences per row,
+ROUNDS interleaved rounds (each round every ROUNDS-th sentence, every row in turn), so drift of a
+shared machine skews all rows alike; a row's ms/sentence is its summed wall time over the sample.
 
 Checked and reported: CTranslate2 fp32 greedy equals specdec fp32 greedy (the conversion is exact;
 a difference is printed), every lossless specdec row equals greedy on its own precision, the share
@@ -132,7 +132,8 @@ def make_rows(bundle, model_dir: Path, threads: int, gad_plus_plus: bool = True)
         rows.append(Row(CT2, "greedy", precision, ct2))
     modes = [("greedy", DecodingConfig(mode=Mode.AR), True),
              (f"IAD k={IAD_K}", DecodingConfig(mode=Mode.IAD, k=IAD_K), True),
-             (f"GAD k={GAD_K}", DecodingConfig(mode=Mode.GAD, k=GAD_K), True)]
+             (f"GAD k={GAD_K}", DecodingConfig(mode=Mode.GAD, k=GAD_K), True),
+             (f"GAD k={GAD_K} adaptive", DecodingConfig(mode=Mode.GAD, k=GAD_K, adaptive=True), True)]
     if gad_plus_plus:
         label = f"GAD++ k={GAD_PP['k']} beta={GAD_PP['beta']} tau={GAD_PP['tau']}"
         modes.append((label, DecodingConfig(mode=Mode.GAD_PLUS_PLUS, **GAD_PP), False))
@@ -202,7 +203,9 @@ def report(rows: list[Row], sentences, tokenizer) -> tuple[str, list[str], list[
         problems.append(f"CONVERSION NOT EXACT: CTranslate2 fp32 greedy equals specdec's on {exact:.1f}% of sentences")
     gad = by[SPECDEC, f"GAD k={GAD_K}", "int8"]
     iad = by[SPECDEC, f"IAD k={IAD_K}", "int8"]
+    adaptive = by[SPECDEC, f"GAD k={GAD_K} adaptive", "int8"]
     gad_speedup, iad_speedup = ms(ct2_int8) / ms(gad), ms(ct2_int8) / ms(iad)
+    adaptive_speedup = ms(ct2_int8) / ms(adaptive)
     ct2_agree = _share(ct2_int8.outputs, by[CT2, "greedy", "fp32"].outputs)
     ours_agree = _share(by[SPECDEC, "greedy", "int8"].outputs, by[SPECDEC, "greedy", "fp32"].outputs)
     verdicts = [
@@ -210,6 +213,8 @@ def report(rows: list[Row], sentences, tokenizer) -> tuple[str, list[str], list[
         f"- int8 greedy identical to fp32 greedy: CTranslate2 {ct2_agree:.1f}%, specdec {ours_agree:.1f}%.",
         f"- specdec int8 GAD k={GAD_K} vs CTranslate2 int8 greedy: {gad_speedup:.2f}x "
         f"({'faster: target met' if gad_speedup > 1 else 'slower: target NOT met'}).",
+        f"- specdec int8 GAD k<={GAD_K} adaptive vs CTranslate2 int8 greedy: {adaptive_speedup:.2f}x "
+        f"({'faster: target met' if adaptive_speedup > 1 else 'slower: target NOT met'}).",
         f"- specdec int8 IAD k={IAD_K} vs CTranslate2 int8 greedy: {iad_speedup:.2f}x "
         f"({'target (>= 2x) met' if iad_speedup >= 2 else 'target (>= 2x) NOT met'}).",
     ]
