@@ -229,3 +229,32 @@ def test_a_batch_splits_by_block_length_only_where_the_padding_outweighs_a_forwa
     # Three lengths: 11-token GAD blocks and 10-token ones go together, the one-token rows apart.
     assert split_by_length([11, 1, 10, 1, 1, 11, 1, 1], 32) == [[1, 3, 4, 6, 7], [0, 2, 5]]
     assert split_by_length([], 32) == [[]]
+
+
+def test_the_sources_keep_their_slots_from_forward_to_forward() -> None:
+    """A source staying in the batch keeps its slot, a new one takes a freed slot (no re-layout),
+    and the array is laid out again only when more slots or another length bucket are needed."""
+    import numpy as np
+
+    from seq2seq_models.row_cache import Cross, CrossStack
+
+    def source(length: int, fill: float) -> Cross:
+        return Cross(np.full((2, 1, 3, length, 4), fill, np.float32), np.full((2, 1, 3, length, 4), -fill, np.float32))
+
+    def zeros(shape):
+        return np.zeros(shape, np.float32)
+
+    a, b, c, d = source(5, 1.0), source(20, 2.0), source(9, 3.0), source(7, 4.0)
+    stack = CrossStack()
+    k, v, slots, lengths = stack.stack([a, b, c], zeros)
+    assert k.shape == (2, 8, 3, 32, 4) and slots == [0, 1, 2] and lengths[:3] == [5, 20, 9]
+    k2, _, slots, lengths = stack.stack([c, d, b], zeros)  # a left, d joins: d takes a's slot
+    assert k2 is k and slots == [2, 0, 1] and lengths[:3] == [7, 20, 9]
+    assert (k[:, 0, :, :7] == 4.0).all() and (v[:, 0, :, :7] == -4.0).all()
+    assert (k[:, 2, :, :9] == 3.0).all() and (k[:, 1, :, :20] == 2.0).all()
+    k3, _, slots, _ = stack.stack([c, d], zeros)  # the longest left: S shrinks to 16, a re-layout
+    assert k3 is not k and k3.shape[3] == 16 and (k3[:, slots[1], :, :7] == 4.0).all()
+    many = [source(3, float(i)) for i in range(9)]
+    k4, _, slots, _ = stack.stack(many, zeros)  # more sources than slots
+    assert k4.shape[1] == 16 and sorted(slots) == list(range(9))
+    assert all((k4[:, slot, :, :3] == float(i)).all() for i, slot in enumerate(slots))
