@@ -12,6 +12,7 @@ it only allocates through an `Arrays` and uses slicing, which both share.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -103,7 +104,7 @@ class Cross:
         return int(self.k.shape[3])
 
 
-class CrossStack:
+class CrossStack(threading.local):
     """The batch's sources' cross-attention K/V as slots of one padded array [L, N, H, S, hd], kept
     from forward to forward. Under streaming refill the batch's sources change at almost every
     step (a session ends, another joins): restacking them all each time cost the verifier's worker
@@ -113,7 +114,11 @@ class CrossStack:
     of S_STEP positions (longer, or shorter: every row attends over the whole padded S).
 
     Free slots and the positions past a slot's source hold stale K/V of earlier sources: finite
-    values the graph masks out by `src_lens` (their attention weights are exactly 0)."""
+    values the graph masks out by `src_lens` (their attention weights are exactly 0).
+
+    The state is per thread (a `threading.local`): a service's scheduler has one worker, but
+    in-process sessions of one verifier may step from their own threads at once, and two forwards
+    filling the same arrays would read each other's rows."""
 
     S_STEP = 16  # S is the longest source's length rounded up to this: fewer re-layouts, little padding
     MIN_SLOTS = 8

@@ -258,3 +258,64 @@ def test_the_sources_keep_their_slots_from_forward_to_forward() -> None:
     k4, _, slots, _ = stack.stack(many, zeros)  # more sources than slots
     assert k4.shape[1] == 16 and sorted(slots) == list(range(9))
     assert all((k4[:, slot, :, :3] == float(i)).all() for i, slot in enumerate(slots))
+
+
+def test_each_thread_stacks_into_its_own_arrays() -> None:
+    """In-process sessions of one verifier step from their own threads at once: a forward's padded
+    K/V must not be arrays another thread's forward is filling."""
+    import threading
+
+    import numpy as np
+
+    from seq2seq_models.row_cache import Cross, CrossStack
+
+    def source(length: int, fill: float) -> Cross:
+        return Cross(np.full((2, 1, 3, length, 4), fill, np.float32), np.full((2, 1, 3, length, 4), -fill, np.float32))
+
+    def zeros(shape):
+        return np.zeros(shape, np.float32)
+
+    stack = CrossStack()
+    got: dict[str, tuple] = {}
+
+    def use(name: str, fill: float) -> None:
+        k, _, _, _ = stack.stack([source(5, fill), source(9, fill)], zeros)
+        got[name] = (k, stack.pasts((2, 3, 3, 7, 4), zeros)[0])
+
+    use("main", 1.0)
+    other = threading.Thread(target=use, args=("other", 2.0))
+    other.start()
+    other.join(10)
+    (k1, p1), (k2, p2) = got["main"], got["other"]
+    assert not np.shares_memory(k1, k2) and not np.shares_memory(p1, p2)
+    assert (k1[:, :2, :, :5] == 1.0).all() and (k2[:, :2, :, :5] == 2.0).all()
+
+
+@pytest.mark.parametrize("trio", zoo.model_pool()[:2], ids=lambda t: t.label)
+def test_concurrent_in_process_decodes_equal_decodes_one_at_a_time(trio):
+    """Greedy decodes of several sources from their own threads on one in-process verifier, each
+    row batched or alone as the threads meet, equal the same decodes one after another."""
+    import threading
+
+    from gateway.decode import decode
+    from gateway.decoding_config import DecodingConfig, Mode
+
+    gen = torch.Generator().manual_seed(5)
+    sources = [zoo.random_source(gen, n) for n in (3, 9, 17, 4, 12, 6)]
+    config = DecodingConfig(mode=Mode.AR, max_new_tokens=zoo.MAX_LEN - 1)
+    alone = [decode(s, config, LocalVerifier(trio.verifier), None).output_ids for s in sources]
+    verifier = LocalVerifier(trio.verifier)
+    for _ in range(4):
+        outputs: dict[int, list[int]] = {}
+        start = threading.Barrier(len(sources), timeout=30)
+
+        def run(i: int, start: threading.Barrier, outputs: dict[int, list[int]]) -> None:
+            start.wait()
+            outputs[i] = decode(sources[i], config, verifier, None).output_ids
+
+        threads = [threading.Thread(target=run, args=(i, start, outputs)) for i in range(len(sources))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert [outputs.get(i) for i in range(len(sources))] == alone
