@@ -41,6 +41,7 @@ from gateway.policies.adaptive import (
     fit_line,
     install_load_model,
     load_model,
+    step_cost,
 )
 from gateway.policies.loop import DecodeStats
 from gateway.wire import stats_from_wire, stats_to_wire
@@ -85,6 +86,19 @@ def test_the_same_request_drafts_less_as_the_batch_fills() -> None:
     assert chosen == sorted(chosen, reverse=True)
     assert chosen[0] >= 6 and chosen[-1] == 0
     assert len(set(chosen)) >= 4  # it shortens step by step, not all or nothing
+
+
+def test_a_draft_under_load_pays_the_drafters_whole_fixed_cost() -> None:
+    """Under load most requests take k = 0, so the one that drafts has the drafter's forward to
+    itself: its fixed cost is not shared by the verifier's rows. Drafting that pays at one request
+    (and would at 32 if d0 were split 32 ways) does not pay at 32."""
+    verifier, drafter = Line(c0=10 * MS, c1=0.1 * MS), Line(c0=2 * MS, c1=0.1 * MS)
+    assert step_cost(10, 32, verifier, drafter) == pytest.approx(10 * MS / 32 + 11 * 0.1 * MS + 2 * MS + 1 * MS)
+    assert step_cost(0, 32, verifier, drafter) == pytest.approx(10 * MS / 32 + 0.1 * MS)
+    assert choose_block_length(0.9, 10, 1, verifier, drafter) == 10
+    assert choose_block_length(0.9, 10, 32, verifier, drafter) == 0
+    shared = expected_tokens(0.9, 10) / (10 * MS / 32 + 1.1 * MS + 2 * MS / 32 + 1 * MS)
+    assert shared > 1 / step_cost(0, 32, verifier, drafter)  # what splitting d0 32 ways would have chosen
 
 
 def test_free_drafts_and_free_tokens_pick_the_longest_block_and_no_acceptance_picks_none() -> None:

@@ -14,9 +14,15 @@ A step costs a share of two forwards. The verifier's forward over T tokens (ever
 request in the batch, append + draft) takes cost(T) ~ c0 + c1*T: c0 is paid once per forward whatever
 its size (reading the weights, kernel launches, the scheduler's round), c1 grows with the tokens fed
 (the FLOPs). A request feeding 1 + k tokens to a forward of `rows` rows is charged c0/rows + c1*(1+k);
-its drafter call likewise d0/rows + d1*k (nothing when k = 0). The policy picks
+its drafter call d0 + d1*k (nothing when k = 0). The policy picks
 
-    k* = argmax_{0 <= k <= k_max}  E(k) / (c0/rows + c1*(1 + k) + [k > 0] * (d0/rows + d1*k))
+    k* = argmax_{0 <= k <= k_max}  E(k) / (c0/rows + c1*(1 + k) + [k > 0] * (d0 + d1*k))
+
+The drafter's fixed cost is charged whole: the drafter's batch holds only the requests drafting at
+that moment, and under load most choose k = 0, so a request that drafts there pays a forward of its
+own. Charging d0/rows priced a lone draft as if the verifier's 32 rows shared it: after a spell at
+one client (cheap drafter calls in the estimates), adaptive GAD at 32 clients drafted again and ran
+at 0.88x plain AR (`bench/bench_adaptive_load.py`). At rows = 1 the two charges are the same.
 
 Why this ratio: when the rows of a batch behave alike, the server commits rows*E(k) tokens per
 forward of c0 + c1*rows*(1+k) (plus the drafter's), so the ratio is the server's throughput over
@@ -149,7 +155,7 @@ def step_cost(k: int, rows: int, verifier: Line, drafter: Line) -> float:
     rows = max(rows, 1)
     cost = verifier.c0 / rows + verifier.c1 * (1 + k)
     if k > 0:
-        cost += drafter.c0 / rows + drafter.c1 * k
+        cost += drafter.c0 + drafter.c1 * k  # whole: see "The drafter's fixed cost" above
     return cost
 
 
