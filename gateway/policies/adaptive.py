@@ -53,8 +53,7 @@ The estimates
   a least-squares fit through the buckets: steady traffic at one T cannot wash out what other loads taught, and
   one slow outlier (a first call warming up) cannot swing the fit.
 - d0, d1: the same estimator over the drafter's calls (k asked, wall seconds), one per mode. The
-  drafter reports no batch, so the verifier's rows stand for its occupancy (the same requests
-  alternate between the two services).
+  drafter reports no batch; its fixed cost is charged whole (above).
 - rows: the requests decoding on this verifier now (every mode: `decode` counts them in and out),
   or the rows of the request's last forward when that is more (other gateways share the
   verifier). Not the last forward's rows alone: requests that draft spend half their time in the
@@ -161,7 +160,12 @@ def step_cost(k: int, rows: int, verifier: Line, drafter: Line) -> float:
 
 def ar_run(rows: int) -> int:
     """Plain AR steps one k = 0 choice runs at a load of `rows` (see AR_RUN)."""
-    return AR_RUN * max(1, rows // ROWS_PER_RUN)
+    return AR_RUN * load_steps(rows)
+
+
+def load_steps(rows: int) -> int:
+    """How many times longer AR runs and the probe interval's cap are at a load of `rows`."""
+    return max(1, rows // ROWS_PER_RUN)
 
 
 def choose_block_length(a: float, k_max: int, rows: int, verifier: Line, drafter: Line) -> int:
@@ -315,7 +319,7 @@ class LoadModel:
             state[0] += 1
             if state[0] < state[1]:
                 return False
-            state[:] = [0, min(2 * state[1], PROBE_MAX_INTERVAL * max(1, rows // ROWS_PER_RUN))]
+            state[:] = [0, min(2 * state[1], PROBE_MAX_INTERVAL * load_steps(rows))]
             return True
 
     def count_plain_steps(self, mode: str, steps: int) -> None:

@@ -54,10 +54,6 @@ class LazyDrafterSession:
         self._closed = False
         self._lock = threading.Lock()
 
-    @property
-    def opened(self) -> bool:
-        return self._session is not None
-
     def draft_block(self, committed_len: int, append_ids: list[int], k: int) -> Draft:
         return self._opened().draft_block(committed_len, append_ids, k)
 
