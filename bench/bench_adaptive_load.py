@@ -24,7 +24,10 @@ import shlex
 import statistics
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
@@ -44,23 +47,27 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     clients = [int(c) for c in args.clients.split(",")]
     texts = ua_gec_texts(args.sentences, args.data_dir)
-    runs = _run_rounds(args, clients, texts)
-    table = format_table(runs, clients)
+    runs, drafted = _run_rounds(args, clients, texts)
+    table = format_table(runs, clients, drafted)
     print(table)
     if args.write:
         write_section(args.output, SECTION, _section_body(args, texts, table))
     return 0
 
 
-def format_table(runs: dict[tuple[int, str], list[float]], clients: list[int]) -> str:
+def format_table(runs: dict[tuple[int, str], list[float]], clients: list[int],
+                 drafted: dict[int, list[float]]) -> str:
     """One row per client count: each mode's mean output tokens/s, then adaptive over AR and over
-    fixed k (ratio of the means; in brackets the lowest and highest ratio of one round)."""
-    lines = [f"| clients | {AR} | {FIXED} | {ADAPTIVE} | adaptive / AR | adaptive / fixed k |",
-             "|---:|---:|---:|---:|---:|---:|"]
+    fixed k (ratio of the means; in brackets the lowest and highest ratio of one round), and the
+    draft tokens adaptive GAD proposed per request (the gateway's counters over its cells)."""
+    lines = [f"| clients | {AR} | {FIXED} | {ADAPTIVE} | adaptive / AR | adaptive / fixed k | "
+             "adaptive draft tokens / request |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
     for c in clients:
         mean = {m: statistics.mean(runs[c, m]) for m in MODES}
         lines.append(f"| {c} | {mean[AR]:.0f} | {mean[FIXED]:.0f} | {mean[ADAPTIVE]:.0f} | "
-                     f"{_ratio(runs[c, ADAPTIVE], runs[c, AR])} | {_ratio(runs[c, ADAPTIVE], runs[c, FIXED])} |")
+                     f"{_ratio(runs[c, ADAPTIVE], runs[c, AR])} | {_ratio(runs[c, ADAPTIVE], runs[c, FIXED])} | "
+                     f"{statistics.mean(drafted[c]):.1f} |")
     return "\n".join(lines)
 
 
@@ -69,12 +76,18 @@ def _ratio(top: list[float], bottom: list[float]) -> str:
     return f"{statistics.mean(top) / statistics.mean(bottom):.2f}x ({min(per_round):.2f}-{max(per_round):.2f})"
 
 
-def _run_rounds(args, clients: list[int], texts: list[str]) -> dict[tuple[int, str], list[float]]:
+def _run_rounds(args, clients: list[int], texts: list[str]
+                ) -> tuple[dict[tuple[int, str], list[float]], dict[int, list[float]]]:
+    """Output tokens/s per (clients, mode) and round; adaptive's draft tokens per request per round."""
     runs: dict[tuple[int, str], list[float]] = {(c, m): [] for c in clients for m in MODES}
+    drafted: dict[int, list[float]] = {c: [] for c in clients}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         metrics = {s: f"127.0.0.1:{_free_port()}" for s in MODEL_SECTIONS}
+        gateway = f"127.0.0.1:{_free_port()}"
+        gateway_metrics = f"http://{gateway}/metrics"
         config = Path(tmp) / "load.toml"
-        config.write_text(_config_toml(Batching("on"), max(clients), metrics))
+        config.write_text(_config_toml(Batching("on"), max(clients), metrics,
+                                       {"gateway": {"metrics_address": f'"{gateway}"'}}))
         server, address = _start(args, config, Path(tmp) / "serve.log")
         stack.callback(_stop, server)
         for r in range(args.rounds):
@@ -87,13 +100,29 @@ def _run_rounds(args, clients: list[int], texts: list[str]) -> dict[tuple[int, s
                     spec = LoadSpec(address, texts, {**overrides, "max_new_tokens": args.max_new_tokens},
                                     concurrency=c, requests=len(texts), timeout=600,
                                     warmup=WARMUP_REQUESTS if r == 0 else 0)
+                    before = _gad_counters(gateway_metrics)
                     report = run_load(spec)
                     if report.ok != report.requests:
                         raise SystemExit(f"{mode} at {c} clients: {report.errors}")
                     runs[c, mode].append(report.output_tokens_per_s)
+                    if mode == ADAPTIVE:
+                        tokens, requests = (a - b for a, b in zip(_gad_counters(gateway_metrics), before, strict=True))
+                        drafted[c].append(tokens / max(requests, 1))
                     print(f"round {r + 1} {c:>3} clients {mode:>18} {report.output_tokens_per_s:8.1f} tokens/s",
                           file=sys.stderr, flush=True)
-    return runs
+    return runs, drafted
+
+
+def _gad_counters(url: str) -> tuple[float, float]:
+    """(draft tokens, requests) of mode gad the gateway has counted so far."""
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        families = text_string_to_metric_families(reply.read().decode())
+    wanted = {"specdec_spec_decode_num_draft_tokens_total": 0.0, "specdec_gateway_requests_total": 0.0}
+    for family in families:
+        for sample in family.samples:
+            if sample.name in wanted and sample.labels.get("mode") == "gad":
+                wanted[sample.name] += sample.value
+    return wanted["specdec_spec_decode_num_draft_tokens_total"], wanted["specdec_gateway_requests_total"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -120,7 +149,9 @@ def _section_body(args, texts: list[str], table: str) -> str:
             f"`specdec.loadtest`, max_new_tokens {args.max_new_tokens}; {args.rounds} rounds, each running "
             "every (clients, mode) cell once with the modes in turn, the order turning each round. "
             "Output tokens/s, the mean over the rounds; "
-            "ratios of the means, with the lowest and highest ratio of one round in brackets. Issue 11's "
+            "ratios of the means, with the lowest and highest ratio of one round in brackets; adaptive "
+            "GAD's draft tokens per request from the gateway's `spec_decode_num_draft_tokens` counter "
+            "over its cells (0: every step plain AR). Issue 11's "
             "targets: adaptive / AR >= 1 at 32 clients, adaptive / fixed k >= 0.95 at 1 client.")
     return f"{stamp}\n\n{what}\n\n{table}\n"
 

@@ -475,7 +475,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.m_requests.inc(mode=mode.value)
         self.m_tokens.inc(len(result.output_ids), mode=mode.value)
         self.m_iterations.inc(s.iterations, mode=mode.value)
-        self.m_drafts.inc(s.iterations if s.drafted_tokens else 0, mode=mode.value)
+        self.m_drafts.inc(sum(s.steps_per_draft_length[1:]), mode=mode.value)
         self.m_draft_tokens.inc(s.drafted_tokens, mode=mode.value)
         self.m_accepted.inc(s.accepted_tokens, mode=mode.value)
         for position, count in enumerate(s.accepted_per_position):

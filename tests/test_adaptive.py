@@ -524,12 +524,13 @@ def test_an_adaptive_request_that_never_drafts_never_opens_the_drafter() -> None
 
 
 def test_under_load_a_plain_choice_runs_longer() -> None:
-    """k = 0 runs AR_RUN steps per ROWS_PER_RUN requests in flight (fewer round trips while
-    plain AR keeps winning), never past the room left."""
+    """k = 0 where better drafts would pay runs AR_RUN steps per ROWS_PER_RUN requests in flight
+    (fewer round trips while plain AR keeps winning), never past the room left."""
     from contextlib import ExitStack
 
-    load = _Fixed(Line(0.0, 1 * MS), Line(1.0, 0.0))  # drafting never pays
+    load = _PaysAbove(PROBE_CEILING)  # this request's prior rate (DEFAULT_RATE) is below it
     blocks = AdaptiveBlocks(load, "gad", 10, lambda output, k: Draft(ids=[7] * k), exact)
+    assert blocks.rate < PROBE_CEILING
     assert blocks.propose([], 100).ar_steps == adaptive.AR_RUN
     blocks = AdaptiveBlocks(load, "gad", 10, lambda output, k: Draft(ids=[7] * k), exact)
     with ExitStack() as stack:
@@ -537,6 +538,30 @@ def test_under_load_a_plain_choice_runs_longer() -> None:
             stack.enter_context(load.decoding())
         assert blocks.propose([], 100).ar_steps == adaptive.AR_RUN * 32 // adaptive.ROWS_PER_RUN
         assert blocks.propose([], 20).ar_steps == 21  # the room left, and the step after it (EOS)
+    assert set(blocks.chosen) == {0}
+
+
+def test_where_no_draft_could_pay_a_plain_choice_runs_to_the_end() -> None:
+    """k = 0 where even drafts as good as PROBE_CEILING would lose at this load: one run for all
+    the room left and the step after it (EOS), at any load, and no probe."""
+    from contextlib import ExitStack
+
+    calls: list[int] = []
+    never = _Fixed(Line(0.0, 1 * MS), Line(1.0, 0.0))  # a drafter call costs a second
+    blocks = AdaptiveBlocks(never, "gad", 10, lambda output, k: calls.append(k) or Draft(ids=[7] * k), exact)
+    assert blocks.propose([], 100).ar_steps == 101
+    with ExitStack() as stack:
+        for _ in range(32):
+            stack.enter_context(never.decoding())
+        assert blocks.propose([], 500).ar_steps == 501
+    light = _PaysAbove(PROBE_CEILING, max_rows=4)  # good drafts pay at up to 4 rows
+    blocks = AdaptiveBlocks(light, "gad", 10, lambda output, k: calls.append(k) or Draft(ids=[7] * k), exact)
+    with ExitStack() as stack:
+        for _ in range(8):
+            stack.enter_context(light.decoding())
+        assert blocks.propose([], 100).ar_steps == 101
+    assert blocks.propose([], 100).ar_steps == adaptive.AR_RUN  # 1 row: better drafts would pay
+    assert calls == []
 
 
 def test_no_probe_where_even_the_best_drafts_would_not_pay() -> None:

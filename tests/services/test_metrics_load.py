@@ -109,11 +109,12 @@ def test_load_metrics_match_the_requests_and_their_stats(served):
     assert m[("specdec_gateway_queue_wait_seconds_bucket", (("le", "0.001"),))] >= 1  # the first went straight in
 
     # spec_decode counters and output tokens: exactly the sums of what the responses said.
-    draft, accepted, emitted = Counter(), Counter(), Counter()
+    draft, accepted, emitted, draft_steps = Counter(), Counter(), Counter(), Counter()
     per_pos: dict[tuple[str, int], int] = defaultdict(int)
     for (mode, _, _), (ids, stats) in zip(calls, results, strict=True):
         assert not stats.degraded
         draft[mode] += stats.drafted_tokens
+        draft_steps[mode] += sum(stats.steps_per_draft_length[1:])
         accepted[mode] += stats.accepted_tokens
         emitted[mode] += len(ids)
         for position, count in enumerate(stats.accepted_per_position):
@@ -124,6 +125,8 @@ def test_load_metrics_match_the_requests_and_their_stats(served):
     for mode in MODES:
         labels = (("mode", mode),)
         assert m[("specdec_spec_decode_num_draft_tokens_total", labels)] == draft[mode]
+        # Steps that drafted, not every step of a request that drafted once.
+        assert m[("specdec_gateway_drafts_total", labels)] == draft_steps[mode]
         assert m[("specdec_spec_decode_num_accepted_tokens_total", labels)] == accepted[mode]
         assert m[("specdec_spec_decode_num_emitted_tokens_total", labels)] == emitted[mode]
         assert m[("specdec_gateway_tokens_out_total", labels)] == emitted[mode]
