@@ -108,7 +108,8 @@ def _run_rounds(args, clients: list[int], texts: list[str]
                     if mode == ADAPTIVE:
                         tokens, requests = (a - b for a, b in zip(_gad_counters(gateway_metrics), before, strict=True))
                         drafted[c].append(tokens / max(requests, 1))
-                    print(f"round {r + 1} {c:>3} clients {mode:>18} {report.output_tokens_per_s:8.1f} tokens/s",
+                    drafts = f", {drafted[c][-1]:.1f} draft tokens / request" if mode == ADAPTIVE else ""
+                    print(f"round {r + 1} {c:>3} clients {mode:>18} {report.output_tokens_per_s:8.1f} tokens/s{drafts}",
                           file=sys.stderr, flush=True)
     return runs, drafted
 

@@ -388,13 +388,28 @@ def test_adaptive_modes_equal_greedy_with_random_block_lengths(trio, source, max
     assert decode(source, config, verifier, _drafter(trio)).output_ids == _greedy(trio, tuple(source), max_new)
 
 
+def test_a_requests_first_draft_is_not_a_sample_of_the_drafters_cost() -> None:
+    """The first draft opens the request's drafter session (an encoder run, a stream): a cost of the
+    request, not of a draft. Every later draft is a sample."""
+    load = _KMax()
+    samples: list[float] = []
+    load.drafter_cost("gad").observe = lambda k, seconds: samples.append(k)
+    for _ in range(2):  # two requests, three drafts of 4 each
+        loop = _Loop(AdaptiveBlocks(load, "gad", 4, lambda output, k: Draft(ids=[7] * k), exact))
+        for _ in range(3):
+            loop.step([7] * 5)
+    assert samples == [4, 4, 4, 4]
+
+
 def test_the_learned_policy_learns_from_a_decode() -> None:
     verifier = LocalVerifier(model_pool()[0].verifier)
     config = DecodingConfig(mode=Mode.GAD, k=8, max_new_tokens=40, adaptive=True)
-    result = decode([5, 6, 7, 8, 9, 10, 11, 12, 13, 14], config, verifier, _drafter(0))
+    drafted = 0
+    for source in ([5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [9, 8, 7, 6, 5], [4, 4, 5, 5, 6, 6]):
+        drafted += decode(source, config, verifier, _drafter(0)).stats.drafted_tokens
     load = load_model(verifier)
     assert load.verifier_cost._buckets and load.drafter_cost("gad")._buckets
-    assert result.stats.drafted_tokens > 0 and load.prior_rate("gad") != adaptive.DEFAULT_RATE
+    assert drafted > 0 and load.prior_rate("gad") != adaptive.DEFAULT_RATE
 
 
 # --- config, flags, wire ---------------------------------------------------------------------------

@@ -53,7 +53,12 @@ The estimates
   a least-squares fit through the buckets: steady traffic at one T cannot wash out what other loads taught, and
   one slow outlier (a first call warming up) cannot swing the fit.
 - d0, d1: the same estimator over the drafter's calls (k asked, wall seconds), one per mode. The
-  drafter reports no batch; its fixed cost is charged whole (above).
+  drafter reports no batch; its fixed cost is charged whole (above). A request's first draft is not
+  a sample: it opens the request's drafter session (a stream, an encoder run) and catches the
+  drafter up on the output so far, a cost of the request paid once. Measured: at a cold start of 32
+  clients every request drafts (nothing is known yet), the first drafts queue behind each other's
+  openings on the drafter, ~125 ms each, and with them as samples the drafter looked too dear to
+  draft even at one client until they expired (MAX_AGE_S).
 - rows: the requests decoding on this verifier now (every mode: `decode` counts them in and out),
   or the rows of the request's last forward when that is more (other gateways share the
   verifier). Not the last forward's rows alone: requests that draft spend half their time in the
@@ -378,6 +383,7 @@ class AdaptiveBlocks:
         self.chosen: list[int] = []  # k chosen at every step (stats, tests)
         self._verified = -1  # output tokens the verifier's cache holds (-1: not even BOS yet)
         self._step: tuple[float, int] | None = None  # (when the verifier was called, own tokens)
+        self._drafted = False  # whether a draft was made (the first opened the drafter session)
 
     @property
     def rate(self) -> float:
@@ -395,7 +401,9 @@ class AdaptiveBlocks:
         if k > 0:
             t0 = time.perf_counter()
             draft = self._propose(output, k)
-            self.load.drafter_cost(self.mode).observe(k, time.perf_counter() - t0)
+            if self._drafted:  # the first draft is not a sample ("d0, d1" in the module docstring)
+                self.load.drafter_cost(self.mode).observe(k, time.perf_counter() - t0)
+            self._drafted = True
         else:
             # A hopeless k = 0 runs to the end of the output: only a fall in load could change the
             # choice, and every extra run costs a round trip that a loaded server pays out of its
