@@ -133,7 +133,6 @@ class CrossStack(threading.local):
         """(cross_k, cross_v, the slot of each source, each slot's length) for this forward."""
         if len(sources) == 1:  # one source (one session, or one multi-row session): no copy
             return sources[0].k, sources[0].v, [0], [sources[0].length]
-        held = {id(c): slot for slot, c in enumerate(self._slots) if c is not None}
         wanted = {id(c) for c in sources}
         for slot, c in enumerate(self._slots):
             if c is not None and id(c) not in wanted:
@@ -142,9 +141,11 @@ class CrossStack(threading.local):
         if self._k is None or len(sources) > len(self._slots) or int(self._k.shape[3]) != s:
             self._layout(sources, s, zeros)
         else:
+            # A slot holds its Cross alive, so an id held here is that very Cross.
+            held = {id(c) for c in self._slots if c is not None}
             free = (slot for slot, c in enumerate(self._slots) if c is None)
             for c in sources:
-                if id(c) not in held or self._slots[held[id(c)]] is not c:
+                if id(c) not in held:
                     self._put(next(free), c)
         slot_of = {id(c): slot for slot, c in enumerate(self._slots) if c is not None}
         lengths = [1 if c is None else c.length for c in self._slots]
