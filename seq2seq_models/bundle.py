@@ -2,7 +2,8 @@
 
     config.json     format version, vocab size, special ids, per-role architecture, fingerprints
     tokenizer.model SentencePiece model shared by every role
-    <role>.safetensors  weights of the verifier, nar_drafter and ar_drafter (any subset)
+    <role>.safetensors  weights of the verifier, nar_drafter and ar_drafter (any subset), in float32
+                    or float16 (smaller on disk, the repository's size budget); loaded as float32
 
 The bundle fingerprint hashes the tokenizer and every weights file, so services can check at
 start-up that they were given the same bundle (or at least the same tokenizer).
@@ -75,16 +76,23 @@ class ModelBundle:
         return self.models[role]
 
 
+WEIGHT_DTYPES = ("float32", "float16")
+
+
 def save_bundle(
     out: str | Path,
     tokenizer_bytes: bytes,
     models: dict[str, Seq2SeqTransformer],
     name: str,
     metadata: dict | None = None,
+    weights_dtype: str = "float32",
 ) -> Path:
     import torch
     from safetensors.torch import save_file
 
+    if weights_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"weights_dtype must be one of {sorted(WEIGHT_DTYPES)}, not {weights_dtype!r}")
+    dtype = getattr(torch, weights_dtype)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / TOKENIZER_FILE).write_bytes(tokenizer_bytes)
@@ -96,12 +104,13 @@ def save_bundle(
         if model.config.vocab_size != tokenizer.vocab_size:
             raise ValueError(f"{role} vocab {model.config.vocab_size} != tokenizer vocab {tokenizer.vocab_size}")
         weights = out / f"{role}.safetensors"
-        state = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
+        state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(weights), metadata={"role": role})
         entries[role] = {
             "file": weights.name,
             "sha256": _sha256(weights.read_bytes()),
             "architecture": model.config.to_dict(),
+            "dtype": weights_dtype,
         }
     config = {
         "format_version": FORMAT_VERSION,

@@ -109,7 +109,7 @@ def test_smoke_pipeline_writes_a_loadable_bundle(tmp_path):
     # Every stage is finished: a second run skips them all and returns the same bundle.
     assert run_pipeline(out, get_preset("smoke"), echo=None) == bundle_dir
     log = [json.loads(line) for line in (out / "pipeline.log.jsonl").read_text().splitlines()]
-    assert sum(r["event"] == "skip" for r in log) == 8
+    assert sum(r["event"] == "skip" for r in log) == 10
 
 
 @pytest.mark.parametrize("objective", ["ar", "nar"])
@@ -134,3 +134,22 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, objective):
     for name, tensor in straight["model"].items():
         assert torch.equal(tensor, split["model"][name]), name
     assert resumed["valid_loss"] == json.loads((tmp_path / "straight" / "result.json").read_text())["valid_loss"]
+
+
+def test_a_float16_bundle_is_half_the_size_and_loads_its_rounded_weights_as_float32(tmp_path):
+    from seq2seq_models.bundle import make_tiny_bundle, save_bundle
+
+    tiny = load_bundle(make_tiny_bundle(tmp_path / "tiny", seed=3))
+    models = {role: tiny.models[role] for role in ROLES}
+    tokenizer_bytes = (tmp_path / "tiny" / "tokenizer.model").read_bytes()
+    half = load_bundle(save_bundle(tmp_path / "half", tokenizer_bytes, models, name="half", weights_dtype="float16"))
+    for role in ROLES:
+        full_size = (tmp_path / "tiny" / f"{role}.safetensors").stat().st_size
+        assert (tmp_path / "half" / f"{role}.safetensors").stat().st_size < 0.55 * full_size
+        loaded = half.models[role].state_dict()
+        for name, tensor in models[role].state_dict().items():
+            assert loaded[name].dtype == torch.float32
+            assert torch.equal(loaded[name], tensor.half().float()), (role, name)
+    assert json.loads((tmp_path / "half" / "config.json").read_text())["models"]["verifier"]["dtype"] == "float16"
+    with pytest.raises(ValueError, match="weights_dtype"):
+        save_bundle(tmp_path / "bad", tokenizer_bytes, models, name="bad", weights_dtype="int8")

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-STAGES = ("data", "tokenizer", "encode", "verifier", "distill", "nar_drafter", "ar_drafter", "bundle")
+# `synthetic` and `pretrain` (synthetic-error pre-training of the verifier) do work only where the
+# preset asks for synthetic pairs; elsewhere they finish at once as skipped.
+STAGES = ("data", "tokenizer", "encode", "synthetic", "pretrain", "verifier", "distill", "nar_drafter", "ar_drafter",
+          "bundle")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="run directory (data, checkpoints, logs)")
-    parser.add_argument("--preset", choices=["full", "cpu", "smoke"], default="full")
+    parser.add_argument("--preset", choices=["base", "full", "cpu", "smoke", "smoke-synthetic"], default="full")
     parser.add_argument("--resume", action="store_true", help="continue interrupted training stages")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--device", help="torch device (default: cuda when present, else cpu)")

@@ -12,7 +12,7 @@ Three encoder-decoder Transformers sharing one SentencePiece tokenizer ({vocab} 
 |---|---|---|---|---|---|---|---|---|---|
 {rows}
 
-- **verifier**: AR model trained with teacher forcing on the references (label smoothing 0.1).
+- **verifier**: {verifier_recipe}
 - **nar_drafter**: NAR block drafter (BOS + prefix, then k <= {k_max} `<mask>` tokens attending to
   the prefix and the whole block), trained with glancing (GLAT, ratio {glat}) on
   sequence-level-distilled targets (the verifier's {distill_search} outputs on the training sources).
@@ -33,7 +33,7 @@ sentence by sentence; whitespace normalised; pairs longer than {max_tokens} toke
 | test | ua-gec test (evaluation only, never trained on) | {n_test} |
 
 Distilled training targets: {n_distilled} pairs.
-
+{synthetic}
 ## How it was made
 
 ```
@@ -43,7 +43,10 @@ Distilled training targets: {n_distilled} pairs.
 Preset `{preset}`, seed {seed}, device {device}, torch {torch_version}, {finished}.
 Optimiser AdamW (betas 0.9/0.98, weight decay 0.01), inverse-square-root schedule with warm-up,
 token-based batches by length buckets, gradient clipping at 1.0. Steps per role:
-{steps}.
+{steps}. Weights stored in {weights_dtype} (loaded as float32).
+
+Hardware: {hardware}. Wall time per stage (summed over interrupted and resumed runs):
+{stage_times}.
 
 ## Licence
 
@@ -58,6 +61,20 @@ GAD++, MJSD), not as a production grammar checker.
 """
 
 
+SYNTHETIC = """
+Synthetic pre-training pairs (`training/synthetic.py`): the {clean_sentences} unique corrected
+training sentences, each corrupted {copies} times with the errors UA-GEC annotates, at the rates
+counted in its training documents ({annotated_edits} edits in {annotated_words} words of source
+text): the corrections reversed (a comma put back is a comma left out, "в" corrected from "у" is
+"в" written as "у"), text the corrections deleted put back, one-word corrections that change only
+an ending turned into ending rules that reach words the corpus never corrected, and for spelling
+the letter substitutions the corrections undid plus typing slips (deletion, doubling,
+transposition). Edits per type are Poisson with the type's rate per word times the sentence's
+length; {changed:.0%} of the pairs differ from their clean side (UA-GEC's own training pairs:
+about half). {pairs} pairs. The most frequent types, edits per 100 words: {top_rates}.
+"""
+
+
 def render_model_card(info: dict[str, Any]) -> str:
     rows = []
     uses = {"verifier": "AR verifier", "nar_drafter": "GAD / GAD++ drafter", "ar_drafter": "MJSD / spec. sampling"}
@@ -69,6 +86,29 @@ def render_model_card(info: dict[str, Any]) -> str:
             f"| {r['valid_acc']:.3f} |"
         )
     steps = ", ".join(f"{role} {r['steps']}" for role, r in info["roles"].items())
+    synthetic = info.get("synthetic") or {}
+    if synthetic.get("pairs"):
+        pretrain = info["pretrain"]
+        steps = f"verifier pre-training {pretrain['steps']}, {steps}"
+        recipe = (f"AR model pre-trained with teacher forcing on the synthetic pairs and the real ones "
+                  f"({pretrain['steps']} steps; valid loss {pretrain['valid_loss']:.3f}), then fine-tuned from "
+                  f"those weights on the real pairs alone (label smoothing 0.1).")
+        rates = sorted(synthetic["rates"].items(), key=lambda kv: -kv[1])[:6]
+        synthetic_text = SYNTHETIC.format(
+            copies=info["synthetic_copies"], top_rates=", ".join(f"{t} {100 * r:.2f}" for t, r in rates),
+            **{k: synthetic[k] for k in ("clean_sentences", "annotated_edits", "annotated_words", "changed", "pairs")},
+        )
+    else:
+        recipe = "AR model trained with teacher forcing on the references (label smoothing 0.1)."
+        synthetic_text = ""
     search = "greedy" if info["beams"] == 1 else f"beam-{info['beams']}"
-    fields = {k: v for k, v in info.items() if k != "roles"}
-    return TEMPLATE.format(rows="\n".join(rows), steps=steps, distill_search=search, **fields)
+    stage_times = ", ".join(f"{stage} {_duration(seconds)}" for stage, seconds in info["stage_seconds"].items())
+    fields = {k: v for k, v in info.items() if k not in ("roles", "synthetic", "pretrain", "stage_seconds")}
+    return TEMPLATE.format(rows="\n".join(rows), steps=steps, distill_search=search, verifier_recipe=recipe,
+                           synthetic=synthetic_text, stage_times=stage_times, **fields)
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"

@@ -2,7 +2,11 @@
 
     python -m training.pipeline --out runs/ua-gec [--preset full|cpu|smoke] [--resume]
 
-Stages: data -> tokenizer -> encode -> verifier -> distill -> nar_drafter -> ar_drafter -> bundle.
+Stages: data -> tokenizer -> encode -> synthetic -> pretrain -> verifier -> distill -> nar_drafter ->
+ar_drafter -> bundle. `synthetic` corrupts the clean training targets with UA-GEC's own kinds and
+rates of error (training/synthetic.py) and `pretrain` trains the verifier's shape on those pairs and
+the real ones; `verifier` then fine-tunes those weights on the real pairs. Presets without synthetic
+pairs skip both, and `verifier` starts from scratch.
 A finished stage leaves `OUT/stages/<stage>.json` and is skipped on the next run; a training
 stage interrupted by SIGTERM / Ctrl-C checkpoints and continues with `--resume`.
 """
@@ -25,17 +29,21 @@ from seq2seq_models.bundle import save_bundle
 from training.arguments import STAGES, add_arguments
 from training.checkpoint import Interrupted
 from training.data import (
+    TextPair,
     encode_pairs,
+    is_valid_doc,
     load_id_pairs,
     load_text_pairs,
+    normalise,
     prepare_text_splits,
     write_id_pairs,
 )
 from training.distill import distill_pairs
 from training.model_card import render_model_card
 from training.presets import ROLES, Preset, get_preset
+from training.synthetic import learn_error_model, synthetic_pairs, ua_gec_edits
 from training.tokenizer import TOKENIZER_FILE, train_shared_tokenizer
-from training.train import JsonLog, load_best, train_role
+from training.train import JsonLog, load_best, train_role, training_seconds
 
 DEFAULT_FULL_BUNDLE = Path(__file__).resolve().parent.parent / "bundles" / "ua-gec"
 
@@ -81,14 +89,15 @@ def run_pipeline(
     data_dir = out / "data"
     stages = _Stages(out / "stages", log)
 
-    def train_stage(role: str, train_file: str, valid_file: str) -> None:
+    def train_stage(role: str, train_files: Sequence[str], valid_file: str, init_from: Path | None = None) -> None:
         if stages.done(role):
             return
         tokenizer_vocab = stages.result("tokenizer")["vocab_size"]
+        train_pairs = [pair for name in train_files for pair in load_id_pairs(data_dir / name)]
         result = train_role(
             role, preset.model_config(role, tokenizer_vocab), preset.training[role],
-            load_id_pairs(data_dir / train_file), load_id_pairs(data_dir / valid_file), out / role,
-            resume=resume, device=device, echo=echo,
+            train_pairs, load_id_pairs(data_dir / valid_file), out / role,
+            resume=resume, device=device, echo=echo, init_from=init_from,
         )
         stages.finish(role, result)
 
@@ -113,8 +122,17 @@ def run_pipeline(
                     write_id_pairs(data_dir / f"{split}.ids.jsonl", pairs)
                     counts[split] = len(pairs)
                 stages.finish(stage, counts)
+            elif stage == "synthetic":
+                stages.finish(stage, make_synthetic_pairs(data_dir, preset) if preset.synthetic_copies else
+                              {"skipped": True})
+            elif stage == "pretrain":
+                if preset.synthetic_copies:
+                    train_stage("pretrain", ["synthetic.ids.jsonl", "train.ids.jsonl"], "valid.ids.jsonl")
+                else:
+                    stages.finish(stage, {"skipped": True})
             elif stage == "verifier":
-                train_stage("verifier", "train.ids.jsonl", "valid.ids.jsonl")
+                pretrained = out / "pretrain" / "best.pt" if preset.synthetic_copies else None
+                train_stage("verifier", ["train.ids.jsonl"], "valid.ids.jsonl", init_from=pretrained)
             elif stage == "distill":
                 verifier = load_best(preset.model_config("verifier", stages.result("tokenizer")["vocab_size"]),
                                      out / "verifier").to(device)
@@ -128,7 +146,7 @@ def run_pipeline(
                     counts[split] = len(pairs)
                 stages.finish(stage, counts)
             elif stage in ("nar_drafter", "ar_drafter"):
-                train_stage(stage, "train.distill.jsonl", "valid.distill.jsonl")
+                train_stage(stage, ["train.distill.jsonl"], "valid.distill.jsonl")
             elif stage == "bundle":
                 target = Path(bundle_out) if bundle_out else (DEFAULT_FULL_BUNDLE if preset.name == "full"
                                                               else out / "bundle")
@@ -138,6 +156,25 @@ def run_pipeline(
         if stage == stop_after:
             return None
     return Path(stages.result("bundle")["path"])
+
+
+def make_synthetic_pairs(data_dir: Path, preset: Preset) -> dict[str, Any]:
+    """The synthetic stage: learn UA-GEC's errors from its training documents, corrupt the unique
+    clean training targets `preset.synthetic_copies` times, tokenise the pairs."""
+    edits, words = ua_gec_edits("train", keep_doc=lambda doc_id: not is_valid_doc(doc_id))
+    model = learn_error_model(edits, words)
+    (data_dir / "error_model.json").write_text(json.dumps(model.to_json(), ensure_ascii=False) + "\n")
+    clean = sorted({p.target for p in load_text_pairs(data_dir / "train.text.jsonl")})
+    pairs = synthetic_pairs(clean, model, preset.synthetic_copies, preset.seed, preset.synthetic_scale)
+    text_pairs = [TextPair(doc_id=f"synthetic-{i}", index=0, source=normalise(src), target=tgt)
+                  for i, (src, tgt) in enumerate(pairs)]
+    tok = train_shared_tokenizer([], data_dir)  # trained by the tokenizer stage: loads it
+    encoded = encode_pairs(text_pairs, tok, preset.max_tokens)
+    write_id_pairs(data_dir / "synthetic.ids.jsonl", encoded)
+    changed = sum(p.source != p.target for p in text_pairs)
+    return {"clean_sentences": len(clean), "pairs": len(encoded), "changed": round(changed / max(len(pairs), 1), 4),
+            "annotated_words": words, "annotated_edits": len(edits),
+            "rates": {t: round(model.rate(t), 5) for t in sorted(model.counts)}}
 
 
 def assemble_bundle(out: Path, preset: Preset, target: Path, command: str, device: str) -> Path:
@@ -162,11 +199,17 @@ def assemble_bundle(out: Path, preset: Preset, target: Path, command: str, devic
         "validation": {role: {k: info[k] for k in ("valid_loss", "valid_ppl", "valid_acc", "steps")}
                        for role, info in roles_info.items()},
     }
-    save_bundle(target, tokenizer_bytes, models, name=f"ua-gec-{preset.name}", metadata=metadata)
+    save_bundle(target, tokenizer_bytes, models, name=f"ua-gec-{preset.name}", metadata=metadata,
+                weights_dtype=preset.weights_dtype)
+    stages = out / "stages"
+    synthetic = json.loads((stages / "synthetic.json").read_text()) if (stages / "synthetic.json").is_file() else {}
     card = render_model_card({
         "name": f"ua-gec-{preset.name}",
         "vocab": vocab,
         "roles": roles_info,
+        "synthetic": synthetic,
+        "synthetic_copies": preset.synthetic_copies,
+        "pretrain": json.loads((out / "pretrain" / "result.json").read_text()) if synthetic.get("pairs") else None,
         "k_max": preset.training["nar_drafter"].nar_k_max,
         "glat": preset.training["nar_drafter"].glat_ratio,
         "beams": preset.distill_beams,
@@ -180,6 +223,9 @@ def assemble_bundle(out: Path, preset: Preset, target: Path, command: str, devic
         "preset": preset.name,
         "seed": preset.seed,
         "device": device,
+        "hardware": hardware(device),
+        "stage_seconds": stage_seconds(out),
+        "weights_dtype": preset.weights_dtype,
         "torch_version": torch.__version__,
         "finished": time.strftime("%Y-%m-%d", time.gmtime()),
     })
@@ -189,6 +235,36 @@ def assemble_bundle(out: Path, preset: Preset, target: Path, command: str, devic
                     "results": roles_info}, indent=2, default=str) + "\n"
     )
     return target
+
+
+def stage_seconds(out: Path) -> dict[str, float]:
+    """Wall time of each finished stage but the bundle: training stages from their roles' logs
+    (every resumed run counted), the others from the pipeline log."""
+    seconds: dict[str, float] = {}
+    log = out / "pipeline.log.jsonl"
+    records = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
+    for record in records:
+        if record.get("event") == "stage_done" and record["stage"] != "bundle":
+            seconds[record["stage"]] = record["seconds"]
+    for stage in seconds:
+        if (out / stage / "log.jsonl").is_file():
+            seconds[stage] = training_seconds(out / stage / "log.jsonl")
+    return {stage: seconds[stage] for stage in STAGES if stage in seconds}
+
+
+def hardware(device: str) -> str:
+    """The accelerator, else the CPU model, and the torch threads: what the card's times were measured on."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {torch.get_num_threads()} torch threads, no GPU"
 
 
 def configure_threads(threads: int | None = None) -> int:

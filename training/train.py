@@ -70,11 +70,14 @@ def train_role(
     resume: bool = False,
     device: str | torch.device = "cpu",
     echo: TextIO | None = sys.stdout,
+    init_from: str | Path | None = None,
 ) -> dict[str, Any]:
     """Train one model to `config.max_steps`; returns the final validation scores.
 
     With `resume`, continues from `out_dir/checkpoint.pt` and reproduces the uninterrupted run
     exactly (same batches, dropout masks and NAR prefixes), given the same thread count.
+    `init_from` (a state dict file, e.g. a pre-training run's best.pt) gives the starting weights of
+    a fresh run; a resumed run has them in its checkpoint.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -86,6 +89,8 @@ def train_role(
     device = torch.device(device)
     generator = seed_everything(config.seed)
     model = Seq2SeqTransformer(model_config).to(device)
+    if init_from is not None and not ckpt_path.exists():
+        model.load_state_dict(torch.load(init_from, map_location=device, weights_only=True))
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.peak_lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=config.weight_decay
     )
@@ -99,7 +104,8 @@ def train_role(
         step, epoch, batch_index, best_loss = state["step"], state["epoch"], state["batch_index"], state["best_loss"]
         set_rng_state(state["rng"], generator)
     log = JsonLog(out / "log.jsonl", echo, role=name)
-    log.write(event="start", step=step, params=count_parameters(model), device=str(device), config=asdict(config))
+    log.write(event="start", step=step, params=count_parameters(model), device=str(device), config=asdict(config),
+              init_from=str(init_from) if init_from else None)
 
     def checkpoint() -> None:
         save_checkpoint(
@@ -208,6 +214,19 @@ def inverse_sqrt(warmup: int):
         return min(step / warmup, math.sqrt(warmup / step))
 
     return factor
+
+
+def training_seconds(log_path: str | Path) -> float:
+    """Wall time a role trained, summed over its runs (each from its "start" to its last record), so
+    a stage resumed across sessions reports its whole cost."""
+    total, first, last = 0.0, None, None
+    for line in Path(log_path).read_text().splitlines():
+        record = json.loads(line)
+        if record.get("event") == "start":
+            total += (last - first) if first is not None else 0.0
+            first = record["time"]
+        last = record["time"]
+    return total + ((last - first) if first is not None and last is not None else 0.0)
 
 
 def count_parameters(model: torch.nn.Module) -> int:
