@@ -153,3 +153,27 @@ def test_a_float16_bundle_is_half_the_size_and_loads_its_rounded_weights_as_floa
     assert json.loads((tmp_path / "half" / "config.json").read_text())["models"]["verifier"]["dtype"] == "float16"
     with pytest.raises(ValueError, match="weights_dtype"):
         save_bundle(tmp_path / "bad", tokenizer_bytes, models, name="bad", weights_dtype="int8")
+
+
+def test_bfloat16_mixed_precision_trains_float32_weights_and_changes_the_arithmetic(tmp_path):
+    cfg = ModelConfig(vocab_size=30, d_model=16, n_heads=2, encoder_layers=1, decoder_layers=1, ffn_dim=32, max_len=64)
+    gen = torch.Generator().manual_seed(9)
+    pairs = [IdPair(src, src) for src in
+             (torch.randint(5, 30, (int(torch.randint(2, 10, (1,), generator=gen)),), generator=gen).tolist()
+              for _ in range(40))]
+    config = TrainConfig(max_steps=4, max_tokens=120, peak_lr=3e-3, warmup_steps=2, log_every=1, eval_every=4,
+                         checkpoint_every=4, eval_max_pairs=10)
+    results = {}
+    for precision in ("off", "bf16"):
+        results[precision] = train_role("x", cfg, replace(config, mixed_precision=precision), pairs[:30], pairs[30:],
+                                        tmp_path / precision, echo=None)
+        state = torch.load(tmp_path / precision / "checkpoint.pt", weights_only=False)["model"]
+        assert all(t.dtype == torch.float32 for t in state.values())
+    assert all(torch.isfinite(torch.tensor(r["valid_loss"])) for r in results.values())
+    assert results["off"]["valid_loss"] != results["bf16"]["valid_loss"]
+    # "auto" on the CPU is float32: the same run as "off".
+    auto = train_role("x", cfg, replace(config, mixed_precision="auto"), pairs[:30], pairs[30:], tmp_path / "auto",
+                      echo=None)
+    assert auto["valid_loss"] == results["off"]["valid_loss"]
+    with pytest.raises(ValueError, match="mixed_precision"):
+        TrainConfig(mixed_precision="fp8")

@@ -54,8 +54,14 @@ class TrainConfig:
     eval_max_pairs: int = 2000  # validation subset size (fixed, first pairs) to keep evals short
     nar_k_max: int = 25
     glat_ratio: float = 0.5  # 0 disables glancing
+    # Mixed precision for the training forward: "auto" is bfloat16 autocast on CUDA (no loss scaling
+    # needed) and float32 elsewhere (this CPU has no bfloat16 units); "bf16" and "off" force it.
+    # Weights, optimizer state and evaluation stay float32.
+    mixed_precision: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.mixed_precision not in ("auto", "bf16", "off"):
+            raise ValueError(f"mixed_precision must be 'auto', 'bf16' or 'off', not {self.mixed_precision!r}")
         if self.objective not in ("ar", "nar"):
             raise ValueError(f"objective must be 'ar' or 'nar', not {self.objective!r}")
 
@@ -134,6 +140,8 @@ def train_role(
         return scores
 
     extra = config.nar_k_max if config.objective == "nar" else 0
+    bf16 = config.mixed_precision == "bf16" or (config.mixed_precision == "auto" and device.type == "cuda")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
     window = _Throughput()
     batches: list[list[int]] = []
     scores: dict[str, float] | None = None
@@ -143,7 +151,8 @@ def train_role(
             while batch_index < len(batches) and step < config.max_steps:
                 batch = [train_pairs[i] for i in batches[batch_index]]
                 model.train()
-                loss, n_tokens = batch_loss(model, batch, config, generator, device)
+                with autocast:
+                    loss, n_tokens = batch_loss(model, batch, config, generator, device)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
