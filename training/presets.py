@@ -72,7 +72,7 @@ def _full_size(name: str, shapes: dict[str, dict[str, Any]], **fields: Any) -> P
 
 # The verifier: 6+6 layers of width 256, so one incremental verify step (a few tokens against the
 # cached prefix) costs a few ms on a laptop-class CPU; the drafters are much cheaper. Weights in
-# float32: verifier 13.2M params, NAR 4.3M, AR 1.8M: 77 MB in all (the repo budget is 80 MB).
+# float32: verifier 13.2M params, NAR 4.3M, AR 1.8M: 77 MB in all (the repository budget is 150 MB).
 _FULL_SHAPES = _shapes(verifier_layers=(6, 6), nar_decoder_layers=3)
 
 _FULL = _full_size(
