@@ -34,7 +34,6 @@ from training.data import (
     is_valid_doc,
     load_id_pairs,
     load_text_pairs,
-    normalise,
     prepare_text_splits,
     write_id_pairs,
 )
@@ -166,7 +165,7 @@ def make_synthetic_pairs(data_dir: Path, preset: Preset) -> dict[str, Any]:
     (data_dir / "error_model.json").write_text(json.dumps(model.to_json(), ensure_ascii=False) + "\n")
     clean = sorted({p.target for p in load_text_pairs(data_dir / "train.text.jsonl")})
     pairs = synthetic_pairs(clean, model, preset.synthetic_copies, preset.seed, preset.synthetic_scale)
-    text_pairs = [TextPair(doc_id=f"synthetic-{i}", index=0, source=normalise(src), target=tgt)
+    text_pairs = [TextPair(doc_id=f"synthetic-{i}", index=0, source=src, target=tgt)
                   for i, (src, tgt) in enumerate(pairs)]
     tok = train_shared_tokenizer([], data_dir)  # trained by the tokenizer stage: loads it
     encoded = encode_pairs(text_pairs, tok, preset.max_tokens)

@@ -27,11 +27,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# Spelling edits that are not a learnt substitution: one of these typing slips, in these proportions.
-TYPO_WEIGHTS = {"delete": 0.3, "double": 0.15, "transpose": 0.2, "substitute": 0.35}
+from training.data import normalise
+
+# Spelling edits that are not a learnt substitution: one of these typing slips, in these proportions (%).
+TYPO_WEIGHTS = Counter({"delete": 30, "double": 15, "transpose": 20, "substitute": 35})
 MAX_SUFFIX = 4  # longest ending a suffix rule changes
 MIN_STEM = 3  # letters a word keeps in front of a rule's ending
-_SPACES = re.compile(r"\s+")
 _TOKEN = re.compile(r"\w+(?:['’ʼ-]\w+)*|[^\w\s]", re.UNICODE)
 
 
@@ -43,16 +44,34 @@ class ErrorModel:
     insert: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     suffix: dict[str, Counter[tuple[str, str]]] = field(default_factory=lambda: defaultdict(Counter))
     letters: Counter[tuple[str, str]] = field(default_factory=Counter)  # (correct, written) letters
+    _cache: dict[str, tuple[dict[str, int], dict[str, list[tuple[str, int]]]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+
+    def kinds(self, error_type: str) -> dict[str, int]:
+        """How many of the type's corrections were of each kind of edit (a spelling error is a typo as
+        often as a learnt replacement)."""
+        return self._derived(error_type)[0]
 
     def endings(self, error_type: str) -> dict[str, list[tuple[str, int]]]:
-        """The type's suffix rules by correct ending (built once; not part of the JSON)."""
-        cache = self.__dict__.setdefault("_endings", {})
-        if error_type not in cache:
-            index: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        """The type's suffix rules by correct ending."""
+        return self._derived(error_type)[1]
+
+    def _derived(self, error_type: str) -> tuple[dict[str, int], dict[str, list[tuple[str, int]]]]:
+        # Built once per type from the tables (which do not change once learnt or loaded): corrupting
+        # a corpus asks for them at every edit.
+        if error_type not in self._cache:
+            kinds = {
+                "replace": sum(sum(c.values()) for c in self.replace.get(error_type, {}).values()),
+                "insert": sum(self.insert.get(error_type, Counter()).values()),
+                "suffix": sum(self.suffix.get(error_type, Counter()).values()),
+            }
+            if error_type == "Spelling":
+                kinds["typo"] = kinds["replace"]
+            endings: dict[str, list[tuple[str, int]]] = defaultdict(list)
             for (correct, wrong), n in self.suffix.get(error_type, Counter()).items():
-                index[correct].append((wrong, n))
-            cache[error_type] = dict(index)
-        return cache[error_type]
+                endings[correct].append((wrong, n))
+            self._cache[error_type] = (kinds, dict(endings))
+        return self._cache[error_type]
 
     def rate(self, error_type: str) -> float:
         return self.counts[error_type] / max(self.words, 1)
@@ -132,7 +151,7 @@ def corrupt(sentence: str, model: ErrorModel, rng: random.Random, scale: float =
     for error_type in types:
         for _ in range(_poisson(rng, model.rate(error_type) * n_words * scale)):
             _apply_one(tokens, error_type, model, rng)
-    return _SPACES.sub(" ", tokens.text()).strip()
+    return normalise(tokens.text())
 
 
 def synthetic_pairs(
@@ -150,14 +169,7 @@ def synthetic_pairs(
 def _apply_one(tokens: _Tokens, error_type: str, model: ErrorModel, rng: random.Random) -> bool:
     """One edit of `error_type` at a random site where one fits; False where none does. The kind of
     edit is drawn in the proportions the type's corrections had."""
-    kinds = {
-        "replace": sum(sum(c.values()) for c in model.replace.get(error_type, {}).values()),
-        "insert": sum(model.insert.get(error_type, Counter()).values()),
-        "suffix": sum(model.suffix.get(error_type, Counter()).values()),
-    }
-    if error_type == "Spelling":
-        kinds["typo"] = kinds["replace"]
-    order = [k for k in _weighted_order(rng, kinds) if kinds[k] > 0]
+    order = _weighted_order(rng, model.kinds(error_type))
     # The drawn kind first; the others where it finds no site.
     return any(getattr(_Edits, kind)(tokens, error_type, model, rng) for kind in order)
 
@@ -201,10 +213,9 @@ class _Edits:
 
     @staticmethod
     def suffix(tokens: _Tokens, error_type: str, model: ErrorModel, rng: random.Random) -> bool:
-        rules = model.suffix.get(error_type)
-        if not rules:
-            return False
         by_ending = model.endings(error_type)
+        if not by_ending:
+            return False
         sites: list[tuple[int, tuple[str, str]]] = []
         weights: list[int] = []
         for i in range(len(tokens)):
@@ -234,7 +245,7 @@ class _Edits:
 
 
 def _typo(word: str, letters: Counter[tuple[str, str]], rng: random.Random) -> str:
-    kind = _draw(rng, Counter({k: int(w * 100) for k, w in TYPO_WEIGHTS.items()}))
+    kind = _draw(rng, TYPO_WEIGHTS)
     j = rng.randrange(len(word))
     if kind == "delete":
         return word[:j] + word[j + 1:]
