@@ -38,7 +38,29 @@ fi
 if [ "$base" = specdec-base:bookworm ]; then
   deploy/build-base-image.sh "$base"
 fi
+# Every stage gets a tag of its own (build is the same for both variants), so that a rebuild leaves
+# the images it replaces untagged and this script can remove them: docker's classic builder keeps each
+# stage's image, and untagged ones piled up at ~5 GB per cpu+cuda rebuild until a CI disk filled. The
+# tagged stages stay as the next build's layer cache.
+repo=${tag%:*}
+stage_tags=("$repo-stage:build" "$repo-stage:serve-env-$variant")
+replaced=()
+for t in "${stage_tags[@]}" "$tag"; do
+  id=$(docker image inspect --format '{{.Id}}' "$t" 2>/dev/null || true)
+  [ -n "$id" ] && replaced+=("$id")
+done
 # --network host: the build's pip reaches PyPI the way the host does (no bridge networks here).
-docker build --network host -f deploy/Dockerfile --build-arg "BASE_IMAGE=$base" --build-arg "VARIANT=$variant" \
-  -t "$tag" "$@" .
-docker image ls "$tag"
+# The later builds reuse the earlier ones' layers (same arguments), so the stages are built once.
+build() {
+  docker build --network host -f deploy/Dockerfile --build-arg "BASE_IMAGE=$base" --build-arg "VARIANT=$variant" "$@"
+}
+build --target build -t "${stage_tags[0]}" "$@" .
+build --target serve-env -t "${stage_tags[1]}" "$@" .
+build -t "$tag" "$@" .
+for id in "${replaced[@]}"; do
+  # Only images no tag names any more (a stage the rebuild reused keeps its tag and stays).
+  if [ "$(docker image inspect --format '{{len .RepoTags}}' "$id" 2>/dev/null || echo 1)" = 0 ]; then
+    docker image rm "$id" >/dev/null 2>&1 || true
+  fi
+done
+docker image ls --filter "reference=$repo" --filter "reference=$repo-stage"

@@ -139,6 +139,51 @@ def _generate(stack: Stack, text: str, mode: str) -> dict:
     return json.loads(proc.stdout)
 
 
+def test_a_rebuild_removes_the_images_it_replaces(image, tmp_path, timings):
+    # Docker's classic builder keeps every stage's image; before build-image.sh tagged its stages and
+    # removed what a rebuild replaced, each CI run left ~5 GB of untagged images until a disk filled.
+    # A copy of the build context under a tag of its own, built, then changed and built again.
+    tag = "specdec-rebuild-test:latest"
+    tags = (tag, "specdec-rebuild-test-stage:build", "specdec-rebuild-test-stage:serve-env-cpu")
+    context = _context_copy(tmp_path / "repo")
+    script = str(context / "deploy" / "build-image.sh")
+    try:
+        _run(script, "--tag", tag, timeout=1800)  # the same content as `image`: every layer from the cache
+        before = {t: _image_id(t) for t in tags}
+        untagged_before = _untagged_images()
+        init = context / "specdec" / "__init__.py"
+        init.write_text(init.read_text() + "# changed by test_a_rebuild_removes_the_images_it_replaces\n")
+        started = time.monotonic()
+        _run(script, "--tag", tag, timeout=1800)
+        timings["rebuild_s"] = time.monotonic() - started
+        after = {t: _image_id(t) for t in tags}
+        assert all(after[t] and after[t] != before[t] for t in tags), (before, after)
+        left = _untagged_images() - untagged_before
+        assert not left, f"the rebuild left untagged images: {left}"
+    finally:
+        _run("docker", "image", "rm", *tags, check=False)
+
+
+def _context_copy(dest: Path) -> Path:
+    """What deploy/Dockerfile's context holds (.dockerignore), copied: a tree the test may change."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "onnx", ".build")
+    for name in (".dockerignore", "pyproject.toml", "README.md"):
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, dest / name)
+    for name in ("core", "protos", "kernels", "serving", "seq2seq_models", "verifier_service", "drafter_service",
+                 "gateway", "specdec", "training", "deploy", "bundles/ua-gec"):
+        shutil.copytree(ROOT / name, dest / name, ignore=ignore)
+    return dest
+
+
+def _image_id(tag: str) -> str:
+    proc = _run("docker", "image", "inspect", "-f", "{{.Id}}", tag, check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def _untagged_images() -> set[str]:
+    return set(_run("docker", "images", "-q", "--no-trunc", "--filter", "dangling=true").stdout.split())
+
 def test_the_stack_serves_every_lossless_mode_and_survives_the_drafter(stack, timings):
     started = time.monotonic()
     bundle = str(ROOT / "bundles" / "ua-gec")
@@ -171,3 +216,4 @@ def test_the_stack_serves_every_lossless_mode_and_survives_the_drafter(stack, ti
     assert again["output_ids"] == gad["output_ids"]
     assert again["stats"]["drafted_tokens"] > 0
     timings["requests_and_fault_s"] = time.monotonic() - started
+
