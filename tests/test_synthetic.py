@@ -135,3 +135,8 @@ def test_the_synthetic_pipeline_pretrains_the_verifier_and_fine_tunes_from_it(tm
     verifier = load_bundle(bundle_dir).verifier.state_dict()
     drift = max(float((verifier[k] - pretrained[k]).abs().max()) for k in pretrained)
     assert 0 < drift < 0.1
+    # Its last two checkpoints (steps 3 and 6) were averaged; the card says so when the average shipped.
+    average = json.loads((out / "verifier" / "result.json").read_text())["average"]
+    assert average["steps"] == [3, 6]
+    card = (bundle_dir / "MODEL_CARD.md").read_text()
+    assert ("the average of the weights at steps 3, 6" in card) is average["kept"]

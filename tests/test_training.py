@@ -177,3 +177,40 @@ def test_bfloat16_mixed_precision_trains_float32_weights_and_changes_the_arithme
     assert auto["valid_loss"] == results["off"]["valid_loss"]
     with pytest.raises(ValueError, match="mixed_precision"):
         TrainConfig(mixed_precision="fp8")
+
+
+# At the lower rate the average of steps 4-8 is worse than step 8 alone; at the higher it is better.
+@pytest.mark.parametrize(("peak_lr", "kept"), [(3e-3, False), (3e-2, True)])
+def test_checkpoint_averaging_averages_the_last_checkpoint_steps_and_keeps_the_better(tmp_path, peak_lr, kept):
+    cfg = ModelConfig(vocab_size=30, d_model=16, n_heads=2, encoder_layers=1, decoder_layers=1, ffn_dim=32, max_len=64)
+    gen = torch.Generator().manual_seed(11)
+    pairs = [IdPair(src, [t if t != 7 else 8 for t in src]) for src in
+             (torch.randint(5, 30, (int(torch.randint(2, 10, (1,), generator=gen)),), generator=gen).tolist()
+              for _ in range(50))]
+    config = TrainConfig(max_steps=8, max_tokens=120, peak_lr=peak_lr, warmup_steps=2, log_every=1, eval_every=4,
+                         checkpoint_every=2, eval_max_pairs=10, average_last=3)
+    result = train_role("x", cfg, config, pairs[:40], pairs[40:], tmp_path / "run", echo=None)
+
+    snapshots = sorted((tmp_path / "run" / "snapshots").glob("*.pt"))
+    assert [p.name for p in snapshots] == ["step-0000004.pt", "step-0000006.pt", "step-0000008.pt"]
+    states = [torch.load(p, weights_only=True) for p in snapshots]
+    final = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["model"]
+    assert all(torch.equal(states[-1][k], final[k]) for k in final)
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    evals = [r["valid_loss"] for r in log if r["event"] == "eval"]
+    (average,) = [r for r in log if r["event"] == "average"]
+    assert average["steps"] == [4, 6, 8]
+    assert average["kept"] is kept
+    assert kept == (average["valid_loss"] < min(evals))
+    assert result["average"] == {k: average[k] for k in ("steps", "valid_loss", "valid_ppl", "valid_acc", "kept")}
+    assert result["best_valid_loss"] == min([*evals, average["valid_loss"]])
+    best = torch.load(tmp_path / "run" / "best.pt", weights_only=True)
+    mean = {k: sum(s[k].double() for s in states) / 3 for k in final}
+    is_mean = all(torch.allclose(best[k].double(), mean[k], atol=1e-6) for k in final)
+    assert is_mean is kept
+
+    # Without it, no snapshots and no average; the final weights' run is otherwise the same.
+    plain = train_role("x", cfg, replace(config, average_last=0), pairs[:40], pairs[40:], tmp_path / "plain",
+                       echo=None)
+    assert not (tmp_path / "plain" / "snapshots").exists()
+    assert plain["valid_loss"] == result["valid_loss"] and plain["average"] is None

@@ -101,6 +101,11 @@ def render_model_card(info: dict[str, Any]) -> str:
     else:
         recipe = "AR model trained with teacher forcing on the references (label smoothing 0.1)."
         synthetic_text = ""
+    average = info["roles"]["verifier"].get("average")
+    if average and average["kept"]:
+        recipe += (f" The shipped weights are the average of the weights at steps "
+                   f"{', '.join(map(str, average['steps']))} (valid loss {average['valid_loss']:.3f}, below every "
+                   f"single evaluated step's).")
     search = "greedy" if info["beams"] == 1 else f"beam-{info['beams']}"
     stage_times = ", ".join(f"{stage} {_duration(seconds)}" for stage, seconds in info["stage_seconds"].items())
     fields = {k: v for k, v in info.items() if k not in ("roles", "synthetic", "pretrain", "stage_seconds")}

@@ -146,7 +146,9 @@ _BASE = _full_size(
     _BASE_SHAPES,
     training={
         "pretrain": _quick_eval("ar", max_steps=700, max_tokens=6000, peak_lr=7e-4, warmup_steps=200, eval_every=100),
-        "verifier": _quick_eval("ar", max_steps=500, max_tokens=6000, peak_lr=3e-4, warmup_steps=50, eval_every=100),
+        # The shipped verifier: the average of its last five checkpoints (steps 300-500) when better.
+        "verifier": _quick_eval("ar", max_steps=500, max_tokens=6000, peak_lr=3e-4, warmup_steps=50, eval_every=100,
+                                average_last=5),
         **_DRAFTERS,
     },
     distill_beams=1,
@@ -174,8 +176,10 @@ _SMOKE = Preset(
     distill_chunk=64,
 )
 
+# The base recipe in miniature: synthetic pre-training, fine-tuning, the verifier's checkpoints averaged.
 _SMOKE_SYNTHETIC = replace(
-    _SMOKE, name="smoke-synthetic", synthetic_copies=2, training={**_SMOKE.training, "pretrain": _SMOKE_TRAIN},
+    _SMOKE, name="smoke-synthetic", synthetic_copies=2,
+    training={**_SMOKE.training, "pretrain": _SMOKE_TRAIN, "verifier": replace(_SMOKE_TRAIN, average_last=2)},
 )
 
 PRESETS = {"base": _BASE, "full": _FULL, "cpu": _CPU, "smoke": _SMOKE, "smoke-synthetic": _SMOKE_SYNTHETIC}
