@@ -102,7 +102,6 @@ _FULL = _full_size(
 _CPU_SHAPES = _shapes(verifier_layers=(4, 3), nar_decoder_layers=2)
 
 
-
 def _quick_eval(objective: str, **fields: Any) -> TrainConfig:
     """`_train` with evaluations on the first 500 validation pairs, short enough for the CPU presets."""
     return _train(objective, eval_max_pairs=500, **fields)

@@ -198,7 +198,7 @@ def train_role(
         if scores is None:  # the last step was not an evaluation step (or nothing ran on resume)
             scores = evaluate_and_keep_best()
         checkpoint()
-    average = average_snapshots(model, snapshots, config, valid_pairs, out, best_loss, log, device)
+    average = average_snapshots(model_config, snapshots, config, valid_pairs, out, best_loss, log, device)
     if average is not None and average["kept"]:
         best_loss = average["valid_loss"]
     result = {"role": name, "steps": step, "epochs": epoch + batch_index / max(1, len(batches)), **scores,
@@ -210,7 +210,7 @@ def train_role(
 
 @torch.no_grad()
 def average_snapshots(
-    model: Seq2SeqTransformer,
+    model_config: ModelConfig,
     snapshots: Path,
     config: TrainConfig,
     valid_pairs: Sequence[IdPair],
@@ -219,9 +219,9 @@ def average_snapshots(
     log: JsonLog,
     device: torch.device,
 ) -> dict[str, Any] | None:
-    """Average the kept snapshots into `model`'s shape, evaluate, and make it best.pt when its
-    validation loss beats `best_loss`. Returns the averaged steps, their scores and whether best.pt is
-    now the average (None when there was nothing to average); `model` (the final weights) is kept."""
+    """Average the kept snapshots, evaluate, and make the average best.pt when its validation loss
+    beats `best_loss`. Returns the averaged steps, their scores and whether best.pt is now the average
+    (None when there was nothing to average)."""
     if config.average_last <= 0:
         return None
     # Only the window before max_steps: a run whose max_steps was raised has older snapshots too.
@@ -232,8 +232,8 @@ def average_snapshots(
     for f in files[1:]:
         for k, v in torch.load(f, map_location="cpu", weights_only=True).items():
             mean[k] += v.double()
-    average = Seq2SeqTransformer(model.config).to(device)
-    average.load_state_dict({k: (v / len(files)).to(model.state_dict()[k].dtype) for k, v in mean.items()})
+    average = Seq2SeqTransformer(model_config).to(device)
+    average.load_state_dict({k: v / len(files) for k, v in mean.items()})  # copied in at the weights' dtype
     scores = evaluate(average, valid_pairs[: config.eval_max_pairs], config, device)
     kept = scores["valid_loss"] < best_loss
     if kept:

@@ -165,14 +165,19 @@ def test_a_rebuild_removes_the_images_it_replaces(image, tmp_path, timings):
 
 
 def _context_copy(dest: Path) -> Path:
-    """What deploy/Dockerfile's context holds (.dockerignore), copied: a tree the test may change."""
+    """deploy/ and what .dockerignore lets into the build context, copied: a tree the test may change."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "onnx", ".build")
-    for name in (".dockerignore", "pyproject.toml", "README.md"):
-        dest.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / name, dest / name)
-    for name in ("core", "protos", "kernels", "serving", "seq2seq_models", "verifier_service", "drafter_service",
-                 "gateway", "specdec", "training", "deploy", "bundles/ua-gec"):
-        shutil.copytree(ROOT / name, dest / name, ignore=ignore)
+    # deploy/ whole (the script and Dockerfile); its .build/ is staged by the script itself.
+    allowed = [line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.startswith("!") and not line.startswith("!deploy/")]
+    dest.mkdir(parents=True)
+    for name in [".dockerignore", "deploy", *allowed]:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, dest / name, ignore=ignore, dirs_exist_ok=True)
+        elif source.exists():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
     return dest
 
 
