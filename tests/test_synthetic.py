@@ -128,6 +128,10 @@ def test_the_synthetic_pipeline_pretrains_the_verifier_and_fine_tunes_from_it(tm
     stages = {name: json.loads((out / "stages" / f"{name}.json").read_text()) for name in ("synthetic", "pretrain")}
     assert stages["synthetic"]["pairs"] > 0 and 0 < stages["synthetic"]["changed"] < 1
     assert stages["pretrain"]["steps"] == get_preset("smoke-synthetic").training["pretrain"].max_steps
+    # The verifier's fine-tuning pairs include long ones of consecutive sentences; the card says so.
+    concat = json.loads((out / "stages" / "concat.json").read_text())
+    assert concat["pairs"] > 0 and concat["max_tokens"] == 96
+    assert f"include {concat['pairs']} long ones" in (bundle_dir / "MODEL_CARD.md").read_text()
     starts = [json.loads(line) for line in (out / "verifier" / "log.jsonl").read_text().splitlines()]
     assert starts[0]["event"] == "start" and starts[0]["init_from"] == str(out / "pretrain" / "best.pt")
     # The verifier's first checkpointed weights moved from the pre-trained ones, not from a fresh init.

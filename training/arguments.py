@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 
-# `synthetic` and `pretrain` (synthetic-error pre-training of the verifier) do work only where the
-# preset asks for synthetic pairs; elsewhere they finish at once as skipped.
-STAGES = ("data", "tokenizer", "encode", "synthetic", "pretrain", "verifier", "distill", "nar_drafter", "ar_drafter",
-          "bundle")
+# `concat` (long pairs of consecutive sentences for the verifier's fine-tuning), `synthetic` and
+# `pretrain` (synthetic-error pre-training of the verifier) do work only where the preset asks for
+# them; elsewhere they finish at once as skipped.
+STAGES = ("data", "tokenizer", "encode", "concat", "synthetic", "pretrain", "verifier", "distill", "nar_drafter",
+          "ar_drafter", "bundle")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

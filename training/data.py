@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
@@ -126,6 +127,49 @@ def encode_pairs(pairs: Iterable[TextPair], tokenizer: Tokenizer, max_tokens: in
         src, tgt = tokenizer.encode(p.source), tokenizer.encode(p.target)
         if src and tgt and len(src) + 1 <= max_tokens and len(tgt) + 1 <= max_tokens:
             out.append(IdPair(src, tgt))
+    return out
+
+
+def concatenate_pairs(
+    pairs: Iterable[TextPair], tokenizer: Tokenizer, max_tokens: int, seed: int
+) -> list[IdPair]:
+    """Long training pairs made of consecutive sentences of one annotated document, joined by a space
+    on both sides, so that a model whose sentence pairs are mostly short learns to correct (and copy)
+    long inputs too. Each document's runs of consecutive sentences are cut into chunks of two or more
+    sentences, each chunk up to a length drawn uniformly from max_tokens/4 .. max_tokens (source + EOS
+    and BOS + target both within it), so that the lengths spread over the whole range.
+
+    Why: a Transformer trained on sentences degrades past the lengths it saw often (Varis & Bojar,
+    "Sequence Length is a Domain", 2021). The base verifier fine-tuned on UA-GEC's sentences alone
+    corrected sentences of up to ~60 tokens well but fell into repetition past ~90, and those few
+    long sentences weigh most in corpus GLEU."""
+    rng = random.Random(seed)
+    docs: dict[tuple[str, int], list[TextPair]] = {}
+    for p in pairs:
+        docs.setdefault((p.doc_id, p.annotator), []).append(p)
+
+    def encoded(chunk: list[TextPair]) -> IdPair:
+        return IdPair(tokenizer.encode(" ".join(p.source for p in chunk)),
+                      tokenizer.encode(" ".join(p.target for p in chunk)))
+
+    def fits(ids: IdPair, budget: int) -> bool:
+        return max(len(ids.source), len(ids.target)) + 1 <= budget
+
+    out: list[IdPair] = []
+    for key in sorted(docs):
+        chunk: list[TextPair] = []
+        ids: IdPair | None = None  # the chunk's encoding
+        budget = rng.randint(max_tokens // 4, max_tokens)
+        for p in sorted(docs[key], key=lambda p: p.index):
+            grown = encoded([*chunk, p]) if chunk and p.index == chunk[-1].index + 1 else None
+            if grown is None or not fits(grown, budget):
+                if len(chunk) >= 2 and ids is not None:
+                    out.append(ids)
+                chunk, ids, budget = [p], None, rng.randint(max_tokens // 4, max_tokens)
+            else:
+                chunk, ids = [*chunk, p], grown
+        if len(chunk) >= 2 and ids is not None:
+            out.append(ids)
     return out
 
 

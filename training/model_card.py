@@ -101,6 +101,12 @@ def render_model_card(info: dict[str, Any]) -> str:
     else:
         recipe = "AR model trained with teacher forcing on the references (label smoothing 0.1)."
         synthetic_text = ""
+    concat = info.get("concat") or {}
+    if concat.get("pairs"):
+        recipe += (f" Its fine-tuning pairs include {concat['pairs']} long ones: two or more consecutive "
+                   f"sentences of a document joined, up to {concat['max_tokens']} tokens (median "
+                   f"{concat['median_source_tokens']} source tokens), so that long inputs are ones it has been "
+                   f"trained on.")
     average = info["roles"]["verifier"].get("average")
     if average and average["kept"]:
         recipe += (f" The shipped weights are the average of the weights at steps "
@@ -108,7 +114,7 @@ def render_model_card(info: dict[str, Any]) -> str:
                    f"single evaluated step's).")
     search = "greedy" if info["beams"] == 1 else f"beam-{info['beams']}"
     stage_times = ", ".join(f"{stage} {_duration(seconds)}" for stage, seconds in info["stage_seconds"].items())
-    fields = {k: v for k, v in info.items() if k not in ("roles", "synthetic", "pretrain", "stage_seconds")}
+    fields = {k: v for k, v in info.items() if k not in ("roles", "synthetic", "pretrain", "concat", "stage_seconds")}
     return TEMPLATE.format(rows="\n".join(rows), steps=steps, distill_search=search, verifier_recipe=recipe,
                            synthetic=synthetic_text, stage_times=stage_times, **fields)
 

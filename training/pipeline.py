@@ -2,11 +2,13 @@
 
     python -m training.pipeline --out runs/ua-gec [--preset full|cpu|smoke] [--resume]
 
-Stages: data -> tokenizer -> encode -> synthetic -> pretrain -> verifier -> distill -> nar_drafter ->
-ar_drafter -> bundle. `synthetic` corrupts the clean training targets with UA-GEC's own kinds and
-rates of error (training/synthetic.py) and `pretrain` trains the verifier's shape on those pairs and
-the real ones; `verifier` then fine-tunes those weights on the real pairs. Presets without synthetic
-pairs skip both, and `verifier` starts from scratch.
+Stages: data -> tokenizer -> encode -> concat -> synthetic -> pretrain -> verifier -> distill ->
+nar_drafter -> ar_drafter -> bundle. `concat` joins consecutive sentences of a document into long
+pairs (presets with `concat_max_tokens`). `synthetic` corrupts the clean training targets with
+UA-GEC's own kinds and rates of error (training/synthetic.py) and `pretrain` trains the verifier's
+shape on those pairs and the real ones; `verifier` then fine-tunes those weights on the real pairs
+(and the long ones). Presets without synthetic pairs skip both `synthetic` and `pretrain`, and
+`verifier` starts from scratch.
 A finished stage leaves `OUT/stages/<stage>.json` and is skipped on the next run; a training
 stage interrupted by SIGTERM / Ctrl-C checkpoints and continues with `--resume`.
 """
@@ -30,6 +32,7 @@ from training.arguments import STAGES, add_arguments
 from training.checkpoint import Interrupted
 from training.data import (
     TextPair,
+    concatenate_pairs,
     encode_pairs,
     is_valid_doc,
     load_id_pairs,
@@ -121,6 +124,9 @@ def run_pipeline(
                     write_id_pairs(data_dir / f"{split}.ids.jsonl", pairs)
                     counts[split] = len(pairs)
                 stages.finish(stage, counts)
+            elif stage == "concat":
+                stages.finish(stage, make_concatenated_pairs(data_dir, preset) if preset.concat_max_tokens else
+                              {"skipped": True})
             elif stage == "synthetic":
                 stages.finish(stage, make_synthetic_pairs(data_dir, preset) if preset.synthetic_copies else
                               {"skipped": True})
@@ -131,7 +137,8 @@ def run_pipeline(
                     stages.finish(stage, {"skipped": True})
             elif stage == "verifier":
                 pretrained = out / "pretrain" / "best.pt" if preset.synthetic_copies else None
-                train_stage("verifier", ["train.ids.jsonl"], "valid.ids.jsonl", init_from=pretrained)
+                concatenated = ["train.concat.ids.jsonl"] if preset.concat_max_tokens else []
+                train_stage("verifier", ["train.ids.jsonl", *concatenated], "valid.ids.jsonl", init_from=pretrained)
             elif stage == "distill":
                 verifier = load_best(preset.model_config("verifier", stages.result("tokenizer")["vocab_size"]),
                                      out / "verifier").to(device)
@@ -155,6 +162,17 @@ def run_pipeline(
         if stage == stop_after:
             return None
     return Path(stages.result("bundle")["path"])
+
+
+def make_concatenated_pairs(data_dir: Path, preset: Preset) -> dict[str, Any]:
+    """The concat stage: long pairs of consecutive training sentences (`concatenate_pairs`)."""
+    tok = train_shared_tokenizer([], data_dir)  # trained by the tokenizer stage: loads it
+    pairs = concatenate_pairs(load_text_pairs(data_dir / "train.text.jsonl"), tok, preset.concat_max_tokens,
+                              preset.seed)
+    write_id_pairs(data_dir / "train.concat.ids.jsonl", pairs)
+    lengths = sorted(len(p.source) + 1 for p in pairs)
+    return {"pairs": len(pairs), "max_tokens": preset.concat_max_tokens,
+            "median_source_tokens": lengths[len(lengths) // 2] if lengths else 0}
 
 
 def make_synthetic_pairs(data_dir: Path, preset: Preset) -> dict[str, Any]:
@@ -208,6 +226,7 @@ def assemble_bundle(out: Path, preset: Preset, target: Path, command: str, devic
         "roles": roles_info,
         "synthetic": synthetic,
         "synthetic_copies": preset.synthetic_copies,
+        "concat": json.loads((stages / "concat.json").read_text()) if (stages / "concat.json").is_file() else {},
         "pretrain": json.loads((out / "pretrain" / "result.json").read_text()) if synthetic.get("pairs") else None,
         "k_max": preset.training["nar_drafter"].nar_k_max,
         "glat": preset.training["nar_drafter"].glat_ratio,

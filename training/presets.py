@@ -31,6 +31,9 @@ class Preset:
     # the real ones; the verifier role then starts from its best weights and sees the real pairs only.
     synthetic_copies: int = 0
     synthetic_scale: float = 1.0
+    # Long pairs of consecutive sentences of a document, up to this many tokens, added to the
+    # verifier's fine-tuning pairs (`training.data.concatenate_pairs`); 0: none.
+    concat_max_tokens: int = 0
     weights_dtype: str = "float32"  # the bundle's weights on disk (float16 halves them; loaded as float32)
     notes: dict[str, str] = field(default_factory=dict)
 
@@ -152,6 +155,7 @@ _BASE = _full_size(
     },
     distill_beams=1,
     synthetic_copies=2,
+    concat_max_tokens=256,  # the verifier's max_len: sentences up to its limit are ones it has seen
     weights_dtype="float16",  # 63M params: 126 MB in float16, within the repository's 150 MB
 )
 
@@ -177,7 +181,7 @@ _SMOKE = Preset(
 
 # The base recipe in miniature: synthetic pre-training, fine-tuning, the verifier's checkpoints averaged.
 _SMOKE_SYNTHETIC = replace(
-    _SMOKE, name="smoke-synthetic", synthetic_copies=2,
+    _SMOKE, name="smoke-synthetic", synthetic_copies=2, concat_max_tokens=96,
     training={**_SMOKE.training, "pretrain": _SMOKE_TRAIN, "verifier": replace(_SMOKE_TRAIN, average_last=2)},
 )
 
