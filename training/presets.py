@@ -148,8 +148,10 @@ _BASE = _full_size(
     _BASE_SHAPES,
     training={
         "pretrain": _quick_eval("ar", max_steps=700, max_tokens=6000, peak_lr=7e-4, warmup_steps=200, eval_every=100),
-        # The shipped verifier: the average of its last five checkpoints (steps 300-500) when better.
-        "verifier": _quick_eval("ar", max_steps=500, max_tokens=6000, peak_lr=3e-4, warmup_steps=50, eval_every=100,
+        # The shipped verifier: the average of its last five checkpoints (steps 500-700) when better.
+        # History of the shipped run: the long pairs (`concat_max_tokens`) joined its fine-tuning at
+        # step 257, and max_steps was raised from 500 at step 354 (long sentences still improving).
+        "verifier": _quick_eval("ar", max_steps=700, max_tokens=6000, peak_lr=3e-4, warmup_steps=50, eval_every=100,
                                 average_last=5),
         **_DRAFTERS,
     },
