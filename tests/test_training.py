@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,8 +16,10 @@ pytest.importorskip("ua_gec", reason="the training tests need the `ua-gec` packa
 from seq2seq_models.bundle import ROLES, load_bundle
 from seq2seq_models.config import ModelConfig
 from seq2seq_models.tokenizer import Tokenizer
+from seq2seq_models.transformer import Seq2SeqTransformer
 from training.arguments import STAGES
 from training.batching import IGNORE, nar_tensors, token_batches
+from training.checkpoint import Interrupted
 from training.data import (
     IdPair,
     concatenate_pairs,
@@ -25,6 +29,7 @@ from training.data import (
     normalise,
     split_train_valid,
 )
+from training.distill import distill_pairs
 from training.pipeline import run_pipeline
 from training.presets import get_preset
 from training.train import TrainConfig, train_role
@@ -128,6 +133,30 @@ def test_nar_rows_match_the_inference_layout():
         block = full[n - 1 : n + 2]
         assert labels[row, n : n + len(block)].tolist() == block
         assert (labels[row, n + len(block) :] == IGNORE).all()
+
+
+def test_distillation_stops_on_sigterm_between_chunks_and_resumes_to_the_same_pairs(tmp_path):
+    cfg = ModelConfig(vocab_size=30, d_model=16, n_heads=2, encoder_layers=1, decoder_layers=1, ffn_dim=32, max_len=32)
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(cfg)
+    gen = torch.Generator().manual_seed(1)
+    pairs = [IdPair(torch.randint(4, 30, (int(n),), generator=gen).tolist(), [5])
+             for n in torch.randint(2, 10, (12,), generator=gen)]
+    whole = distill_pairs(model, pairs, tmp_path / "whole.jsonl", num_beams=1, max_tokens=32, chunk_size=4)
+
+    def terminate_after_the_first_chunk(**record):
+        if record["done"] == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    out = tmp_path / "run.jsonl"
+    with pytest.raises(Interrupted, match="stopped at 4 of 12 pairs"):
+        distill_pairs(model, pairs, out, num_beams=1, max_tokens=32, chunk_size=4, log=terminate_after_the_first_chunk)
+    partial = tmp_path / "run.jsonl.partial"
+    assert len(partial.read_text().splitlines()) == 4 and not out.exists()
+    with partial.open("a") as f:
+        f.write('{"i": 7, "tar')  # a process killed while writing a line
+    assert distill_pairs(model, pairs, out, num_beams=1, max_tokens=32, chunk_size=4) == whole
+    assert not partial.exists() and out.is_file()
 
 
 def test_smoke_pipeline_writes_a_loadable_bundle(tmp_path):

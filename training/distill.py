@@ -12,6 +12,7 @@ import torch
 
 from seq2seq_models.batched_beam import beam_search_texts
 from seq2seq_models.transformer import Seq2SeqTransformer
+from training.checkpoint import Interrupted, stop_on_signals
 from training.data import IdPair, load_id_pairs, write_id_pairs
 
 
@@ -28,23 +29,23 @@ def distill_pairs(
     """Write `out_path` (id pairs: original source, verifier output) and return its pairs.
 
     Progress is appended to `out_path.partial` chunk by chunk, so an interrupted run resumes
-    where it stopped. Outputs that are empty or longer than `max_tokens` (with BOS) are dropped.
+    where it stopped: SIGTERM / Ctrl-C finish the chunk in hand and raise `Interrupted`; a process
+    killed mid-write leaves at most a truncated last line, which the next run drops. Outputs that
+    are empty or longer than `max_tokens` (with BOS) are dropped.
     """
     out_path = Path(out_path)
     if out_path.is_file():
         return load_id_pairs(out_path)
     partial = out_path.with_suffix(out_path.suffix + ".partial")
-    done: dict[int, list[int]] = {}
-    if partial.is_file():
-        for line in partial.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                row = json.loads(line)
-                done[row["i"]] = row["target"]
+    done = _read_partial(partial)
     todo = [i for i in range(len(pairs)) if i not in done]
     model.eval()
     started = time.perf_counter()
-    with partial.open("a", encoding="utf-8") as f:
+    with partial.open("a", encoding="utf-8") as f, stop_on_signals() as stop:
         for start in range(0, len(todo), chunk_size):
+            if stop:
+                raise Interrupted(f"distill: stopped at {len(done)} of {len(pairs)} pairs on signal {stop.signal}; "
+                                  f"rerun with --resume")
             chunk = todo[start : start + chunk_size]
             with torch.no_grad():
                 results = beam_search_texts(
@@ -61,3 +62,22 @@ def distill_pairs(
     write_id_pairs(out_path, kept)
     partial.unlink()
     return kept
+
+
+def _read_partial(partial: Path) -> dict[int, list[int]]:
+    """The rows of an earlier run's `.partial` file, by pair index. A last line cut short (the
+    process killed while writing it) is dropped, and cut from the file so that appends follow whole
+    lines."""
+    done: dict[int, list[int]] = {}
+    if not partial.is_file():
+        return done
+    text = partial.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    whole = lines[:-1]  # the text after the last newline is a line cut short (or nothing)
+    for line in whole:
+        if line.strip():
+            row = json.loads(line)
+            done[row["i"]] = row["target"]
+    if lines[-1]:
+        partial.write_text("".join(line + "\n" for line in whole), encoding="utf-8")
+    return done
