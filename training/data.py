@@ -158,17 +158,17 @@ def concatenate_pairs(
     out: list[IdPair] = []
     for key in sorted(docs):
         chunk: list[TextPair] = []
-        ids: IdPair | None = None  # the chunk's encoding
+        ids: IdPair | None = None  # the chunk's encoding, once it holds two sentences or more
         budget = rng.randint(max_tokens // 4, max_tokens)
         for p in sorted(docs[key], key=lambda p: p.index):
             grown = encoded([*chunk, p]) if chunk and p.index == chunk[-1].index + 1 else None
             if grown is None or not fits(grown, budget):
-                if len(chunk) >= 2 and ids is not None:
+                if ids is not None:
                     out.append(ids)
                 chunk, ids, budget = [p], None, rng.randint(max_tokens // 4, max_tokens)
             else:
                 chunk, ids = [*chunk, p], grown
-        if len(chunk) >= 2 and ids is not None:
+        if ids is not None:
             out.append(ids)
     return out
 

@@ -28,7 +28,8 @@ class Preset:
     # Synthetic-error pre-training (training/synthetic.py): each clean sentence corrupted this many
     # times, at `synthetic_scale` times UA-GEC's error rates; 0 skips the synthetic and pretrain stages.
     # The pretrain role (training["pretrain"]) trains the verifier's shape on the synthetic pairs and
-    # the real ones; the verifier role then starts from its best weights and sees the real pairs only.
+    # the real ones; the verifier role then starts from its best weights and sees the real pairs only
+    # (and the long pairs of `concat_max_tokens`).
     synthetic_copies: int = 0
     synthetic_scale: float = 1.0
     # Long pairs of consecutive sentences of a document, up to this many tokens, added to the
