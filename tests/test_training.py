@@ -32,7 +32,7 @@ from training.data import (
 from training.distill import distill_pairs
 from training.pipeline import run_pipeline
 from training.presets import get_preset
-from training.train import TrainConfig, train_role
+from training.train import TrainConfig, train_role, uses_bfloat16
 
 BUNDLE_TOKENIZER = Path(__file__).resolve().parent.parent / "bundles" / "ua-gec" / "tokenizer.model"
 
@@ -170,6 +170,9 @@ def test_smoke_pipeline_writes_a_loadable_bundle(tmp_path):
     assert json.loads((out / "stages" / "tokenizer.json").read_text())["fingerprint"] == trained_tokenizer.fingerprint
     card = (bundle_dir / "MODEL_CARD.md").read_text()
     assert "CC-BY-4.0" in card and "verifier" in card
+    # The card states the training arithmetic each run logged (bfloat16 where this CPU has it).
+    precision = "bfloat16 autocast" if uses_bfloat16("auto", torch.device("cpu")) else "float32"
+    assert f"Training forward: {precision} (weights" in card
     assert set(bundle.metadata["validation"]) == set(ROLES)
     # Every stage is finished: a second run skips them all and returns the same bundle.
     assert run_pipeline(out, get_preset("smoke"), echo=None) == bundle_dir
@@ -236,10 +239,16 @@ def test_bfloat16_mixed_precision_trains_float32_weights_and_changes_the_arithme
         assert all(t.dtype == torch.float32 for t in state.values())
     assert all(torch.isfinite(torch.tensor(r["valid_loss"])) for r in results.values())
     assert results["off"]["valid_loss"] != results["bf16"]["valid_loss"]
-    # "auto" on the CPU is float32: the same run as "off".
+    # "auto" on the CPU is bfloat16 where oneDNN has bfloat16 arithmetic (this 2-core Zen 4 does), else
+    # float32: the same run as one of the two, and the log says which.
     auto = train_role("x", cfg, replace(config, mixed_precision="auto"), pairs[:30], pairs[30:], tmp_path / "auto",
                       echo=None)
-    assert auto["valid_loss"] == results["off"]["valid_loss"]
+    cpu_bf16 = uses_bfloat16("auto", torch.device("cpu"))
+    assert auto["valid_loss"] == results["bf16" if cpu_bf16 else "off"]["valid_loss"]
+    start = json.loads((tmp_path / "auto" / "log.jsonl").read_text().splitlines()[0])
+    assert start["precision"] == ("bfloat16 autocast" if cpu_bf16 else "float32")
+    assert uses_bfloat16("auto", torch.device("cuda")) and uses_bfloat16("bf16", torch.device("cpu"))
+    assert not uses_bfloat16("off", torch.device("cuda"))
     with pytest.raises(ValueError, match="mixed_precision"):
         TrainConfig(mixed_precision="fp8")
 

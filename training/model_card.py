@@ -45,7 +45,8 @@ Optimiser AdamW (betas 0.9/0.98, weight decay 0.01), inverse-square-root schedul
 token-based batches by length buckets, gradient clipping at 1.0. Steps per role:
 {steps}. Weights stored in {weights_dtype} (loaded as float32).
 
-Hardware: {hardware}. Wall time per stage (summed over interrupted and resumed runs):
+Hardware: {hardware}. Training forward: {precision} (weights, optimiser state and evaluation
+in float32). Wall time per stage (summed over interrupted and resumed runs):
 {stage_times}.
 
 ## Licence

@@ -242,6 +242,7 @@ def assemble_bundle(out: Path, preset: Preset, target: Path, command: str, devic
         "seed": preset.seed,
         "device": device,
         "hardware": hardware(device),
+        "precision": training_precision(out),
         "stage_seconds": stage_seconds(out),
         "weights_dtype": preset.weights_dtype,
         "torch_version": torch.__version__,
@@ -268,6 +269,22 @@ def stage_seconds(out: Path) -> dict[str, float]:
         if (out / stage / "log.jsonl").is_file():
             seconds[stage] = training_seconds(out / stage / "log.jsonl")
     return {stage: seconds[stage] for stage in STAGES if stage in seconds}
+
+
+def training_precision(out: Path) -> str:
+    """The training forward's arithmetic per training stage, as each run (resumed ones too) logged it."""
+    per_stage: dict[str, set[str]] = {}
+    for stage in STAGES:
+        log = out / stage / "log.jsonl"
+        if log.is_file():
+            records = (json.loads(line) for line in log.read_text().splitlines())
+            per_stage[stage] = {r["precision"] for r in records if r.get("event") == "start" and "precision" in r}
+    kinds = {" and ".join(sorted(v)) for v in per_stage.values() if v}
+    if not kinds:
+        return "not recorded"
+    if len(kinds) == 1 and all(per_stage.values()):
+        return kinds.pop()
+    return ", ".join(f"{stage} {' and '.join(sorted(v)) or 'not recorded'}" for stage, v in per_stage.items())
 
 
 def hardware(device: str) -> str:

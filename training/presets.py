@@ -132,7 +132,8 @@ _CPU = _full_size(
 # `base`: the Transformer-base verifier (6+6 layers of width 512, 8 heads: 48.5M params), drafters a
 # fifth of its size or less: the NAR drafter shaped as in the GAD paper (6 encoder layers, 2 decoder
 # layers of width 256: 9.0M), the AR drafter 3+1 layers of width 256 (5.6M). Measured on the 2-core
-# CPU: ~780 real tokens/s for the verifier's shape, ~14 s a step of ~11k tokens. Pre-training sees
+# CPU: ~780 real tokens/s for the verifier's shape in float32, ~14 s a step of ~11k tokens (bfloat16
+# autocast, where the CPU has it: 1.65x faster). Pre-training sees
 # each clean UA-GEC training target twice corrupted plus the real pairs (~470 steps an epoch), the
 # fine-tuning the real pairs (126 steps an epoch). On a GPU the same steps take minutes.
 _BASE_SHAPES = {
@@ -149,9 +150,11 @@ _BASE = _full_size(
     _BASE_SHAPES,
     training={
         "pretrain": _quick_eval("ar", max_steps=700, max_tokens=6000, peak_lr=7e-4, warmup_steps=200, eval_every=100),
-        # The shipped verifier: the average of its last five checkpoints (steps 500-700) when better.
-        # History of the shipped run: the long pairs (`concat_max_tokens`) joined its fine-tuning at
-        # step 257, and max_steps was raised from 500 at step 354 (long sentences still improving).
+        # The verifier: the average of its last five checkpoints (steps 500-700) when better. A first
+        # run (lost with its machine before its drafters finished) showed why the long pairs
+        # (`concat_max_tokens`) and 700 steps: trained on sentence pairs alone, the verifier fell into
+        # repetition past ~90 output tokens (valid GLEU 66.6 at step 200, sources 70.1); with long
+        # pairs joined at step 257 it reached 72.6 at step 400 and 73.5 at step 700.
         "verifier": _quick_eval("ar", max_steps=700, max_tokens=6000, peak_lr=3e-4, warmup_steps=50, eval_every=100,
                                 average_last=5),
         **_DRAFTERS,
