@@ -310,6 +310,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return run_from_args(args, " ".join(["specdec train", *sys.argv[2:]]))
 
 
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from specdec.run_quality import run_from_args
+
+    return run_from_args(args)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from specdec.benchmark import run_from_args
 
@@ -458,6 +464,13 @@ def _build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser("train", help="train the bundled UA-GEC models (all stages; resumable)")
         add_train_arguments(p)
         p.set_defaults(run=_cmd_train)
+
+        from specdec.run_quality import add_arguments as add_evaluate_arguments
+
+        p = sub.add_parser("evaluate", help="GLEU of a training run's verifier on the validation split, "
+                                            "beside the sources'")
+        add_evaluate_arguments(p)
+        p.set_defaults(run=_cmd_evaluate)
 
     from specdec.benchmark import add_arguments as add_bench_arguments
 

@@ -12,9 +12,12 @@ STAGES = ("data", "tokenizer", "encode", "concat", "synthetic", "pretrain", "ver
           "ar_drafter", "bundle")
 
 
+PRESET_NAMES = ("base", "full", "cpu", "smoke", "smoke-synthetic")  # training.presets.PRESETS, without its imports
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="run directory (data, checkpoints, logs)")
-    parser.add_argument("--preset", choices=["base", "full", "cpu", "smoke", "smoke-synthetic"], default="full")
+    parser.add_argument("--preset", choices=PRESET_NAMES, default="full")
     parser.add_argument("--resume", action="store_true", help="continue interrupted training stages")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--device", help="torch device (default: cuda when present, else cpu)")

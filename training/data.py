@@ -114,8 +114,13 @@ def load_test_set(data_dir: str | Path | None = None) -> list[TestItem]:
     """Test sentences with all their references: each ua-gec test document is annotated by two
     annotators, so its sentence pairs come twice. Grouped by (document, sentence, source text);
     in first-seen order."""
+    return group_references(load_test_pairs(data_dir))
+
+
+def group_references(pairs: Iterable[TextPair]) -> list[TestItem]:
+    """Pairs grouped by (document, sentence, source text), one reference per annotator, in first-seen order."""
     groups: dict[tuple[str, int, str], list[str]] = {}
-    for p in load_test_pairs(data_dir):
+    for p in pairs:
         groups.setdefault((p.doc_id, p.index, p.source), []).append(p.target)
     return [TestItem(doc, i, src, refs) for (doc, i, src), refs in groups.items()]
 
