@@ -6,6 +6,10 @@
 #
 #   bench/bundle_tables.sh [LOG_DIR]        (default LOG_DIR: runs/bundle-tables; one log per table)
 #
+# Resumable: a table that finished for this very bundle (LOG_DIR/NAME.done holds the bundle's file
+# hashes) is skipped, so a sweep cut short (the larger verifier's sweep outlasts one sitting) goes
+# on where it stopped; delete LOG_DIR or its .done files to re-run everything.
+#
 # The tables of random or tiny models (bench_backends, bench_head, bench_block_cost, bench_services
 # without --bundle) do not depend on the bundle and are not re-run here.
 set -euo pipefail
@@ -16,12 +20,20 @@ mkdir -p "$logs"
 bundle=${SPECDEC_BUNDLE:-bundles/ua-gec}
 
 started=$SECONDS
+# The bundle's identity: the hashes of its own files (weights, tokenizer, config, card), not of the
+# onnx/ and ct2/ caches the benchmarks write beside them.
+fingerprint=$(cd "$bundle" && find . -maxdepth 1 -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)
 # Each command as its BENCHMARKS.md section states it; its output goes to LOG_DIR/NAME.log.
 table() {
   local name=$1 t0=$SECONDS
   shift
+  if [ "$(cat "$logs/$name.done" 2>/dev/null)" = "$fingerprint" ]; then
+    echo "== $name: done for this bundle (in an earlier sweep); skipped"
+    return
+  fi
   echo "== $name: $*"
   "$@" > "$logs/$name.log" 2>&1 || { echo "$name failed; see $logs/$name.log" >&2; exit 1; }
+  echo "$fingerprint" > "$logs/$name.done"
   echo "   $((SECONDS - t0)) s"
 }
 table ua_gec specdec bench --bundle "$bundle" --through both --write
