@@ -144,3 +144,12 @@ def test_the_synthetic_pipeline_pretrains_the_verifier_and_fine_tunes_from_it(tm
     assert average["steps"] == [3, 6]
     card = (bundle_dir / "MODEL_CARD.md").read_text()
     assert ("the average of the weights at steps 3, 6" in card) is average["kept"]
+    # The NAR drafter (2+2 layers) started from the AR drafter's best weights (1+1 layers, each used twice).
+    nar_start = json.loads((out / "nar_drafter" / "log.jsonl").read_text().splitlines()[0])
+    assert nar_start["init_from"] == str(out / "ar_drafter" / "best.pt")
+    assert nar_start["init_layers"] == {"encoder_layers": [0, 0], "decoder_layers": [0, 0]}
+    ar_drafter = torch.load(out / "ar_drafter" / "best.pt", weights_only=True)
+    nar = load_bundle(bundle_dir).nar_drafter.state_dict()
+    drift = nar["encoder_layers.1.ffn.up.weight"] - ar_drafter["encoder_layers.0.ffn.up.weight"]
+    assert 0 < float(drift.abs().max()) < 0.1
+    assert "It started from the AR drafter's best weights" in (bundle_dir / "MODEL_CARD.md").read_text()

@@ -33,6 +33,7 @@ from training.distill import distill_pairs
 from training.pipeline import run_pipeline
 from training.presets import get_preset
 from training.train import TrainConfig, train_role, uses_bfloat16
+from training.transfer import load_initial_weights
 
 BUNDLE_TOKENIZER = Path(__file__).resolve().parent.parent / "bundles" / "ua-gec" / "tokenizer.model"
 
@@ -117,6 +118,34 @@ def test_token_batches_respect_budget_and_cover_every_pair():
         assert longest * len(b) <= 300 or len(b) == 1
     assert batches == token_batches(pairs, max_tokens=300, seed=3, epoch=0)
     assert batches != token_batches(pairs, max_tokens=300, seed=3, epoch=1)
+
+
+def test_initial_weights_fill_a_deeper_model_layer_by_layer_and_refuse_another_width():
+    shallow = Seq2SeqTransformer(ModelConfig(vocab_size=40, d_model=16, n_heads=2, encoder_layers=3, decoder_layers=1,
+                                             ffn_dim=32, max_len=32)).state_dict()
+    deep = Seq2SeqTransformer(ModelConfig(vocab_size=40, d_model=16, n_heads=2, encoder_layers=6, decoder_layers=2,
+                                          ffn_dim=32, max_len=32))
+    assert load_initial_weights(deep, shallow) == {"encoder_layers": [0, 0, 1, 1, 2, 2], "decoder_layers": [0, 0]}
+    loaded = deep.state_dict()
+    for i, j in enumerate([0, 0, 1, 1, 2, 2]):
+        name = "attn.q_proj.weight"
+        assert torch.equal(loaded[f"encoder_layers.{i}.{name}"], shallow[f"encoder_layers.{j}.{name}"])
+    name = "cross_attn.k_proj.weight"
+    assert torch.equal(loaded[f"decoder_layers.1.{name}"], shallow[f"decoder_layers.0.{name}"])
+    assert torch.equal(loaded["embed.weight"], shallow["embed.weight"])
+    # The same shape is a plain copy; a deeper source or another width is refused with the reason.
+    same = Seq2SeqTransformer(ModelConfig(vocab_size=40, d_model=16, n_heads=2, encoder_layers=6, decoder_layers=2,
+                                          ffn_dim=32, max_len=32))
+    assert load_initial_weights(same, loaded) == {"encoder_layers": list(range(6)), "decoder_layers": [0, 1]}
+    assert all(torch.equal(t, loaded[k]) for k, t in same.state_dict().items())
+    shallow_model = Seq2SeqTransformer(ModelConfig(vocab_size=40, d_model=16, n_heads=2, encoder_layers=3,
+                                                   decoder_layers=1, ffn_dim=32, max_len=32))
+    with pytest.raises(ValueError, match="cannot initialise 3 encoder_layers from 6"):
+        load_initial_weights(shallow_model, loaded)
+    wide = Seq2SeqTransformer(ModelConfig(vocab_size=40, d_model=32, n_heads=2, encoder_layers=6, decoder_layers=2,
+                                          ffn_dim=32, max_len=32))
+    with pytest.raises(ValueError, match="widths differ"):
+        load_initial_weights(wide, loaded)
 
 
 def test_nar_rows_match_the_inference_layout():

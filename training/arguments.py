@@ -8,8 +8,9 @@ import argparse
 # `concat` (long pairs of consecutive sentences for the verifier's fine-tuning), `synthetic` and
 # `pretrain` (synthetic-error pre-training of the verifier) do work only where the preset asks for
 # them; elsewhere they finish at once as skipped.
-STAGES = ("data", "tokenizer", "encode", "concat", "synthetic", "pretrain", "verifier", "distill", "nar_drafter",
-          "ar_drafter", "bundle")
+# The AR drafter comes before the NAR drafter, which may start from its weights (`nar_from_ar_drafter`).
+STAGES = ("data", "tokenizer", "encode", "concat", "synthetic", "pretrain", "verifier", "distill", "ar_drafter",
+          "nar_drafter", "bundle")
 
 
 PRESET_NAMES = ("base", "full", "cpu", "smoke", "smoke-synthetic")  # training.presets.PRESETS, without its imports

@@ -16,7 +16,7 @@ Three encoder-decoder Transformers sharing one SentencePiece tokenizer ({vocab} 
 - **nar_drafter**: NAR block drafter (BOS + prefix, then k <= {k_max} `<mask>` tokens attending to
   the prefix and the whole block), trained with glancing (GLAT, ratio {glat}) on
   sequence-level-distilled targets (the verifier's {distill_search} outputs on the training sources).
-  Its validation scores are on distilled targets, block length {k_max}.
+  Its validation scores are on distilled targets, block length {k_max}.{nar_init}
 - **ar_drafter**: small AR drafter for MJSD / speculative sampling, on the same distilled targets.
 
 ## Data
@@ -114,10 +114,16 @@ def render_model_card(info: dict[str, Any]) -> str:
                    f"{', '.join(map(str, average['steps']))} (valid loss {average['valid_loss']:.3f}, below every "
                    f"single evaluated step's).")
     search = "greedy" if info["beams"] == 1 else f"beam-{info['beams']}"
+    nar_init = ""
+    if info.get("nar_from_ar_drafter"):
+        nar_init = ("\n  It started from the AR drafter's best weights (the AR-to-NAR transfer of Guo et al. "
+                    "2020), each AR layer filling a run of neighbouring layers of its deeper stacks, so that its "
+                    "source representations and cross-attention start aligned.")
     stage_times = ", ".join(f"{stage} {_duration(seconds)}" for stage, seconds in info["stage_seconds"].items())
     fields = {k: v for k, v in info.items() if k not in ("roles", "synthetic", "pretrain", "concat", "stage_seconds")}
     return TEMPLATE.format(rows="\n".join(rows), steps=steps, distill_search=search, verifier_recipe=recipe,
-                           synthetic=synthetic_text, stage_times=stage_times, **fields)
+                           synthetic=synthetic_text, stage_times=stage_times, nar_init=nar_init,
+                           **{k: v for k, v in fields.items() if k != "nar_from_ar_drafter"})
 
 
 def _duration(seconds: float) -> str:

@@ -3,12 +3,13 @@
     python -m training.pipeline --out runs/ua-gec [--preset full|cpu|smoke] [--resume]
 
 Stages: data -> tokenizer -> encode -> concat -> synthetic -> pretrain -> verifier -> distill ->
-nar_drafter -> ar_drafter -> bundle. `concat` joins consecutive sentences of a document into long
+ar_drafter -> nar_drafter -> bundle. `concat` joins consecutive sentences of a document into long
 pairs (presets with `concat_max_tokens`). `synthetic` corrupts the clean training targets with
 UA-GEC's own kinds and rates of error (training/synthetic.py) and `pretrain` trains the verifier's
 shape on those pairs and the real ones; `verifier` then fine-tunes those weights on the real pairs
 (and the long ones). Presets without synthetic pairs skip both `synthetic` and `pretrain`, and
-`verifier` starts from scratch.
+`verifier` starts from scratch. With `nar_from_ar_drafter` the NAR drafter starts from the AR
+drafter's best weights (training/transfer.py says why).
 A finished stage leaves `OUT/stages/<stage>.json` and is skipped on the next run; a training
 stage interrupted by SIGTERM / Ctrl-C checkpoints and continues with `--resume`.
 """
@@ -151,8 +152,11 @@ def run_pipeline(
                     )
                     counts[split] = len(pairs)
                 stages.finish(stage, counts)
-            elif stage in ("nar_drafter", "ar_drafter"):
+            elif stage == "ar_drafter":
                 train_stage(stage, ["train.distill.jsonl"], "valid.distill.jsonl")
+            elif stage == "nar_drafter":
+                ar_drafter = out / "ar_drafter" / "best.pt" if preset.nar_from_ar_drafter else None
+                train_stage(stage, ["train.distill.jsonl"], "valid.distill.jsonl", init_from=ar_drafter)
             elif stage == "bundle":
                 target = Path(bundle_out) if bundle_out else (DEFAULT_FULL_BUNDLE if preset.name == "full"
                                                               else out / "bundle")
@@ -229,6 +233,7 @@ def assemble_bundle(out: Path, preset: Preset, target: Path, command: str, devic
         "concat": json.loads((stages / "concat.json").read_text()) if (stages / "concat.json").is_file() else {},
         "pretrain": json.loads((out / "pretrain" / "result.json").read_text()) if synthetic.get("pairs") else None,
         "k_max": preset.training["nar_drafter"].nar_k_max,
+        "nar_from_ar_drafter": preset.nar_from_ar_drafter,
         "glat": preset.training["nar_drafter"].glat_ratio,
         "beams": preset.distill_beams,
         "ua_gec_version": _package_version("ua-gec"),

@@ -36,6 +36,7 @@ from training.checkpoint import (
 )
 from training.data import IdPair
 from training.objectives import glancing_inputs, token_loss
+from training.transfer import load_initial_weights
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,8 @@ def train_role(
     With `resume`, continues from `out_dir/checkpoint.pt` and reproduces the uninterrupted run
     exactly (same batches, dropout masks and NAR prefixes), given the same thread count.
     `init_from` (a state dict file, e.g. a pre-training run's best.pt) gives the starting weights of
-    a fresh run; a resumed run has them in its checkpoint.
+    a fresh run, from a model of the same width and at most as many layers (`load_initial_weights`);
+    a resumed run has them in its checkpoint.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -102,8 +104,9 @@ def train_role(
     device = torch.device(device)
     generator = seed_everything(config.seed)
     model = Seq2SeqTransformer(model_config).to(device)
+    layer_map = None
     if init_from is not None and not ckpt_path.exists():
-        model.load_state_dict(torch.load(init_from, map_location=device, weights_only=True))
+        layer_map = load_initial_weights(model, torch.load(init_from, map_location=device, weights_only=True))
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.peak_lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=config.weight_decay
     )
@@ -119,7 +122,8 @@ def train_role(
     log = JsonLog(out / "log.jsonl", echo, role=name)
     bf16 = uses_bfloat16(config.mixed_precision, device)
     log.write(event="start", step=step, params=count_parameters(model), device=str(device), config=asdict(config),
-              precision="bfloat16 autocast" if bf16 else "float32", init_from=str(init_from) if init_from else None)
+              precision="bfloat16 autocast" if bf16 else "float32", init_from=str(init_from) if init_from else None,
+              init_layers=layer_map)
 
     def checkpoint() -> None:
         save_checkpoint(
