@@ -160,7 +160,10 @@ _BASE = _full_size(
         # pairs joined at step 257 it reached 72.6 at step 400 and 73.5 at step 700.
         "verifier": _quick_eval("ar", max_steps=700, max_tokens=6000, peak_lr=3e-4, warmup_steps=50, eval_every=100,
                                 average_last=5),
-        **_DRAFTERS,
+        # The NAR drafter starts from the AR drafter's weights (`nar_from_ar_drafter`), so it needs
+        # fewer steps than one trained from scratch: valid token accuracy 0.87 at step 250, 0.91 at
+        # 500. A step costs ~3 s on the 2-core CPU (glancing adds a forward).
+        **_DRAFTERS, "nar_drafter": replace(_DRAFTERS["nar_drafter"], max_steps=1500),
     },
     distill_beams=1,
     synthetic_copies=2,
