@@ -120,10 +120,10 @@ def render_model_card(info: dict[str, Any]) -> str:
                     "2020), each AR layer filling a run of neighbouring layers of its deeper stacks, so that its "
                     "source representations and cross-attention start aligned.")
     stage_times = ", ".join(f"{stage} {_duration(seconds)}" for stage, seconds in info["stage_seconds"].items())
-    fields = {k: v for k, v in info.items() if k not in ("roles", "synthetic", "pretrain", "concat", "stage_seconds")}
+    rendered = ("roles", "synthetic", "pretrain", "concat", "stage_seconds", "nar_from_ar_drafter")
+    fields = {k: v for k, v in info.items() if k not in rendered}
     return TEMPLATE.format(rows="\n".join(rows), steps=steps, distill_search=search, verifier_recipe=recipe,
-                           synthetic=synthetic_text, stage_times=stage_times, nar_init=nar_init,
-                           **{k: v for k, v in fields.items() if k != "nar_from_ar_drafter"})
+                           synthetic=synthetic_text, stage_times=stage_times, nar_init=nar_init, **fields)
 
 
 def _duration(seconds: float) -> str:
