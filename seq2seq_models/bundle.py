@@ -106,6 +106,8 @@ def save_bundle(
         weights = out / f"{role}.safetensors"
         state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(weights), metadata={"role": role})
+        # safetensors creates the file 0600; the images run as a non-root user that must read it.
+        weights.chmod(0o644)
         entries[role] = {
             "file": weights.name,
             "sha256": _sha256(weights.read_bytes()),

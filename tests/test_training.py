@@ -317,3 +317,29 @@ def test_checkpoint_averaging_averages_the_last_checkpoint_steps_and_keeps_the_b
                        echo=None)
     assert not (tmp_path / "plain" / "snapshots").exists()
     assert plain["valid_loss"] == result["valid_loss"] and plain["average"] is None
+
+
+def test_continuation_trains_a_bundles_verifier_on_and_keeps_its_drafters_byte_for_byte(tmp_path):
+    from training.continuation import continue_verifier
+
+    source = run_pipeline(tmp_path / "run", get_preset("smoke"), echo=None)
+    target = continue_verifier(source, tmp_path / "more", tmp_path / "continued", steps=8, peak_lr=3e-3,
+                               warmup_steps=2, checkpoint_every=2, command="python -m training.continuation (test)")
+    before, after = load_bundle(source), load_bundle(target)  # also checks every file against config.json
+    assert after.tokenizer.fingerprint == before.tokenizer.fingerprint
+    for role in ("nar_drafter", "ar_drafter"):
+        assert (target / f"{role}.safetensors").read_bytes() == (source / f"{role}.safetensors").read_bytes()
+    old, new = before.verifier.state_dict(), after.verifier.state_dict()
+    assert any(not torch.equal(old[name], new[name]) for name in old)
+    for path in target.glob("*.safetensors"):
+        assert path.stat().st_mode & 0o777 == 0o644  # readable by the images' non-root user
+    leg = after.metadata["continued"]
+    validation = after.metadata["validation"]["verifier"]
+    assert leg["steps"] == 8 and validation["steps"] == before.metadata["validation"]["verifier"]["steps"] + 8
+    card = (target / "MODEL_CARD.md").read_text()
+    assert "## Verifier continued" in card and "python -m training.continuation (test)" in card
+    row = next(line for line in card.splitlines() if line.startswith("| verifier |"))
+    scores = validation["valid_loss"], validation["valid_ppl"], validation["valid_acc"]
+    assert row.endswith("| {:.3f} | {:.2f} | {:.3f} |".format(*scores))
+    with pytest.raises(ValueError, match="must differ"):
+        continue_verifier(source, tmp_path / "again", source, steps=2)

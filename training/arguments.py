@@ -14,14 +14,17 @@ STAGES = ("data", "tokenizer", "encode", "concat", "synthetic", "pretrain", "ver
 
 
 PRESET_NAMES = ("base", "full", "cpu", "smoke", "smoke-synthetic")  # training.presets.PRESETS, without its imports
+# The preset whose bundle ships in bundles/ua-gec: the default, and the one the pipeline writes there.
+SHIPPED_PRESET = "base"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="run directory (data, checkpoints, logs)")
-    parser.add_argument("--preset", choices=PRESET_NAMES, default="full")
+    parser.add_argument("--preset", choices=PRESET_NAMES, default=SHIPPED_PRESET)
     parser.add_argument("--resume", action="store_true", help="continue interrupted training stages")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--device", help="torch device (default: cuda when present, else cpu)")
     parser.add_argument("--threads", type=int, help="CPU threads for torch (default: the CPUs this process may use)")
-    parser.add_argument("--bundle-out", help="bundle directory (default: bundles/ua-gec; OUT/bundle for smoke)")
+    parser.add_argument("--bundle-out",
+                        help=f"bundle directory (default: bundles/ua-gec for {SHIPPED_PRESET}, else OUT/bundle)")
     parser.add_argument("--stop-after", choices=STAGES, help="stop once this stage is finished")

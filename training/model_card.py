@@ -77,15 +77,7 @@ about half). {pairs} pairs. The most frequent types, edits per 100 words: {top_r
 
 
 def render_model_card(info: dict[str, Any]) -> str:
-    rows = []
-    uses = {"verifier": "AR verifier", "nar_drafter": "GAD / GAD++ drafter", "ar_drafter": "MJSD / spec. sampling"}
-    for role, r in info["roles"].items():
-        a = r["architecture"]
-        rows.append(
-            f"| {role} | {uses[role]} | {a['encoder_layers']}+{a['decoder_layers']} | {a['d_model']} | {a['n_heads']} "
-            f"| {a['ffn_dim']} | {r['params'] / 1e6:.2f}M | {r['valid_loss']:.3f} | {r['valid_ppl']:.2f} "
-            f"| {r['valid_acc']:.3f} |"
-        )
+    rows = [role_row(role, r) for role, r in info["roles"].items()]
     steps = ", ".join(f"{role} {r['steps']}" for role, r in info["roles"].items())
     synthetic = info.get("synthetic") or {}
     if synthetic.get("pairs"):
@@ -124,6 +116,19 @@ def render_model_card(info: dict[str, Any]) -> str:
     fields = {k: v for k, v in info.items() if k not in rendered}
     return TEMPLATE.format(rows="\n".join(rows), steps=steps, distill_search=search, verifier_recipe=recipe,
                            synthetic=synthetic_text, stage_times=stage_times, nar_init=nar_init, **fields)
+
+
+def role_row(role: str, r: dict[str, Any]) -> str:
+    """The card's table row for one role: its shape, size and validation scores."""
+    a = r["architecture"]
+    return (
+        f"| {role} | {_USES[role]} | {a['encoder_layers']}+{a['decoder_layers']} | {a['d_model']} | {a['n_heads']} "
+        f"| {a['ffn_dim']} | {r['params'] / 1e6:.2f}M | {r['valid_loss']:.3f} | {r['valid_ppl']:.2f} "
+        f"| {r['valid_acc']:.3f} |"
+    )
+
+
+_USES = {"verifier": "AR verifier", "nar_drafter": "GAD / GAD++ drafter", "ar_drafter": "MJSD / spec. sampling"}
 
 
 def _duration(seconds: float) -> str:

@@ -1,6 +1,6 @@
 """The whole training run, stage by stage, in one command:
 
-    python -m training.pipeline --out runs/ua-gec [--preset full|cpu|smoke] [--resume]
+    python -m training.pipeline --out runs/ua-gec [--preset base|full|cpu|smoke] [--resume]
 
 Stages: data -> tokenizer -> encode -> concat -> synthetic -> pretrain -> verifier -> distill ->
 ar_drafter -> nar_drafter -> bundle. `concat` joins consecutive sentences of a document into long
@@ -29,7 +29,7 @@ from typing import Any, TextIO
 import torch
 
 from seq2seq_models.bundle import save_bundle
-from training.arguments import STAGES, add_arguments
+from training.arguments import SHIPPED_PRESET, STAGES, add_arguments
 from training.checkpoint import Interrupted
 from training.data import (
     TextPair,
@@ -48,7 +48,7 @@ from training.synthetic import learn_error_model, synthetic_pairs, ua_gec_edits
 from training.tokenizer import TOKENIZER_FILE, train_shared_tokenizer
 from training.train import JsonLog, load_best, train_role, training_seconds
 
-DEFAULT_FULL_BUNDLE = Path(__file__).resolve().parent.parent / "bundles" / "ua-gec"
+SHIPPED_BUNDLE = Path(__file__).resolve().parent.parent / "bundles" / "ua-gec"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -158,7 +158,7 @@ def run_pipeline(
                 ar_drafter = out / "ar_drafter" / "best.pt" if preset.nar_from_ar_drafter else None
                 train_stage(stage, ["train.distill.jsonl"], "valid.distill.jsonl", init_from=ar_drafter)
             elif stage == "bundle":
-                target = Path(bundle_out) if bundle_out else (DEFAULT_FULL_BUNDLE if preset.name == "full"
+                target = Path(bundle_out) if bundle_out else (SHIPPED_BUNDLE if preset.name == SHIPPED_PRESET
                                                               else out / "bundle")
                 assemble_bundle(out, preset, target, command, device)
                 stages.finish(stage, {"path": str(target)})
