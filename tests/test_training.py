@@ -343,3 +343,5 @@ def test_continuation_trains_a_bundles_verifier_on_and_keeps_its_drafters_byte_f
     assert row.endswith("| {:.3f} | {:.2f} | {:.3f} |".format(*scores))
     with pytest.raises(ValueError, match="must differ"):
         continue_verifier(source, tmp_path / "again", source, steps=2)
+    with pytest.raises(ValueError, match="multiple of"):
+        continue_verifier(source, tmp_path / "again", tmp_path / "other", steps=9, checkpoint_every=2)

@@ -90,8 +90,8 @@ def continue_verifier(
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     bundle = load_bundle(source)
     preset = get_preset(bundle.metadata["preset"], bundle.metadata.get("seed", 1))
-    data_dir = _prepare_data(out, source, preset)
     config = leg_config(preset.training["verifier"], steps, peak_lr, warmup_steps, checkpoint_every)
+    data_dir = _prepare_data(out, source, preset)
     init = out / "init" / "verifier.pt"
     if not init.is_file():
         init.parent.mkdir(parents=True, exist_ok=True)
@@ -123,6 +123,9 @@ def leg_config(verifier: TrainConfig, steps: int, peak_lr: float, warmup_steps: 
                checkpoint_every: int) -> TrainConfig:
     """The preset's verifier settings (batches, smoothing, evaluation set) on this leg's schedule; the
     weights of its last four checkpoints are averaged when that validates better."""
+    if steps <= 0 or checkpoint_every <= 0 or steps % checkpoint_every:
+        # Snapshots are taken at multiples of checkpoint_every: the average must end on the last step.
+        raise ValueError(f"--steps ({steps}) must be a positive multiple of --checkpoint-every ({checkpoint_every})")
     return replace(verifier, max_steps=steps, peak_lr=peak_lr, warmup_steps=warmup_steps,
                    checkpoint_every=checkpoint_every, eval_every=2 * checkpoint_every, average_last=4)
 
