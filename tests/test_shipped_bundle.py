@@ -20,6 +20,7 @@ from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.bundle import load_bundle
 from specdec.cli import DEFAULT_BUNDLE_DIR
 from tests.services.conftest import wait_ready_line
+from training.arguments import SHIPPED_PRESET
 from training.data import load_test_set
 from verifier_service.session import make_verifier
 
@@ -53,15 +54,29 @@ def _env_without_bundle() -> dict[str, str]:
     return {**env, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
 
 
-def test_bundle_fits_the_repository_budget_and_has_a_card(bundle):
+def test_bundle_fits_the_repository_budget_and_its_card_tells_how_it_was_made(bundle):
     tracked = [p for p in DEFAULT_BUNDLE_DIR.iterdir() if p.is_file()]
     assert sum(p.stat().st_size for p in tracked) <= BUDGET_BYTES
-    assert bundle.metadata["kind"] == "trained"
+    assert bundle.metadata["kind"] == "trained" and bundle.metadata["preset"] == SHIPPED_PRESET
     card = (DEFAULT_BUNDLE_DIR / "MODEL_CARD.md").read_text()
-    assert "CC-BY-4.0" in card and "python -m training.pipeline" in card
+    for needed in ("CC-BY-4.0", "python -m training.pipeline", f"--preset {SHIPPED_PRESET}",
+                   "Synthetic pre-training pairs", "Wall time per stage", "Hardware:"):
+        assert needed in card, needed
+    if "continued" in bundle.metadata:  # a verifier trained on from an earlier bundle says so, and how
+        assert "## Verifier continued" in card and "python -m training.continuation" in card
     for role, scores in bundle.metadata["validation"].items():
-        assert f"| {role} |" in card
-        assert f"{scores['valid_acc']:.3f}" in card  # the card quotes the recorded validation scores
+        row = next(line for line in card.splitlines() if line.startswith(f"| {role} |"))
+        assert row.endswith(f"| {scores['valid_acc']:.3f} |")  # the card quotes the recorded scores
+
+
+def test_each_drafter_is_at_most_a_fifth_of_the_verifier(bundle):
+    def params(model) -> int:
+        return sum(p.numel() for p in model.parameters())
+
+    verifier = params(bundle.verifier)
+    assert verifier > 40_000_000  # issue 16: at least Transformer-base, 6+6 layers of width 512
+    for drafter in (bundle.nar_drafter, bundle.ar_drafter):
+        assert params(drafter) <= verifier / 5
 
 
 def test_decode_uses_the_shipped_bundle_and_lossless_modes_agree(sentences, greedy_in_process):
@@ -75,12 +90,15 @@ def test_decode_uses_the_shipped_bundle_and_lossless_modes_agree(sentences, gree
             env=_env_without_bundle(), cwd=REPO, timeout=600,
         )
         assert proc.returncode == 0, proc.stderr
-        outputs[config.mode] = [json.loads(line)["output_ids"] for line in proc.stdout.splitlines()]
-    assert len(outputs[Mode.AR]) == len(sentences)
-    assert outputs[Mode.IAD] == outputs[Mode.AR]
-    assert outputs[Mode.GAD] == outputs[Mode.AR]
+        outputs[config.mode] = [json.loads(line) for line in proc.stdout.splitlines()]
+    greedy = [r["output_ids"] for r in outputs[Mode.AR]]
+    assert len(greedy) == len(sentences)
+    assert [r["output_ids"] for r in outputs[Mode.IAD]] == greedy
+    assert [r["output_ids"] for r in outputs[Mode.GAD]] == greedy
+    # The NAR drafter is a real drafter: GAD needs far fewer verifier iterations than greedy's tokens.
+    assert sum(r["stats"]["iterations"] for r in outputs[Mode.GAD]) < 0.5 * sum(map(len, greedy))
 
-    assert outputs[Mode.AR] == [greedy_in_process(s) for s in sentences]
+    assert greedy == [greedy_in_process(s) for s in sentences]
 
 
 def test_serve_all_uses_the_shipped_bundle(sentences, greedy_in_process, tmp_path):
