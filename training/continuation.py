@@ -1,6 +1,6 @@
 """Continue fine-tuning a shipped bundle's verifier when the run that made it is gone.
 
-    python -m training.continuation --from bundles/ua-gec-base --out runs/ua-gec-cont --steps 240 \\
+    python -m training.continuation --from bundles/ua-gec-base --out runs/ua-gec-cont --steps 250 \\
         --bundle-out bundles/ua-gec [--resume]
 
 Checkpoints stay out of the repository, so a machine that is not kept takes a run's optimiser state
@@ -91,7 +91,7 @@ def continue_verifier(
     bundle = load_bundle(source)
     preset = get_preset(bundle.metadata["preset"], bundle.metadata.get("seed", 1))
     config = leg_config(preset.training["verifier"], steps, peak_lr, warmup_steps, checkpoint_every)
-    data_dir = _prepare_data(out, source, preset)
+    data_dir = _prepare_data(out, source, bundle, preset)
     init = out / "init" / "verifier.pt"
     if not init.is_file():
         init.parent.mkdir(parents=True, exist_ok=True)
@@ -130,7 +130,7 @@ def leg_config(verifier: TrainConfig, steps: int, peak_lr: float, warmup_steps: 
                    checkpoint_every=checkpoint_every, eval_every=2 * checkpoint_every, average_last=4)
 
 
-def _prepare_data(out: Path, source: Path, preset) -> Path:
+def _prepare_data(out: Path, source: Path, bundle, preset) -> Path:
     """The pipeline's data, encode and concat stages, with the bundle's tokenizer in place of a new one."""
     data_dir = out / "data"
     run_pipeline(out, preset, resume=True, stop_after="data", echo=None)
@@ -142,7 +142,6 @@ def _prepare_data(out: Path, source: Path, preset) -> Path:
         raise ValueError(f"{tokenizer_file} is not {source}'s tokenizer: use a fresh --out")
     marker = out / "stages" / "tokenizer.json"
     if not marker.is_file():
-        bundle = load_bundle(source, roles=[])
         marker.write_text(json.dumps({"vocab_size": bundle.tokenizer.vocab_size,
                                       "fingerprint": bundle.tokenizer.fingerprint}) + "\n")
     run_pipeline(out, preset, resume=True, stop_after="concat", echo=None)
