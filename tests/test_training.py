@@ -25,6 +25,7 @@ from training.data import (
     concatenate_pairs,
     is_valid_doc,
     iter_pairs,
+    load_id_pairs,
     load_test_set,
     normalise,
     split_train_valid,
@@ -333,7 +334,7 @@ def test_continuation_trains_a_bundles_verifier_on_and_keeps_its_drafters_byte_f
     assert any(not torch.equal(old[name], new[name]) for name in old)
     for path in target.glob("*.safetensors"):
         assert path.stat().st_mode & 0o777 == 0o644  # readable by the images' non-root user
-    leg = after.metadata["continued"]
+    (leg,) = after.metadata["continued"]
     validation = after.metadata["validation"]["verifier"]
     assert leg["steps"] == 8 and validation["steps"] == before.metadata["validation"]["verifier"]["steps"] + 8
     card = (target / "MODEL_CARD.md").read_text()
@@ -341,7 +342,59 @@ def test_continuation_trains_a_bundles_verifier_on_and_keeps_its_drafters_byte_f
     row = next(line for line in card.splitlines() if line.startswith("| verifier |"))
     scores = validation["valid_loss"], validation["valid_ppl"], validation["valid_acc"]
     assert row.endswith("| {:.3f} | {:.2f} | {:.3f} |".format(*scores))
+
+    # A continued bundle continues again: the legs chain in its metadata and in one section of its card.
+    again = continue_verifier(target, tmp_path / "more2", tmp_path / "continued2", steps=2, peak_lr=3e-3,
+                              warmup_steps=1, checkpoint_every=2, command="python -m training.continuation (leg 2)")
+    legs = load_bundle(again).metadata["continued"]
+    assert [leg["from"] for leg in legs] == [str(source), str(target)] and legs[1]["valid_before"]["steps"] == (
+        validation["steps"])
+    assert load_bundle(again).metadata["validation"]["verifier"]["steps"] == validation["steps"] + 2
+    card = (again / "MODEL_CARD.md").read_text()
+    assert card.count("## Verifier continued") == 1 and "Leg 2:" in card
+    assert card.index("(test)") < card.index("(leg 2)") < card.index("## Licence")
+    for role in ("nar_drafter", "ar_drafter"):
+        assert (again / f"{role}.safetensors").read_bytes() == (source / f"{role}.safetensors").read_bytes()
     with pytest.raises(ValueError, match="must differ"):
         continue_verifier(source, tmp_path / "again", source, steps=2)
     with pytest.raises(ValueError, match="multiple of"):
         continue_verifier(source, tmp_path / "again", tmp_path / "other", steps=9, checkpoint_every=2)
+
+
+
+def test_redistill_trains_the_drafters_on_from_their_weights_on_the_verifiers_outputs(tmp_path):
+    from training.redistill import final_lr, redistill_drafters
+
+    source = run_pipeline(tmp_path / "run", get_preset("smoke"), echo=None)
+    target = redistill_drafters(source, tmp_path / "rd", tmp_path / "redistilled",
+                                steps={"ar_drafter": 4, "nar_drafter": 2}, warmup_steps=1, checkpoint_every=2,
+                                command="python -m training.redistill (test)")
+    before, after = load_bundle(source), load_bundle(target)
+    assert (target / "verifier.safetensors").read_bytes() == (source / "verifier.safetensors").read_bytes()
+    assert after.tokenizer.fingerprint == before.tokenizer.fingerprint
+    # The targets are the shipped verifier's own search outputs on the sources.
+    data = tmp_path / "rd" / "data"
+    sources = load_id_pairs(data / "valid.ids.jsonl")
+    preset = get_preset("smoke")
+    expected = distill_pairs(before.verifier, sources, tmp_path / "check.jsonl", num_beams=preset.distill_beams,
+                             max_tokens=preset.max_tokens, chunk_size=preset.distill_chunk)
+    assert load_id_pairs(data / "valid.distill.jsonl") == expected
+    (leg,) = after.metadata["redistilled"]
+    for role, steps in (("ar_drafter", 4), ("nar_drafter", 2)):
+        old, new = before.models[role].state_dict(), after.models[role].state_dict()
+        assert any(not torch.equal(old[name], new[name]) for name in old)
+        # Each drafter started from its own shipped weights, not from scratch or from the other one.
+        start = json.loads((tmp_path / "rd" / role / "log.jsonl").read_text().splitlines()[0])
+        assert start["init_from"] == str(tmp_path / "rd" / "init" / f"{role}.pt")
+        init = torch.load(start["init_from"], weights_only=True)
+        assert all(torch.equal(init[name], old[name].float()) for name in old)
+        assert after.metadata["validation"][role]["steps"] == before.metadata["validation"][role]["steps"] + steps
+        assert leg["roles"][role]["peak_lr"] == pytest.approx(final_lr(preset, role))
+    card = (target / "MODEL_CARD.md").read_text()
+    assert "## Drafters re-distilled" in card and "python -m training.redistill (test)" in card
+    assert f"Distilled training targets: {leg['pairs']['train']} pairs (re-distilled" in card
+    for role in ("ar_drafter", "nar_drafter"):
+        row = next(line for line in card.splitlines() if line.startswith(f"| {role} |"))
+        assert row.endswith(f"| {after.metadata['validation'][role]['valid_acc']:.3f} |")
+    with pytest.raises(ValueError, match="must differ"):
+        redistill_drafters(source, tmp_path / "again", source, steps={"ar_drafter": 2, "nar_drafter": 2})

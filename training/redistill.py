@@ -1,0 +1,163 @@
+"""Re-distil a bundle's drafters from its verifier, each drafter starting from the one it replaces.
+
+    python -m training.redistill --from runs/ua-gec-cont2/bundle --out runs/ua-gec-redistill \\
+        --bundle-out bundles/ua-gec [--ar-steps 250] [--nar-steps 500] [--resume]
+
+Sequence-level distillation trains the drafters on their verifier's own outputs. A verifier trained
+on by `training/continuation.py` writes somewhat different text, and drafters distilled from the old
+one draft for the old one (fewer tokens accepted). The pipeline's drafter stages would train new
+ones from scratch (~3 h on 2 CPU cores in float32); most of what the old drafters learnt still holds,
+so this re-labels the training and validation sources with the bundle's verifier (the pipeline's
+distill stage, with its search width; resumable) and trains each drafter on from its own weights: a
+fresh AdamW, a short warm-up to the lr its pipeline schedule had reached at its last step, then
+inverse-square-root decay, the last four checkpoints averaged when that validates better. The
+verifier is copied byte for byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from seq2seq_models.bundle import load_bundle
+from training.bundle_legs import leg_config, prepare_bundle_data, save_init, write_leg_bundle
+from training.checkpoint import Interrupted
+from training.data import load_id_pairs
+from training.distill import distill_pairs
+from training.pipeline import configure_threads, hardware
+from training.presets import Preset, get_preset
+from training.train import evaluate, inverse_sqrt, load_best, train_role, training_seconds, uses_bfloat16
+
+DRAFTERS = ("ar_drafter", "nar_drafter")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.redistill", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--from", dest="source", required=True, help="the bundle whose verifier teaches")
+    parser.add_argument("--out", required=True, help="run directory (data, distilled targets, checkpoints, logs)")
+    parser.add_argument("--bundle-out", required=True, help="where the new bundle goes")
+    parser.add_argument("--ar-steps", type=int, default=250, help="optimiser steps of the AR drafter")
+    parser.add_argument("--nar-steps", type=int, default=500, help="optimiser steps of the NAR drafter")
+    parser.add_argument("--warmup-steps", type=int, default=40, help="warm-up of the fresh optimisers' moments")
+    parser.add_argument("--checkpoint-every", type=int, default=25,
+                        help="steps between checkpoints (the last four are averaged); evaluations at twice this")
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted run")
+    parser.add_argument("--device", help="torch device (default: cuda when present, else cpu)")
+    parser.add_argument("--threads", type=int, help="CPU threads for torch (default: the CPUs this process may use)")
+    args = parser.parse_args(argv)
+    configure_threads(args.threads)
+    command = " ".join(["python -m training.redistill", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        bundle = redistill_drafters(
+            Path(args.source), Path(args.out), Path(args.bundle_out),
+            steps={"ar_drafter": args.ar_steps, "nar_drafter": args.nar_steps}, warmup_steps=args.warmup_steps,
+            checkpoint_every=args.checkpoint_every, resume=args.resume, device=args.device, command=command,
+        )
+    except Interrupted as exc:
+        print(f"training interrupted: {exc}", file=sys.stderr)
+        return 143
+    print(bundle)
+    return 0
+
+
+def redistill_drafters(
+    source: Path,
+    out: Path,
+    bundle_out: Path,
+    steps: dict[str, int],
+    warmup_steps: int = 40,
+    checkpoint_every: int = 25,
+    resume: bool = False,
+    device: str | None = None,
+    command: str = "",
+) -> Path:
+    """Distil `source`'s verifier into new targets, train each drafter `steps[role]` more steps on
+    them from its own weights, and write the bundle (the verifier unchanged) to `bundle_out`."""
+    if bundle_out.resolve() == source.resolve():
+        raise ValueError("--bundle-out must differ from --from: the source's verifier is copied from it")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    bundle = load_bundle(source)
+    preset = get_preset(bundle.metadata["preset"], bundle.metadata.get("seed", 1))
+    configs = {role: leg_config(preset.training[role], steps[role], final_lr(preset, role), warmup_steps,
+                                checkpoint_every) for role in DRAFTERS}
+    data_dir = prepare_bundle_data(out, source, bundle, preset)
+    started = time.perf_counter()
+    distilled = _distill(bundle.verifier.to(device), data_dir, preset)
+    distill_seconds = time.perf_counter() - started
+    valid = distilled["valid"]
+    trained, scores, roles = {}, {}, {}
+    for role in DRAFTERS:
+        config = configs[role]
+        result = train_role(
+            role, bundle.configs[role], config, distilled["train"], valid, out / role, resume=resume,
+            device=device, echo=sys.stdout, init_from=save_init(bundle.models[role], out / "init" / f"{role}.pt"),
+        )
+        model = load_best(bundle.configs[role], out / role).to(device)
+        # Both scored on the new targets: how much closer to the new verifier the drafter got.
+        pairs = valid[: config.eval_max_pairs]
+        before = evaluate(bundle.models[role].to(device), pairs, config, torch.device(device))
+        scores[role] = evaluate(model, pairs, config, torch.device(device))
+        trained[role] = model.cpu()
+        roles[role] = {
+            "steps": steps[role], "peak_lr": config.peak_lr, "valid_before": before, "valid_after": scores[role],
+            "seconds": round(training_seconds(out / role / "log.jsonl")), "average": result.get("average"),
+        }
+    leg = {
+        "from": str(source), "warmup_steps": warmup_steps, "search_beams": preset.distill_beams,
+        "pairs": {split: len(pairs) for split, pairs in distilled.items()}, "distill_seconds": round(distill_seconds),
+        "roles": roles, "command": command, "hardware": hardware(device),
+        "precision": ("bfloat16 autocast" if uses_bfloat16(configs["ar_drafter"].mixed_precision, torch.device(device))
+                      else "float32"),
+    }
+    card_lines = {"Distilled training targets:": f"Distilled training targets: {leg['pairs']['train']} pairs "
+                                                 f"(re-distilled from the verifier above, see below)."}
+    return write_leg_bundle(bundle, source, bundle_out, trained, scores, steps, "redistilled", leg,
+                            "Drafters re-distilled", _leg_paragraph, card_lines)
+
+
+def final_lr(preset: Preset, role: str) -> float:
+    """The lr the preset's inverse-sqrt schedule reaches at the role's last step: where training it
+    from scratch left off, so a leg neither shakes its weights loose nor crawls."""
+    config = preset.training[role]
+    return config.peak_lr * inverse_sqrt(config.warmup_steps)(config.max_steps)
+
+
+def _distill(verifier, data_dir: Path, preset: Preset) -> dict[str, list]:
+    """The verifier's outputs on the training and validation sources (the pipeline's distill stage,
+    which resumes from a partial file), as (source, output) pairs."""
+    return {split: distill_pairs(verifier, load_id_pairs(data_dir / f"{split}.ids.jsonl"),
+                                 data_dir / f"{split}.distill.jsonl", num_beams=preset.distill_beams,
+                                 max_tokens=preset.max_tokens, chunk_size=preset.distill_chunk)
+            for split in ("train", "valid")}
+
+
+def _leg_paragraph(leg: dict, number: int) -> str:
+    search = "greedy" if leg["search_beams"] == 1 else f"beam-{leg['search_beams']}"
+    per_role = []
+    for role, r in leg["roles"].items():
+        before, after = r["valid_before"], r["valid_after"]
+        averaged = (f", the average of steps {', '.join(map(str, r['average']['steps']))} kept"
+                    if (r.get("average") or {}).get("kept") else "")
+        per_role.append(f"{role} {r['steps']} steps at lr {r['peak_lr']:.2g}{averaged}: validation loss "
+                        f"{before['valid_loss']:.4f} -> {after['valid_loss']:.4f}, token accuracy "
+                        f"{before['valid_acc']:.3f} -> {after['valid_acc']:.3f}, in {r['seconds'] / 3600:.1f} h")
+    opening = "The drafters above were" if number == 1 else f"Leg {number}: the drafters were again"
+    return (
+        f"\n{opening} re-distilled from {leg['from']}'s verifier by `training/redistill.py`: its {search} "
+        f"outputs on the {leg['pairs']['train']} training and {leg['pairs']['valid']} validation sources are the "
+        f"new targets ({leg['distill_seconds'] / 60:.0f} min), and each drafter trained on from its own weights "
+        f"(a fresh AdamW, warm-up {leg['warmup_steps']} steps, then inverse-square-root decay; scores on the "
+        f"new validation targets, before -> after): {'; '.join(per_role)}. The verifier is unchanged.\n\n"
+        f"```\n{leg['command']}\n```\n\n"
+        f"Hardware: {leg['hardware']}; training forward in {leg['precision']}.\n"
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
