@@ -363,12 +363,17 @@ def test_continuation_trains_a_bundles_verifier_on_and_keeps_its_drafters_byte_f
 
 
 def test_redistill_trains_the_drafters_on_from_their_weights_on_the_verifiers_outputs(tmp_path):
-    from training.redistill import final_lr, redistill_drafters
+    from training.redistill import final_lr, main, redistill_drafters
 
     source = run_pipeline(tmp_path / "run", get_preset("smoke"), echo=None)
-    target = redistill_drafters(source, tmp_path / "rd", tmp_path / "redistilled",
-                                steps={"ar_drafter": 4, "nar_drafter": 2}, warmup_steps=1, checkpoint_every=2,
-                                command="python -m training.redistill (test)")
+    target = tmp_path / "redistilled"
+    argv = ["--from", str(source), "--out", str(tmp_path / "rd"), "--bundle-out", str(target), "--ar-steps", "4",
+            "--nar-steps", "2", "--warmup-steps", "1", "--checkpoint-every", "2", "--threads", "1"]
+    before_threads = torch.get_num_threads()
+    try:
+        assert main(argv) == 0  # the command line, as a user runs it
+    finally:
+        torch.set_num_threads(before_threads)  # the worker's other tests keep theirs
     before, after = load_bundle(source), load_bundle(target)
     assert (target / "verifier.safetensors").read_bytes() == (source / "verifier.safetensors").read_bytes()
     assert after.tokenizer.fingerprint == before.tokenizer.fingerprint
@@ -391,7 +396,7 @@ def test_redistill_trains_the_drafters_on_from_their_weights_on_the_verifiers_ou
         assert after.metadata["validation"][role]["steps"] == before.metadata["validation"][role]["steps"] + steps
         assert leg["roles"][role]["peak_lr"] == pytest.approx(final_lr(preset, role))
     card = (target / "MODEL_CARD.md").read_text()
-    assert "## Drafters re-distilled" in card and "python -m training.redistill (test)" in card
+    assert "## Drafters re-distilled" in card and f"python -m training.redistill {' '.join(argv)}" in card
     assert f"Distilled training targets: {leg['pairs']['train']} pairs (re-distilled" in card
     for role in ("ar_drafter", "nar_drafter"):
         row = next(line for line in card.splitlines() if line.startswith(f"| {role} |"))

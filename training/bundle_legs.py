@@ -10,8 +10,10 @@ verifier) and `training/redistill.py` (the drafters) are the two kinds.
 
 from __future__ import annotations
 
+import argparse
 import json
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,11 +21,44 @@ import torch
 
 from seq2seq_models.bundle import ModelBundle, save_bundle
 from seq2seq_models.transformer import Seq2SeqTransformer
+from training.checkpoint import Interrupted
 from training.model_card import role_row
-from training.pipeline import run_pipeline
+from training.pipeline import configure_threads, run_pipeline
 from training.presets import ROLES, Preset
 from training.tokenizer import TOKENIZER_FILE
 from training.train import TrainConfig, count_parameters
+
+
+def leg_parser(module: str, doc: str | None, source_help: str) -> argparse.ArgumentParser:
+    """The command line every kind of leg shares; each adds its own steps and rates."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--from", dest="source", required=True, help=source_help)
+    parser.add_argument("--out", required=True, help="run directory (data, checkpoints, logs)")
+    parser.add_argument("--bundle-out", required=True, help="where the new bundle goes")
+    parser.add_argument("--warmup-steps", type=int, default=40, help="warm-up of the fresh optimisers' moments")
+    parser.add_argument("--checkpoint-every", type=int, default=25,
+                        help="steps between checkpoints (the last four are averaged); evaluations at twice this")
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted leg")
+    parser.add_argument("--device", help="torch device (default: cuda when present, else cpu)")
+    parser.add_argument("--threads", type=int, help="CPU threads for torch (default: the CPUs this process may use)")
+    return parser
+
+
+def run_leg(module: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+            leg: Callable[[argparse.Namespace, str], Path]) -> int:
+    """Parse, set torch's threads, run `leg(args, command)` and print the bundle it wrote; 143 when
+    a signal interrupted it (it checkpointed: rerun with --resume)."""
+    args = parser.parse_args(argv)
+    configure_threads(args.threads)
+    command = " ".join([f"python -m {module}", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        bundle = leg(args, command)
+    except Interrupted as exc:
+        print(f"training interrupted: {exc}", file=sys.stderr)
+        return 143
+    print(bundle)
+    return 0
 
 
 def leg_config(role: TrainConfig, steps: int, peak_lr: float, warmup_steps: int,

@@ -15,7 +15,6 @@ metadata keeps every leg in order (`continued`, a list).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,43 +22,30 @@ from pathlib import Path
 import torch
 
 from seq2seq_models.bundle import load_bundle
-from training.bundle_legs import leg_config, prepare_bundle_data, save_init, write_leg_bundle
-from training.checkpoint import Interrupted
+from training.bundle_legs import (
+    leg_config,
+    leg_parser,
+    prepare_bundle_data,
+    run_leg,
+    save_init,
+    write_leg_bundle,
+)
 from training.data import load_id_pairs
-from training.pipeline import configure_threads, hardware
+from training.pipeline import hardware
 from training.presets import get_preset
 from training.train import evaluate, load_best, train_role, training_seconds, uses_bfloat16
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.continuation", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--from", dest="source", required=True, help="the bundle whose verifier continues")
-    parser.add_argument("--out", required=True, help="run directory (data, checkpoints, logs)")
-    parser.add_argument("--bundle-out", required=True, help="where the new bundle goes")
+    parser = leg_parser("training.continuation", __doc__, "the bundle whose verifier continues")
     parser.add_argument("--steps", type=int, required=True, help="optimiser steps of this leg")
     parser.add_argument("--peak-lr", type=float, default=8e-5,
                         help="lr after the warm-up (default: the base schedule's lr at step 700, 3e-4*sqrt(50/700))")
-    parser.add_argument("--warmup-steps", type=int, default=40, help="warm-up of the fresh optimiser's moments")
-    parser.add_argument("--checkpoint-every", type=int, default=25,
-                        help="steps between checkpoints (the last four are averaged); evaluations at twice this")
-    parser.add_argument("--resume", action="store_true", help="continue an interrupted leg")
-    parser.add_argument("--device", help="torch device (default: cuda when present, else cpu)")
-    parser.add_argument("--threads", type=int, help="CPU threads for torch (default: the CPUs this process may use)")
-    args = parser.parse_args(argv)
-    configure_threads(args.threads)
-    command = " ".join(["python -m training.continuation", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        bundle = continue_verifier(
-            Path(args.source), Path(args.out), Path(args.bundle_out), steps=args.steps, peak_lr=args.peak_lr,
-            warmup_steps=args.warmup_steps, checkpoint_every=args.checkpoint_every, resume=args.resume,
-            device=args.device, command=command,
-        )
-    except Interrupted as exc:
-        print(f"training interrupted: {exc}", file=sys.stderr)
-        return 143
-    print(bundle)
-    return 0
+    return run_leg("training.continuation", parser, argv, lambda args, command: continue_verifier(
+        Path(args.source), Path(args.out), Path(args.bundle_out), steps=args.steps, peak_lr=args.peak_lr,
+        warmup_steps=args.warmup_steps, checkpoint_every=args.checkpoint_every, resume=args.resume,
+        device=args.device, command=command,
+    ))
 
 
 def continue_verifier(

@@ -16,7 +16,6 @@ verifier is copied byte for byte.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Sequence
@@ -25,11 +24,17 @@ from pathlib import Path
 import torch
 
 from seq2seq_models.bundle import load_bundle
-from training.bundle_legs import leg_config, prepare_bundle_data, save_init, write_leg_bundle
-from training.checkpoint import Interrupted
+from training.bundle_legs import (
+    leg_config,
+    leg_parser,
+    prepare_bundle_data,
+    run_leg,
+    save_init,
+    write_leg_bundle,
+)
 from training.data import load_id_pairs
 from training.distill import distill_pairs
-from training.pipeline import configure_threads, hardware
+from training.pipeline import hardware
 from training.presets import Preset, get_preset
 from training.train import evaluate, inverse_sqrt, load_best, train_role, training_seconds, uses_bfloat16
 
@@ -37,33 +42,14 @@ DRAFTERS = ("ar_drafter", "nar_drafter")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.redistill", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--from", dest="source", required=True, help="the bundle whose verifier teaches")
-    parser.add_argument("--out", required=True, help="run directory (data, distilled targets, checkpoints, logs)")
-    parser.add_argument("--bundle-out", required=True, help="where the new bundle goes")
+    parser = leg_parser("training.redistill", __doc__, "the bundle whose verifier teaches")
     parser.add_argument("--ar-steps", type=int, default=250, help="optimiser steps of the AR drafter")
     parser.add_argument("--nar-steps", type=int, default=500, help="optimiser steps of the NAR drafter")
-    parser.add_argument("--warmup-steps", type=int, default=40, help="warm-up of the fresh optimisers' moments")
-    parser.add_argument("--checkpoint-every", type=int, default=25,
-                        help="steps between checkpoints (the last four are averaged); evaluations at twice this")
-    parser.add_argument("--resume", action="store_true", help="continue an interrupted run")
-    parser.add_argument("--device", help="torch device (default: cuda when present, else cpu)")
-    parser.add_argument("--threads", type=int, help="CPU threads for torch (default: the CPUs this process may use)")
-    args = parser.parse_args(argv)
-    configure_threads(args.threads)
-    command = " ".join(["python -m training.redistill", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        bundle = redistill_drafters(
-            Path(args.source), Path(args.out), Path(args.bundle_out),
-            steps={"ar_drafter": args.ar_steps, "nar_drafter": args.nar_steps}, warmup_steps=args.warmup_steps,
-            checkpoint_every=args.checkpoint_every, resume=args.resume, device=args.device, command=command,
-        )
-    except Interrupted as exc:
-        print(f"training interrupted: {exc}", file=sys.stderr)
-        return 143
-    print(bundle)
-    return 0
+    return run_leg("training.redistill", parser, argv, lambda args, command: redistill_drafters(
+        Path(args.source), Path(args.out), Path(args.bundle_out),
+        steps={"ar_drafter": args.ar_steps, "nar_drafter": args.nar_steps}, warmup_steps=args.warmup_steps,
+        checkpoint_every=args.checkpoint_every, resume=args.resume, device=args.device, command=command,
+    ))
 
 
 def redistill_drafters(
