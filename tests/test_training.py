@@ -232,6 +232,9 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, objective):
     for name, tensor in straight["model"].items():
         assert torch.equal(tensor, split["model"][name]), name
     assert resumed["valid_loss"] == json.loads((tmp_path / "straight" / "result.json").read_text())["valid_loss"]
+    # Resuming a finished run trains nothing and reports the same place in the data.
+    again = train_role("x", cfg, config, pairs[:50], pairs[50:], tmp_path / "split", resume=True, echo=None)
+    assert again["steps"] == 6 and again["epochs"] == resumed["epochs"]
 
 
 def test_a_float16_bundle_is_half_the_size_and_loads_its_rounded_weights_as_float32(tmp_path):

@@ -207,6 +207,8 @@ def train_role(
     average = average_snapshots(model_config, snapshots, config, valid_pairs, out, best_loss, log, device)
     if average is not None and average["kept"]:
         best_loss = average["valid_loss"]
+    if not batches:  # resumed at max_steps: no epoch was batched, but the fraction of this one is still known
+        batches = token_batches(train_pairs, config.max_tokens, config.seed, epoch, extra=extra)
     result = {"role": name, "steps": step, "epochs": epoch + batch_index / max(1, len(batches)), **scores,
               "best_valid_loss": best_loss, "average": average, "params": count_parameters(model)}
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
