@@ -16,6 +16,7 @@ verifier is copied byte for byte.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -116,10 +117,11 @@ def final_lr(preset: Preset, role: str) -> float:
 
 def _distill(verifier, data_dir: Path, preset: Preset) -> dict[str, list]:
     """The verifier's outputs on the training and validation sources (the pipeline's distill stage,
-    which resumes from a partial file), as (source, output) pairs."""
+    which resumes from a partial file), as (source, output) pairs; progress as JSON lines on stdout."""
     return {split: distill_pairs(verifier, load_id_pairs(data_dir / f"{split}.ids.jsonl"),
                                  data_dir / f"{split}.distill.jsonl", num_beams=preset.distill_beams,
-                                 max_tokens=preset.max_tokens, chunk_size=preset.distill_chunk)
+                                 max_tokens=preset.max_tokens, chunk_size=preset.distill_chunk,
+                                 log=lambda split=split, **r: print(json.dumps({"split": split, **r}), flush=True))
             for split in ("train", "valid")}
 
 
