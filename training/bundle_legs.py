@@ -19,14 +19,14 @@ from pathlib import Path
 
 import torch
 
-from seq2seq_models.bundle import ModelBundle, save_bundle
+from seq2seq_models.bundle import ModelBundle, load_bundle, save_bundle
 from seq2seq_models.transformer import Seq2SeqTransformer
 from training.checkpoint import Interrupted
 from training.model_card import role_row
 from training.pipeline import configure_threads, run_pipeline
-from training.presets import ROLES, Preset
+from training.presets import ROLES, Preset, get_preset
 from training.tokenizer import TOKENIZER_FILE
-from training.train import TrainConfig, count_parameters
+from training.train import TrainConfig, count_parameters, uses_bfloat16
 
 
 def leg_parser(module: str, doc: str | None, source_help: str) -> argparse.ArgumentParser:
@@ -59,6 +59,21 @@ def run_leg(module: str, parser: argparse.ArgumentParser, argv: Sequence[str] | 
         return 143
     print(bundle)
     return 0
+
+
+def open_leg(source: Path, bundle_out: Path, copied: str, device: str | None) -> tuple[ModelBundle, Preset, str]:
+    """The source bundle, the preset that made it, and the device (cuda when present); `bundle_out`
+    must be another directory, since the models the leg does not train (`copied`) are read from `source`."""
+    if bundle_out.resolve() == source.resolve():
+        raise ValueError(f"--bundle-out must differ from --from: the source's {copied} copied from it")
+    bundle = load_bundle(source)
+    preset = get_preset(bundle.metadata["preset"], bundle.metadata.get("seed", 1))
+    return bundle, preset, device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def precision_name(config: TrainConfig, device: str) -> str:
+    """How the leg's training forward ran, for its card."""
+    return "bfloat16 autocast" if uses_bfloat16(config.mixed_precision, torch.device(device)) else "float32"
 
 
 def leg_config(role: TrainConfig, steps: int, peak_lr: float, warmup_steps: int,

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import torch
 
-from seq2seq_models.bundle import load_bundle
 from training.bundle_legs import (
     leg_config,
     leg_parser,
+    open_leg,
+    precision_name,
     prepare_bundle_data,
     run_leg,
     save_init,
@@ -32,8 +33,7 @@ from training.bundle_legs import (
 )
 from training.data import load_id_pairs
 from training.pipeline import hardware
-from training.presets import get_preset
-from training.train import evaluate, load_best, train_role, training_seconds, uses_bfloat16
+from training.train import evaluate, load_best, train_role, training_seconds
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,11 +61,7 @@ def continue_verifier(
     command: str = "",
 ) -> Path:
     """Train the source bundle's verifier `steps` more steps; write source's drafters beside it."""
-    if bundle_out.resolve() == source.resolve():
-        raise ValueError("--bundle-out must differ from --from: the source's drafters are copied from it")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    bundle = load_bundle(source)
-    preset = get_preset(bundle.metadata["preset"], bundle.metadata.get("seed", 1))
+    bundle, preset, device = open_leg(source, bundle_out, "drafters are", device)
     config = leg_config(preset.training["verifier"], steps, peak_lr, warmup_steps, checkpoint_every)
     data_dir = prepare_bundle_data(out, source, bundle, preset)
     init = save_init(bundle.verifier, out / "init" / "verifier.pt")
@@ -87,7 +83,7 @@ def continue_verifier(
         "valid_before": before | {"steps": bundle.metadata["validation"]["verifier"]["steps"]},
         "valid_after": after, "command": command,
         "hardware": hardware(device), "seconds": round(training_seconds(out / "verifier" / "log.jsonl")),
-        "precision": "bfloat16 autocast" if uses_bfloat16(config.mixed_precision, torch.device(device)) else "float32",
+        "precision": precision_name(config, device),
         "average": result.get("average"),
     }
     return write_leg_bundle(bundle, source, bundle_out, {"verifier": verifier.cpu()}, {"verifier": after},

@@ -24,10 +24,11 @@ from pathlib import Path
 
 import torch
 
-from seq2seq_models.bundle import load_bundle
 from training.bundle_legs import (
     leg_config,
     leg_parser,
+    open_leg,
+    precision_name,
     prepare_bundle_data,
     run_leg,
     save_init,
@@ -36,8 +37,8 @@ from training.bundle_legs import (
 from training.data import load_id_pairs
 from training.distill import distill_pairs
 from training.pipeline import hardware
-from training.presets import Preset, get_preset
-from training.train import evaluate, inverse_sqrt, load_best, train_role, training_seconds, uses_bfloat16
+from training.presets import Preset
+from training.train import evaluate, inverse_sqrt, load_best, train_role, training_seconds
 
 DRAFTERS = ("ar_drafter", "nar_drafter")
 
@@ -66,11 +67,7 @@ def redistill_drafters(
 ) -> Path:
     """Distil `source`'s verifier into new targets, train each drafter `steps[role]` more steps on
     them from its own weights, and write the bundle (the verifier unchanged) to `bundle_out`."""
-    if bundle_out.resolve() == source.resolve():
-        raise ValueError("--bundle-out must differ from --from: the source's verifier is copied from it")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    bundle = load_bundle(source)
-    preset = get_preset(bundle.metadata["preset"], bundle.metadata.get("seed", 1))
+    bundle, preset, device = open_leg(source, bundle_out, "verifier is", device)
     configs = {role: leg_config(preset.training[role], steps[role], final_lr(preset, role), warmup_steps,
                                 checkpoint_every) for role in DRAFTERS}
     data_dir = prepare_bundle_data(out, source, bundle, preset)
@@ -99,8 +96,7 @@ def redistill_drafters(
         "from": str(source), "warmup_steps": warmup_steps, "search_beams": preset.distill_beams,
         "pairs": {split: len(pairs) for split, pairs in distilled.items()}, "distill_seconds": round(distill_seconds),
         "roles": roles, "command": command, "hardware": hardware(device),
-        "precision": ("bfloat16 autocast" if uses_bfloat16(configs["ar_drafter"].mixed_precision, torch.device(device))
-                      else "float32"),
+        "precision": precision_name(configs["ar_drafter"], device),
     }
     card_lines = {"Distilled training targets:": f"Distilled training targets: {leg['pairs']['train']} pairs "
                                                  f"(re-distilled from the verifier above, see below)."}
