@@ -64,6 +64,8 @@ def test_bundle_fits_the_repository_budget_and_its_card_tells_how_it_was_made(bu
         assert needed in card, needed
     if "continued" in bundle.metadata:  # a verifier trained on from an earlier bundle says so, and how
         assert "## Verifier continued" in card and "python -m training.continuation" in card
+    if "redistilled" in bundle.metadata:  # drafters re-distilled from the verifier say so, and how
+        assert "## Drafters re-distilled" in card and "python -m training.redistill" in card
     for role, scores in bundle.metadata["validation"].items():
         row = next(line for line in card.splitlines() if line.startswith(f"| {role} |"))
         assert row.endswith(f"| {scores['valid_acc']:.3f} |")  # the card quotes the recorded scores

@@ -1,7 +1,7 @@
 """Continue fine-tuning a shipped bundle's verifier when the run that made it is gone.
 
-    python -m training.continuation --from bundles/ua-gec-base --out runs/ua-gec-cont --steps 250 \\
-        --bundle-out bundles/ua-gec [--resume]
+    python -m training.continuation --from bundles/ua-gec --out runs/ua-gec-cont --steps 250 \\
+        --bundle-out runs/ua-gec-continued [--resume]
 
 Checkpoints stay out of the repository, so a machine that is not kept takes a run's optimiser state
 with it (it happened to the base verifier's 1200-step run). What survives is the bundle: this starts a
