@@ -88,6 +88,7 @@ def main() -> int:
               f"date {dt.date.today()}; command "
               f"`python bench/bench_ctranslate2.py --sample {args.sample} --threads {args.threads}"
               f"{' --no-gad-plus-plus' if args.no_gad_plus_plus else ''} --write`\n\n"
+              f"Bundle: {Path(args.bundle).name} (fingerprint {bundle.fingerprint[:12]}); "
               f"{len(sentences)} UA-GEC test sentences (corpus order), batch 1, max_new_tokens {MAX_NEW_TOKENS}, "
               f"{ROUNDS} interleaved rounds after {WARMUP} warm-up sentences per row. CTranslate2 runs the bundle's "
               "verifier converted by `bench/ct2_convert.py` (greedy, beam 1); specdec runs in-process on ONNX Runtime "

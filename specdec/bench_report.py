@@ -12,13 +12,24 @@ from pathlib import Path
 
 
 def cpu_name() -> str:
+    """The CPU's model name and its widest vector units: hosts that report the same name ("AMD EPYC")
+    differ by 1.5x and more in int8 and bfloat16 speed depending on AVX-512 VNNI / BF16."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        info = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+        return platform.processor() or "unknown CPU"
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                platform.processor() or "unknown CPU")
+    flags = next((set(line.split(":", 1)[1].split()) for line in info.splitlines() if line.startswith("flags")), set())
+    return f"{name} ({vector_units(flags)})" if flags else name
+
+
+def vector_units(flags: set[str]) -> str:
+    """AVX-512 with VNNI / BF16 where present, else AVX2, as /proc/cpuinfo's flags name them."""
+    if "avx512f" in flags:
+        extras = [name for flag, name in (("avx512_vnni", "VNNI"), ("avx512_bf16", "BF16")) if flag in flags]
+        return " ".join(["AVX-512", *extras])
+    return "AVX2, no AVX-512" if "avx2" in flags else "no AVX2"
 
 
 def machine_stamp(*facts: str) -> str:
