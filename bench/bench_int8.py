@@ -24,6 +24,7 @@ from drafter_service.session import make_drafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from seq2seq_models.bundle import load_bundle
+from specdec.bench_report import machine_stamp
 from specdec.benchmark import select_sentences
 from specdec.gec_metrics import gleu
 from training.data import load_test_set
@@ -66,7 +67,7 @@ def main() -> int:
             rows.append((name, prec, ms, gleu(sources, texts, refs), same))
             print(f"{name} {prec}: {ms:.1f} ms/sentence", file=sys.stderr, flush=True)
     agree = _share(outputs["greedy", "int8"], outputs["greedy", "fp32"])
-    table = _table(rows, agree, len(sentences))
+    table = _table(rows, agree, len(sentences), args.bundle)
     print(table)
     if args.write:
         _write(REPO / "BENCHMARKS.md", table)
@@ -77,11 +78,11 @@ def _share(a: list[list[int]], b: list[list[int]]) -> float:
     return 100.0 * sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
 
 
-def _table(rows, agree: float, n: int) -> str:
+def _table(rows, agree: float, n: int, bundle: str) -> str:
     fp32 = {name: ms for name, prec, ms, _, _ in rows if prec == "fp32"}
     lines = [
-        f"{n} UA-GEC test sentences, in-process, one at a time, ONNX Runtime CPU "
-        "(`python bench/bench_int8.py`).\n",
+        machine_stamp(f"bundle {Path(bundle).name}") + "\n",
+        f"{n} UA-GEC test sentences, in-process, one at a time, ONNX Runtime CPU.\n",
         "| mode | precision | ms/sentence | vs fp32 | GLEU | = greedy (same precision) |",
         "|---|---|---:|---:|---:|---:|",
     ]
