@@ -28,7 +28,7 @@ from specdec.bench_report import machine_stamp, start_services, write_section
 from specdec.loadtest import ua_gec_texts
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTION = "Transport (one host)"
+SECTION = "## Transport (one host)"
 MODES = {"AR greedy": {"mode": "ar"}, "GAD k=10": {"mode": "gad", "k": 10}}
 
 

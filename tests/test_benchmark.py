@@ -4,6 +4,7 @@ benchmark end to end on the tiny random bundle (a few UA-GEC test sentences, or 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,3 +236,12 @@ def test_machine_stamp_names_the_vector_units_that_set_int8_and_bfloat16_speed()
     assert vector_units({"avx2", "avx512f"}) == "AVX-512"
     assert vector_units({"avx2", "fma"}) == "AVX2, no AVX-512"
     assert vector_units({"sse4_2"}) == "no AVX2"
+
+
+def test_every_benchmark_owns_a_level_two_heading_in_benchmarks_md():
+    # write_section replaces up to the next "## ": a section named without one ran into its neighbour
+    bench_dir = Path(__file__).resolve().parents[1] / "bench"
+    sections = [m.group(1) for path in sorted(bench_dir.glob("*.py"))
+                for m in re.finditer(r'^\w*SECTION = "(.*)"', path.read_text(), re.MULTILINE)]
+    assert len(sections) >= 10
+    assert [s for s in sections if not s.startswith("## ")] == []
