@@ -13,7 +13,6 @@ greedy output equals the fp32 one, and the GLEU of every row.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from drafter_service.session import make_drafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from seq2seq_models.bundle import load_bundle
-from specdec.bench_report import machine_stamp
+from specdec.bench_report import machine_stamp, write_section
 from specdec.benchmark import select_sentences
 from specdec.gec_metrics import gleu
 from training.data import load_test_set
@@ -67,10 +66,11 @@ def main() -> int:
             rows.append((name, prec, ms, gleu(sources, texts, refs), same))
             print(f"{name} {prec}: {ms:.1f} ms/sentence", file=sys.stderr, flush=True)
     agree = _share(outputs["greedy", "int8"], outputs["greedy", "fp32"])
-    table = _table(rows, agree, len(sentences), args.bundle)
+    table = _table(rows, agree, len(sentences))
     print(table)
     if args.write:
-        _write(REPO / "BENCHMARKS.md", table)
+        stamp = machine_stamp(f"bundle {Path(args.bundle).name}")
+        write_section(REPO / "BENCHMARKS.md", SECTION, f"{stamp}\n\n{table}")
     return 0
 
 
@@ -78,10 +78,9 @@ def _share(a: list[list[int]], b: list[list[int]]) -> float:
     return 100.0 * sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
 
 
-def _table(rows, agree: float, n: int, bundle: str) -> str:
+def _table(rows, agree: float, n: int) -> str:
     fp32 = {name: ms for name, prec, ms, _, _ in rows if prec == "fp32"}
     lines = [
-        machine_stamp(f"bundle {Path(bundle).name}") + "\n",
         f"{n} UA-GEC test sentences, in-process, one at a time, ONNX Runtime CPU.\n",
         "| mode | precision | ms/sentence | vs fp32 | GLEU | = greedy (same precision) |",
         "|---|---|---:|---:|---:|---:|",
@@ -90,14 +89,6 @@ def _table(rows, agree: float, n: int, bundle: str) -> str:
         lines.append(f"| {name} | {prec} | {ms:.1f} | {fp32[name] / ms:.2f}x | {score:.2f} | {same or '-'} |")
     lines.append(f"\nint8 greedy output identical to fp32 greedy on {agree:.1f}% of sentences.")
     return "\n".join(lines)
-
-
-def _write(path: Path, table: str) -> None:
-    text = path.read_text()
-    body = f"{SECTION}\n\n{table}\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(lambda _: body + "\n", text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + body
-    path.write_text(text)
 
 
 if __name__ == "__main__":

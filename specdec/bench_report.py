@@ -15,12 +15,15 @@ def cpu_name() -> str:
     """The CPU's model name and its widest vector units: hosts that report the same name ("AMD EPYC")
     differ by 1.5x and more in int8 and bfloat16 speed depending on AVX-512 VNNI / BF16."""
     try:
-        info = Path("/proc/cpuinfo").read_text()
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        return platform.processor() or "unknown CPU"
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
-                platform.processor() or "unknown CPU")
-    flags = next((set(line.split(":", 1)[1].split()) for line in info.splitlines() if line.startswith("flags")), set())
+        lines = []
+
+    def field(key: str) -> str:
+        return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(key)), "")
+
+    name = field("model name") or platform.processor() or "unknown CPU"
+    flags = set(field("flags").split())
     return f"{name} ({vector_units(flags)})" if flags else name
 
 
