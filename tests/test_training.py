@@ -366,6 +366,7 @@ def test_continuation_trains_a_bundles_verifier_on_and_keeps_its_drafters_byte_f
 
 
 def test_redistill_trains_the_drafters_on_from_their_weights_on_the_verifiers_outputs(tmp_path):
+    from training.continuation import _leg_paragraph, continue_verifier
     from training.redistill import final_lr, main, redistill_drafters
 
     source = run_pipeline(tmp_path / "run", get_preset("smoke"), echo=None)
@@ -406,3 +407,17 @@ def test_redistill_trains_the_drafters_on_from_their_weights_on_the_verifiers_ou
         assert row.endswith(f"| {after.metadata['validation'][role]['valid_acc']:.3f} |")
     with pytest.raises(ValueError, match="must differ"):
         redistill_drafters(source, tmp_path / "again", source, steps={"ar_drafter": 2, "nar_drafter": 2})
+
+    # The verifier continued after the re-distillation: its leg opens a section below the drafters' and
+    # says that the drafters it copies were re-distilled from the verifier before it.
+    continued = continue_verifier(target, tmp_path / "cont", tmp_path / "continued", steps=2, peak_lr=3e-3,
+                                  warmup_steps=1, checkpoint_every=2, command="python -m training.continuation (after)")
+    (leg,) = load_bundle(continued).metadata["continued"]
+    assert leg["drafters_redistilled"] is True
+    card = (continued / "MODEL_CARD.md").read_text()
+    assert card.index("## Drafters re-distilled") < card.index("## Verifier continued") < card.index("(after)") < (
+        card.index("## Licence"))
+    later = _leg_paragraph(leg | {"from": "x"}, 3)
+    assert "re-distilled from the verifier before this leg" in later and "before the first leg" not in later
+    for role in ("nar_drafter", "ar_drafter"):
+        assert (continued / f"{role}.safetensors").read_bytes() == (target / f"{role}.safetensors").read_bytes()

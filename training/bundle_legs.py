@@ -125,7 +125,7 @@ def write_leg_bundle(bundle: ModelBundle, source: Path, target: Path, trained: d
                      paragraph: Callable[[dict, int], str], card_lines: dict[str, str] | None = None) -> Path:
     """Write `target`: `source`'s bundle with the `trained` models (validation `scores`, `steps` more
     steps each) in place of its own. `paragraph(leg, number)` renders the card's text for the
-    leg, the `number`-th of its kind; the first of a kind opens a `## heading` section. The card's
+    leg, the `number`-th of its kind; it opens a `## heading` section unless that is the card's last. The card's
     lines that start with a key of `card_lines` become its value (the trained models' rows always do)."""
     models = {role: trained.get(role, bundle.models[role]) for role in ROLES if role in bundle.configs}
     validation = dict(bundle.metadata["validation"])
@@ -145,10 +145,19 @@ def write_leg_bundle(bundle: ModelBundle, source: Path, target: Path, trained: d
     card = "\n".join(next((new for start, new in lines.items() if line.startswith(start)), line)
                      for line in (source / "MODEL_CARD.md").read_text().split("\n"))
     section = paragraph(leg, len(legs))
-    if len(legs) == 1:
-        section = f"\n## {heading}\n" + section
+    # A leg extends its kind's section while that section is the card's last; after a leg of another
+    # kind (a continuation after a re-distillation) it opens a section of its own, numbered, so the
+    # card reads in the order things were done.
+    if _last_heading(card) != f"## {heading}":
+        section = f"\n## {heading}{'' if len(legs) == 1 else f', leg {len(legs)}'}\n" + section
     (target / "MODEL_CARD.md").write_text(card.replace("\n## Licence", section + "\n## Licence", 1))
     training = json.loads((source / "TRAINING.json").read_text()) if (source / "TRAINING.json").is_file() else {}
     training[kind] = legs
     (target / "TRAINING.json").write_text(json.dumps(training, indent=2, default=str) + "\n")
     return target
+
+
+def _last_heading(card: str) -> str | None:
+    """The card's last `## ` heading before its licence section."""
+    body = card.split("\n## Licence", 1)[0]
+    return next((line for line in reversed(body.split("\n")) if line.startswith("## ")), None)

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from training.bundle_legs import (
+    earlier_legs,
     leg_config,
     leg_parser,
     open_leg,
@@ -85,6 +86,8 @@ def continue_verifier(
         "hardware": hardware(device), "seconds": round(training_seconds(out / "verifier" / "log.jsonl")),
         "precision": precision_name(config, device),
         "average": result.get("average"),
+        # Whether the drafters this leg copies were re-distilled from an earlier verifier leg.
+        "drafters_redistilled": bool(earlier_legs(bundle.metadata, "redistilled")),
     }
     return write_leg_bundle(bundle, source, bundle_out, {"verifier": verifier.cpu()}, {"verifier": after},
                             {"verifier": steps}, "continued", leg, "Verifier continued", _leg_paragraph)
@@ -101,7 +104,8 @@ def _leg_paragraph(leg: dict, number: int) -> str:
         drafters = f"{leg['from']}'s, unchanged (distilled from the verifier before this leg)"
     else:
         opening = f"Leg {number}: the verifier of the leg above, as shipped in {leg['from']} ({before['steps']} steps),"
-        drafters = "still the ones distilled before the first leg"
+        drafters = ("the ones re-distilled from the verifier before this leg (\"Drafters re-distilled\"), unchanged"
+                    if leg.get("drafters_redistilled") else "still the ones distilled before the first leg")
     return (
         f"\n{opening} trained {leg['steps']} steps more by `training/continuation.py`: a fresh AdamW from its "
         f"weights, warm-up {leg['warmup_steps']} steps to lr {leg['peak_lr']:g}, then inverse-square-root decay, on "
