@@ -418,6 +418,7 @@ def test_redistill_trains_the_drafters_on_from_their_weights_on_the_verifiers_ou
     assert card.index("## Drafters re-distilled") < card.index("## Verifier continued") < card.index("(after)") < (
         card.index("## Licence"))
     later = _leg_paragraph(leg | {"from": "x"}, 3)
-    assert "re-distilled from the verifier before this leg" in later and "before the first leg" not in later
+    assert "re-distilled from an earlier verifier" in later and "before the first leg" not in later
+    assert later.lstrip().startswith("Leg 3: the verifier of leg 2,")
     for role in ("nar_drafter", "ar_drafter"):
         assert (continued / f"{role}.safetensors").read_bytes() == (target / f"{role}.safetensors").read_bytes()

@@ -103,9 +103,10 @@ def _leg_paragraph(leg: dict, number: int) -> str:
         opening = f"The verifier above is {leg['from']}'s ({before['steps']} fine-tuning steps)"
         drafters = f"{leg['from']}'s, unchanged (distilled from the verifier before this leg)"
     else:
-        opening = f"Leg {number}: the verifier of the leg above, as shipped in {leg['from']} ({before['steps']} steps),"
-        drafters = ("the ones re-distilled from the verifier before this leg (\"Drafters re-distilled\"), unchanged"
-                    if leg.get("drafters_redistilled") else "still the ones distilled before the first leg")
+        opening = (f"Leg {number}: the verifier of leg {number - 1}, as shipped in {leg['from']} "
+                   f"({before['steps']} steps),")
+        drafters = ("the ones re-distilled from an earlier verifier of this bundle (\"Drafters re-distilled\"), "
+                    "unchanged" if leg.get("drafters_redistilled") else "still the ones distilled before the first leg")
     return (
         f"\n{opening} trained {leg['steps']} steps more by `training/continuation.py`: a fresh AdamW from its "
         f"weights, warm-up {leg['warmup_steps']} steps to lr {leg['peak_lr']:g}, then inverse-square-root decay, on "
