@@ -409,7 +409,7 @@ def test_redistill_trains_the_drafters_on_from_their_weights_on_the_verifiers_ou
         redistill_drafters(source, tmp_path / "again", source, steps={"ar_drafter": 2, "nar_drafter": 2})
 
     # The verifier continued after the re-distillation: its leg opens a section below the drafters' and
-    # says that the drafters it copies were re-distilled from the verifier before it.
+    # says that the drafters it copies were re-distilled from an earlier verifier of the bundle.
     continued = continue_verifier(target, tmp_path / "cont", tmp_path / "continued", steps=2, peak_lr=3e-3,
                                   warmup_steps=1, checkpoint_every=2, command="python -m training.continuation (after)")
     (leg,) = load_bundle(continued).metadata["continued"]

@@ -86,7 +86,8 @@ def continue_verifier(
         "hardware": hardware(device), "seconds": round(training_seconds(out / "verifier" / "log.jsonl")),
         "precision": precision_name(config, device),
         "average": result.get("average"),
-        # Whether the drafters this leg copies were re-distilled from an earlier verifier leg.
+        # Whether the drafters this leg copies were re-distilled (from some earlier verifier of the bundle):
+        # the card's paragraph says which drafters ship, and only the source's metadata knows.
         "drafters_redistilled": bool(earlier_legs(bundle.metadata, "redistilled")),
     }
     return write_leg_bundle(bundle, source, bundle_out, {"verifier": verifier.cpu()}, {"verifier": after},
