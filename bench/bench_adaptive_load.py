@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from bench.bench_load import MODEL_SECTIONS, Batching, _config_toml, _free_port, _start, _stop
 from core.backends import BACKENDS
-from specdec.bench_report import cpu_name, write_section
+from specdec.bench_report import accelerator_note, cpu_name, write_section
 from specdec.loadtest import LoadSpec, run_load, ua_gec_texts
 
 SECTION = "## Adaptive speculation under load"
@@ -143,7 +143,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _section_body(args, texts: list[str], table: str) -> str:
-    stamp = (f"Machine: {cpu_name()}, {os.cpu_count()} cores; verifier and NAR drafter backend {args.backend}; "
+    stamp = (f"Machine: {cpu_name()}, {os.cpu_count()} cores{accelerator_note()}; "
+             f"verifier and NAR drafter backend {args.backend}; "
              f"date {dt.date.today().isoformat()}; command `{shlex.join(['python', *sys.argv])}`")
     what = (f"One `specdec serve all{'' if args.one_process else ' --processes'}` stack, batching on (the "
             f"services' defaults); the first {len(texts)} UA-GEC test sentences per cell, closed-loop "

@@ -43,7 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from core.backends import BACKENDS
-from specdec.bench_report import cpu_name, start_services, write_section
+from specdec.bench_report import accelerator_note, cpu_name, start_services, write_section
 from specdec.loadtest import LoadReport, LoadSpec, run_load, ua_gec_texts
 
 SECTION = "## Load (serve all)"
@@ -350,7 +350,8 @@ def _ms(value: float | None) -> str:
 
 
 def _section_body(args, note: str, texts: list[str], table: str, ratios: str) -> str:
-    stamp = (f"Machine: {cpu_name()}, {os.cpu_count()} cores; verifier and NAR drafter backend {args.backend}; "
+    stamp = (f"Machine: {cpu_name()}, {os.cpu_count()} cores{accelerator_note()}; "
+             f"verifier and NAR drafter backend {args.backend}; "
              f"date {dt.date.today().isoformat()}; command `{shlex.join(['python', *sys.argv])}`")
     what = (f"Bundle: {Path(args.bundle).name}; the first {len(texts)} UA-GEC test sentences per cell, one "
             f"{'GenerateStream' if args.stream else 'Generate'} request each, max_new_tokens {args.max_new_tokens}. "

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import grpc
 
+from core.backends import BACKENDS
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from specdec.bench_report import machine_stamp, start_services, write_section
@@ -34,14 +35,16 @@ MODES = {"GAD k=10": {"mode": "gad", "k": 10}, "GAD++ k=10": {"mode": "gad++", "
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bundle", default=str(ROOT / "bundles" / "ua-gec"))
+    p.add_argument("--backend", default="onnxruntime", choices=BACKENDS)
+    p.add_argument("--data-dir", help="prepared data dir whose test.text.jsonl to use (default: ua-gec)")
     p.add_argument("--sentences", type=int, default=300)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--write", action="store_true")
     p.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
     args = p.parse_args(argv)
-    texts = ua_gec_texts(args.sentences)
-    proc, address = start_services(Path(args.bundle), "onnxruntime", extra_args=("--processes",))
+    texts = ua_gec_texts(args.sentences, args.data_dir)
+    proc, address = start_services(Path(args.bundle), args.backend, extra_args=("--processes",))
     try:
         rows = _measure(address, texts, args)
     finally:
@@ -50,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     table = _table(rows)
     print(table)
     if args.write:
-        stamp = machine_stamp("ONNX Runtime")
+        stamp = machine_stamp(f"backend {args.backend}")
         note = (f"Bundle: {Path(args.bundle).name}; the first {len(texts)} UA-GEC test sentences through "
                 f"`specdec serve all --processes` (TCP loopback), one Generate in flight, max_new_tokens "
                 f"{args.max_new_tokens}; best of {args.rounds} interleaved rounds, overlap off and on in each. Hit "

@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundle", help="bundle directory (default: a tiny random bundle, seed 0)")
     parser.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
+    parser.add_argument("--device", help="where the models run, in-process and in the services alike: cpu, cuda "
+                        "or cuda:N (default: each backend's default, the CPU)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=5, help="passes over the inputs per mode (median taken)")
     parser.add_argument("--paths", default=",".join(PEER_STREAMS),
@@ -96,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         addresses = {}
         for chunk in chunks:
             for path in paths:
-                env = {"SPECDEC__GATEWAY__PEER_STREAMS": path, "SPECDEC__GATEWAY__GREEDY_CHUNK": str(chunk)}
+                env = {"SPECDEC__GATEWAY__PEER_STREAMS": path, "SPECDEC__GATEWAY__GREEDY_CHUNK": str(chunk),
+                       **_device_env(args.device)}
                 server, addresses[path, chunk] = start_services(bundle_dir, args.backend, env=env, extra_args=extra)
                 stack.callback(_stop, server)
         rows = _measure(bundle_dir, addresses, args)
@@ -108,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.write:
         stamp = (
-            f"Machine: {cpu_name()}, {os.cpu_count()} cores; verifier and NAR drafter backend {args.backend}; "
+            f"Machine: {cpu_name()}, {os.cpu_count()} cores{_gpu_note(args.device)}; "
+            f"verifier and NAR drafter backend {args.backend}; "
             f"date {dt.date.today().isoformat()}; command `{shlex.join(['python', *sys.argv])}`"
         )
         bundle_note = args.bundle or "a tiny random bundle (`specdec tiny-bundle --seed 0`)"
@@ -129,6 +133,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _device_env(device: str | None) -> dict[str, str]:
+    """The services' [verifier] and [drafter] device, as --device sets the in-process models'."""
+    return {f"SPECDEC__{section}__DEVICE": device for section in ("VERIFIER", "DRAFTER")} if device else {}
+
+
+def _gpu_note(device: str | None) -> str:
+    if not device or not device.startswith("cuda"):
+        return ""
+    import torch
+
+    return f"; models on {torch.cuda.get_device_name(torch.device(device))} ({device})"
+
+
 def _stop(server: subprocess.Popen) -> None:
     server.terminate()
     server.wait(timeout=30)
@@ -137,8 +154,8 @@ def _stop(server: subprocess.Popen) -> None:
 def _measure(bundle_dir: Path, addresses: dict[tuple[str, int], str], args) -> list[dict]:
     """Per configuration: in-process, then through each stack, pass after pass (the first dropped)."""
     bundle = load_bundle(bundle_dir)
-    verifier = make_verifier(bundle, args.backend)
-    drafter = make_drafter(bundle, args.backend)
+    verifier = make_verifier(bundle, args.backend, device=args.device)
+    drafter = make_drafter(bundle, args.backend, device=args.device)
     sources = [bundle.tokenizer.encode(t) for t in TEXTS]
     wanted = tuple(m.strip() for m in args.modes.split(",")) if args.modes else None
     rows = []

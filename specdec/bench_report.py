@@ -27,6 +27,24 @@ def cpu_name() -> str:
     return f"{name} ({vector_units(flags)})" if flags else name
 
 
+def accelerator_note() -> str:
+    """"; models on NVIDIA H200 (verifier cuda, drafter cuda)" when the services are told (by the
+    SPECDEC__<SECTION>__DEVICE variables the benchmarks pass on) to run a model on a GPU, else "":
+    a table measured with the models on a GPU says so next to the CPU's name."""
+    devices = {section: os.environ.get(f"SPECDEC__{section.upper()}__DEVICE", "")
+               for section in ("verifier", "drafter")}
+    if not any(d.startswith("cuda") for d in devices.values()):
+        return ""
+    try:
+        import torch
+
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU seen"
+    except Exception as exc:  # the note is informational: never fail a benchmark for it
+        gpu = f"GPU unknown ({type(exc).__name__})"
+    placed = ", ".join(f"{section} {device or 'cpu'}" for section, device in devices.items())
+    return f"; models on {gpu} ({placed})"
+
+
 def vector_units(flags: set[str]) -> str:
     """AVX-512 with VNNI / BF16 where present, else AVX2, as /proc/cpuinfo's flags name them."""
     if "avx512f" in flags:
@@ -40,8 +58,8 @@ def machine_stamp(*facts: str) -> str:
     import datetime as dt
     import shlex
 
-    parts = [f"Machine: {cpu_name()}, {os.cpu_count()} cores", *facts, f"date {dt.date.today().isoformat()}",
-             f"command `{shlex.join(['python', *sys.argv])}`"]
+    parts = [f"Machine: {cpu_name()}, {os.cpu_count()} cores{accelerator_note()}", *facts,
+             f"date {dt.date.today().isoformat()}", f"command `{shlex.join(['python', *sys.argv])}`"]
     return "; ".join(parts)
 
 
