@@ -23,7 +23,7 @@ from kernels.cpu import output_head_cpu
 from kernels.graph_head import output_head_graph
 from kernels.reference import HeadOutput, output_head_reference
 from kernels.triton_head import MAX_K as TRITON_MAX_K
-from kernels.triton_head import output_head_triton, triton_available
+from kernels.triton_head import output_head_triton, triton_available, warm_up_triton_head
 
 __all__ = [
     "Backend",
@@ -34,6 +34,7 @@ __all__ = [
     "output_head_reference",
     "output_head_triton",
     "triton_available",
+    "warm_up_head",
 ]
 
 Backend = Literal["auto", "reference", "cpu", "triton"]
@@ -62,3 +63,12 @@ def output_head(
     if backend == "triton":
         return output_head_triton(hidden, weight, bias, k, targets)
     raise ValueError(f"unknown backend {backend!r}; expected auto, reference, cpu or triton")
+
+
+def warm_up_head(weight: Tensor, bias: Tensor | None, max_rows: int) -> int:
+    """Compile ahead what `output_head(backend="auto")` will run for up to `max_rows` rows over these
+    weights: the Triton kernel's variants on a GPU (`triton_head.warm_up_triton_head`), nothing on
+    the CPU. Returns the launches it took (0: nothing to compile)."""
+    if not (weight.is_cuda and triton_available()):
+        return 0
+    return warm_up_triton_head(weight, bias, max_rows)

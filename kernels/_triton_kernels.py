@@ -19,7 +19,10 @@ import triton.language as tl
 NO_ID = 2**31 - 1
 
 
-@triton.jit
+# The row count and the split count are not specialised on (Triton would otherwise compile a variant for
+# counts of 1 and multiples of 16): a serving verifier sees every row count, and a compile stalls every
+# session waiting on its worker. The variants left are the constexprs' (kernels.triton_head.launch_plan).
+@triton.jit(do_not_specialize=["R"])
 def head_partials_kernel(
     h_ptr, w_ptr, b_ptr, tgt_ptr,
     part_max_ptr, part_sum_ptr, part_vals_ptr, part_ids_ptr, tgt_logit_ptr,
@@ -83,7 +86,7 @@ def head_partials_kernel(
     tl.store(part_ids_ptr + slot_offs, top_ids, mask=row_ok[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S", "k"])
 def merge_partials_kernel(
     part_max_ptr, part_sum_ptr, part_vals_ptr, part_ids_ptr, tgt_logit_ptr,
     out_ids_ptr, out_lp_ptr, out_tgt_ptr,

@@ -18,13 +18,14 @@ from __future__ import annotations
 import functools
 import os
 from types import ModuleType
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from kernels.reference import HeadOutput
 
-__all__ = ["output_head_triton", "triton_available"]
+__all__ = ["LaunchPlan", "launch_plan", "output_head_triton", "triton_available", "warm_up_triton_head"]
 
 MAX_K = 16
 
@@ -79,17 +80,9 @@ def output_head_triton(
     tk = _kernels()
     bias = bias.contiguous() if bias is not None else None  # the kernel reads both with stride 1
     targets = targets.contiguous()
-    block_r = 16 if rows <= 16 else 32
-    block_v = block_v or (128 if device.type == "cuda" else 64)
-    block_d = min(64, max(16, _next_pow2(dim)))
-    kp = max(2, _next_pow2(k))
-    row_blocks = -(-rows // block_r)
-    n_tiles = -(-vocab // block_v)
-    # The merge kernel holds a row's splits * kp candidates in one block: keep that <= 8192.
-    max_splits = max(1, 8192 // kp)
-    splits = min(n_tiles, max_splits, num_splits or _default_splits(device, row_blocks))
-    split_size = -(-n_tiles // splits) * block_v
-    splits = -(-vocab // split_size)  # every split gets at least one column
+    plan = launch_plan(rows, vocab, dim, k, _programs(device), block_v, on_gpu=device.type == "cuda")
+    block_r, block_v, kp, splits, split_size = plan.block_r, plan.block_v, plan.kp, plan.splits, plan.split_size
+    row_blocks = plan.row_blocks
 
     part_max = torch.empty(rows, splits, dtype=acc_dtype, device=device)
     part_sum = torch.empty_like(part_max)
@@ -102,7 +95,7 @@ def output_head_triton(
         rows, vocab, dim, split_size,
         hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
         HAS_BIAS=bias is not None,
-        BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_D=block_d, KP=kp,
+        BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_D=plan.block_d, KP=kp,
         ACC_DTYPE=tk.tl.float64 if acc_dtype == torch.float64 else tk.tl.float32,
         # fp32 logits in full precision: TF32 would cost ~1e-3 relative error in the log-probs.
         PRECISION="ieee" if hidden.dtype in (torch.float32, torch.float64) else None,
@@ -117,19 +110,94 @@ def output_head_triton(
         part_max, part_sum, part_vals, part_ids, tgt_logit,
         topk_ids, topk_lp, target_lp,
         splits, k,
-        S_P=max(2, _next_pow2(splits)), C_P=_next_pow2(splits * kp), KP=kp, NO_ID_C=tk.NO_ID,
+        S_P=plan.s_p, C_P=plan.c_p, KP=kp, NO_ID_C=tk.NO_ID,
         enable_fp_fusion=True,
     )  # fmt: skip
     return HeadOutput(topk_ids=topk_ids, topk_logprobs=topk_lp, target_logprobs=target_lp)
 
 
-def _default_splits(device: torch.device, row_blocks: int) -> int:
+class LaunchPlan(NamedTuple):
+    """How `output_head_triton` launches its two kernels for one shape. The constexpr fields
+    (`variant`) pick the compiled kernels; the rest only size the grid."""
+
+    block_r: int
+    block_v: int
+    block_d: int
+    kp: int  # top-k slots per candidate list: k rounded up to a power of two, at least 2
+    row_blocks: int
+    splits: int  # vocabulary slices, i.e. programs per row block
+    split_size: int
+    s_p: int  # splits rounded up to a power of two (the merge kernel's block)
+    c_p: int  # splits * kp rounded up likewise
+
+    @property
+    def variant(self) -> tuple[int, ...]:
+        return (self.block_r, self.block_v, self.block_d, self.kp, self.s_p, self.c_p)
+
+
+def launch_plan(
+    rows: int, vocab: int, dim: int, k: int, programs: int, block_v: int | None = None, on_gpu: bool = True
+) -> LaunchPlan:
+    """The launch of `rows` head rows over `vocab` x `dim` weights for top-`k`: `programs` is the
+    number of programs to aim for per launch (a few per SM, `_programs`), or 0 for the interpreter's
+    fixed two splits."""
+    k = min(k, vocab)
+    block_r = 16 if rows <= 16 else 32
+    block_v = block_v or (128 if on_gpu else 64)
+    block_d = min(64, max(16, _next_pow2(dim)))
+    kp = max(2, _next_pow2(k))
+    row_blocks = -(-rows // block_r)
+    n_tiles = -(-vocab // block_v)
+    # The merge kernel holds a row's splits * kp candidates in one block: keep that <= 8192.
+    max_splits = max(1, 8192 // kp)
+    # Enough programs for a few per SM: with a handful of rows the head is a stream over W, and one
+    # program per SM cannot keep HBM busy. Untuned. The interpreter runs programs one by one: few
+    # splits, but still a merge to test.
+    wanted = max(1, programs // row_blocks) if programs else 2
+    splits = min(n_tiles, max_splits, wanted)
+    split_size = -(-n_tiles // splits) * block_v
+    splits = -(-vocab // split_size)  # every split gets at least one column
+    return LaunchPlan(block_r, block_v, block_d, kp, row_blocks, splits, split_size,
+                      max(2, _next_pow2(splits)), _next_pow2(splits * kp))
+
+
+def warm_up_triton_head(weight: Tensor, bias: Tensor | None, max_rows: int, ks: tuple[int, ...] = (1, 4, 8, 16)) -> int:
+    """Compile, by running each once on zeros, every kernel variant that a head call of 1..`max_rows`
+    rows over `weight` can launch for a top-k in `ks` (one k per `kp`, the only way k reaches a
+    variant). Returns how many launches it took. A variant first met under load is compiled inside
+    the verifier's worker thread, seconds in which every session waits; the verifier calls this
+    before it reports SERVING (Triton caches compiled kernels on disk, so later starts are quick)."""
+    vocab, dim = weight.shape
+    device = weight.device
+    targets_by_rows: dict[int, Tensor] = {}
+    launches = 0
+    for rows, k in head_variants(max_rows, vocab, dim, ks, _programs(device), on_gpu=device.type == "cuda"):
+        hidden = torch.zeros(rows, dim, dtype=weight.dtype, device=device)
+        targets = targets_by_rows.setdefault(rows, torch.zeros(rows, dtype=torch.long, device=device))
+        output_head_triton(hidden, weight, bias, k, targets)
+        launches += 1
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return launches
+
+
+def head_variants(
+    max_rows: int, vocab: int, dim: int, ks: tuple[int, ...], programs: int, on_gpu: bool = True
+) -> list[tuple[int, int]]:
+    """One (rows, k) per distinct kernel variant over rows 1..max_rows and k in `ks`, fewest rows first."""
+    seen: dict[tuple[int, ...], tuple[int, int]] = {}
+    for k in ks:
+        for rows in range(1, max_rows + 1):
+            variant = launch_plan(rows, vocab, dim, k, programs, on_gpu=on_gpu).variant
+            seen.setdefault(variant, (rows, k))
+    return list(seen.values())
+
+
+def _programs(device: torch.device) -> int:
+    """Programs per launch to aim for on `device`: four per SM on a GPU, 0 (two splits) in the interpreter."""
     if device.type != "cuda":
-        return 2  # the interpreter runs programs one by one: few splits, but still a merge to test
-    # Enough programs for a few per SM: with a handful of rows the head is a stream over W, and
-    # one program per SM cannot keep HBM busy. Untuned: no GPU was at hand when this was written.
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, (4 * sms) // row_blocks)
+        return 0
+    return 4 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _next_pow2(n: int) -> int:

@@ -24,10 +24,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor
 
-from kernels import HeadOutput, output_head, output_head_cpu, output_head_graph, output_head_reference
+from kernels import HeadOutput, output_head, output_head_cpu, output_head_graph, output_head_reference, warm_up_head
 from kernels.attention import EAGER, GRAPH
 from kernels.cpu import topk_lowest_id_first
 from kernels.reference import _topk_lowest_id_first as _reference_topk
+from kernels.triton_head import MAX_K as TRITON_MAX_K
+from kernels.triton_head import head_variants, launch_plan
 
 SEED = int(os.environ.get("KERNELS_TEST_SEED") or random.SystemRandom().randrange(2**31))
 REPO = Path(__file__).resolve().parents[1]
@@ -315,3 +317,48 @@ def test_cuda_auto_dispatch_matches_reference(rows: int) -> None:
     )
     out = output_head(hidden, weight, bias, 8, targets)
     assert_head_matches(out, hidden, weight, bias, 8, targets, exact_ids=False, context=f"rows={rows}")
+
+
+@pytest.mark.parametrize("programs", [0, 4 * 132, 4 * 108])
+def test_head_variants_cover_every_launch(programs: int) -> None:
+    """Every (rows, k) a forward can bring, rows up to the verifier's default max_batch_tokens and
+    any k the Triton head takes, launches a kernel variant the warm-up compiled."""
+    vocab, dim, max_rows = 8000, 512, 512
+    on_gpu = programs > 0
+    warmed = {launch_plan(rows, vocab, dim, k, programs, on_gpu=on_gpu).variant
+              for rows, k in head_variants(max_rows, vocab, dim, (1, 4, 8, 16), programs, on_gpu=on_gpu)}
+    for k in range(1, TRITON_MAX_K + 1):
+        for rows in range(1, max_rows + 1):
+            assert launch_plan(rows, vocab, dim, k, programs, on_gpu=on_gpu).variant in warmed, (rows, k)
+
+
+def test_warm_up_head_compiles_nothing_for_cpu_weights() -> None:
+    """On the CPU `output_head` runs no Triton kernel, so the verifier's warm-up has nothing to do."""
+    weight = torch.randn(50, 16)
+    assert warm_up_head(weight, torch.zeros(50), max_rows=64) == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_warm_up_leaves_nothing_to_compile_under_load() -> None:
+    """After the warm-up, heads of any row count and k compile no new Triton kernel (a compile
+    under load stalls every session on the verifier's worker)."""
+    from kernels import _triton_kernels as tk
+
+    gen = case_generator("cuda-warm-up")
+    weight = torch.randn(8000, 512, generator=gen).cuda() * 0.05
+    bias = torch.randn(8000, generator=gen).cuda()
+    warm_up_head(weight, bias, max_rows=512)
+    device = torch.cuda.current_device()
+
+    def compiled() -> int:
+        kernels = (tk.head_partials_kernel, tk.merge_partials_kernel)
+        return sum(len(kernel.device_caches[device][0]) for kernel in kernels)
+
+    before = compiled()
+    rnd = random.Random(SEED)
+    for rows, k in [(1, 1), (16, 1), (17, 3), (32, 5), (48, 16), (255, 2), (256, 8), (300, 1), (512, 16)] + [
+        (rnd.randint(1, 512), rnd.randint(1, 16)) for _ in range(20)
+    ]:
+        hidden = torch.randn(rows, 512, generator=gen).cuda()
+        output_head(hidden, weight, bias, k, torch.zeros(rows, dtype=torch.long, device="cuda"))
+    assert compiled() == before

@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 
-from kernels.triton_head import output_head_triton, triton_available
+from kernels.triton_head import head_variants, output_head_triton, triton_available, warm_up_triton_head
 from tests.test_kernels import SEED, assert_head_matches, case_generator, make_inputs
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
@@ -116,3 +116,18 @@ def test_triton_full_size_on_cuda(rows: int, vocab: int, dim: int) -> None:
     assert_head_matches(
         out, hidden, weight, bias, 8, targets, exact_ids=False, context=f"{rows}x{dim}x{vocab}"
     )
+
+
+def test_warm_up_launches_one_call_per_variant_and_leaves_results_alone() -> None:
+    """The verifier's start-up warm-up runs the head once per kernel variant a forward of up to
+    max_rows rows can need (under the interpreter: the two row blocks times the four top-k slot
+    counts), and the head still matches the reference afterwards."""
+    gen = case_generator("triton-warm-up", 40)
+    hidden, weight, bias, targets = make_inputs(gen, 40, 160, 32, device=DEVICE)
+    launches = warm_up_triton_head(weight, bias, max_rows=40)
+    programs = 0 if INTERPRETING else 4 * torch.cuda.get_device_properties(DEVICE).multi_processor_count
+    assert launches == len(head_variants(40, 160, 32, (1, 4, 8, 16), programs, on_gpu=not INTERPRETING))
+    if INTERPRETING:
+        assert launches == 8
+    out = output_head_triton(hidden, weight, bias, 5, targets)
+    assert_head_matches(out, hidden, weight, bias, 5, targets, exact_ids=False, context="after warm-up")

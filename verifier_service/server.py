@@ -86,6 +86,14 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
                 if isinstance(result, BaseException):
                     raise result
             session.close()
+            # The most head rows one forward can hold: a full batch, or one step of the longest draft.
+            warm_head = getattr(self.verifier, "warm_up_head", None)
+            if warm_head is not None:
+                t0 = time.perf_counter()
+                launches = warm_head(max(self.limits.max_batch_tokens, self.limits.max_draft_len + 1))
+                if launches:
+                    self.host.log.info("head_kernels_compiled", launches=launches,
+                                       seconds=round(time.perf_counter() - t0, 2))
 
         await self.executor.run(run)
 

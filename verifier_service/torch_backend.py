@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kernels import output_head
+from kernels import output_head, warm_up_head
 from seq2seq_models.batch_graph import BATCH_INPUTS
 from seq2seq_models.engines import TorchBatchEngine
 from seq2seq_models.transformer import Seq2SeqTransformer
@@ -30,6 +30,13 @@ class TorchEngine(TorchBatchEngine):
         return (block_k, block_v, out.topk_logprobs.cpu().numpy(), out.topk_ids.cpu().numpy(),
                 out.target_logprobs.cpu().numpy())
 
+    def warm_up_head(self, max_rows: int) -> int:
+        """Compile the head's GPU kernels for up to `max_rows` rows a forward (`kernels.warm_up_head`;
+        0 on the CPU, or when the head is not `output_head`'s automatic choice)."""
+        if self.head is not output_head:
+            return 0
+        return warm_up_head(self.model.embed.weight, self.model.out_bias, max_rows)
+
 
 class LocalVerifier(BatchVerifier):
     """In-process verifier over one AR model (eager torch)."""
@@ -41,3 +48,4 @@ class LocalVerifier(BatchVerifier):
         self.model = model
         self.head = head
         self.device = str(model.embed.weight.device)  # "cpu" or "cuda:N", for GetModelInfo.backend
+        self.warm_up_head = self.engine.warm_up_head
