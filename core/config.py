@@ -68,6 +68,17 @@ def parse_device(text: str) -> tuple[str, int | None]:
     raise ValueError(f"must be {DEVICE_HELP}; got {text!r}")
 
 
+def device_arg(text: str) -> str:
+    """`parse_device` as an argparse `type`: the name back, or argparse's one-line error."""
+    import argparse
+
+    try:
+        parse_device(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def check_threads(value: int) -> None:
     if value < 0:
         raise ValueError(f"must be 0 (chosen) or a positive number of threads; got {value}")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from core.backends import BACKENDS
+from core.config import DEVICE_HELP, device_arg
 from specdec.bench_report import cpu_name, start_services, write_section
 from specdec.gec_metrics import exact_match, gleu
 
@@ -107,6 +108,7 @@ class BenchResult:
     max_new_tokens: int = 0
     notes: list[str] = field(default_factory=list)
     lossless_ok: bool = True
+    device: str = "cpu"  # where the verifier ran ("cpu", "cuda:0")
 
 
 def add_arguments(p) -> None:
@@ -117,6 +119,8 @@ def add_arguments(p) -> None:
     p.add_argument("--through", choices=list(STACKS), default="in-process", help="which stack decodes")
     p.add_argument("--backend", choices=BACKENDS,
                    help="verifier and NAR drafter backend (default: onnxruntime)")
+    p.add_argument("--device", type=device_arg, default="auto",
+                   help=f"where the models run, in-process and in the services alike: {DEVICE_HELP}")
     p.add_argument("--max-new-tokens", type=int, help=f"output limit (default {DEFAULT_MAX_NEW_TOKENS}; "
                    f"{QUICK_MAX_NEW_TOKENS} with --quick)")
     p.add_argument("--threads", type=int, help="torch intra-op threads, in-process and in the services "
@@ -143,7 +147,7 @@ def run_from_args(args, bundle_dir: Path, command: str) -> int:
     configs = quick_configs() if args.quick else full_configs()
     result = run_benchmark(bundle_dir, items, configs, STACKS[args.through], backend, max_new,
                            progress=lambda line: print(line, file=sys.stderr, flush=True), limit=sample or None,
-                           threads=args.threads)
+                           threads=args.threads, device=args.device)
     print(format_table(result))
     for note in result.notes:
         print(note, file=sys.stderr if note.startswith("LOSSLESS") else sys.stdout)
@@ -189,9 +193,11 @@ def run_benchmark(
     limit: int | None = None,
     threads: int | None = None,
     warmup: int = WARMUP_SENTENCES,
+    device: str = "auto",
 ) -> BenchResult:
     """Decode the first `limit` usable `items` (anything with .source and .references) with every
-    config on every stack."""
+    config on every stack, the models on `device` in-process and in the services (as `serve`, "auto"
+    is the first GPU where the backend can use one)."""
     from core.backends import DEFAULT_BACKEND
     from seq2seq_models.bundle import load_bundle
 
@@ -202,7 +208,7 @@ def run_benchmark(
         # On a shared CPU an intra-op pool wider than the free cores stalls at every barrier.
         torch.set_num_threads(threads)
     bundle = load_bundle(bundle_dir)
-    verifier = _make_verifier(bundle, backend)
+    verifier = _make_verifier(bundle, backend, device)
     max_new_tokens = min(max_new_tokens, verifier.max_target_len)
     sentences = select_sentences(items, bundle.tokenizer, verifier.max_source_len, limit)
     if not sentences:
@@ -210,13 +216,16 @@ def run_benchmark(
     runs: list[Run] = []
     for stack in stacks:
         if stack == "in-process":
-            drafter = _make_drafter(bundle, backend)
+            drafter = _make_drafter(bundle, backend, device)
             runs += _run_in_process(verifier, drafter, sentences, configs, max_new_tokens, progress, warmup)
         elif stack == "services":
-            runs += _run_services(bundle_dir, backend, sentences, configs, max_new_tokens, progress, warmup, threads)
+            runs += _run_services(bundle_dir, backend, sentences, configs, max_new_tokens, progress, warmup, threads,
+                                  device)
         else:
             raise ValueError(f"unknown stack {stack!r}")
-    return summarise(bundle, sentences, runs, max_new_tokens)
+    result = summarise(bundle, sentences, runs, max_new_tokens)
+    result.device = str(getattr(verifier, "device", "cpu"))
+    return result
 
 
 def select_sentences(items: Sequence[Any], tokenizer, max_source_len: int, limit: int | None = None) -> list[Sentence]:
@@ -310,7 +319,8 @@ def write_report(path: Path, result: BenchResult, backend: str, command: str) ->
 
     stamp = (
         f"Machine: {cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads; "
-        f"verifier and NAR drafter backend {backend}; date {dt.date.today().isoformat()}; command `{command}`"
+        f"verifier and NAR drafter backend {backend} on {result.device}; date {dt.date.today().isoformat()}; "
+        f"command `{command}`"
     )
     note = (
         f"Bundle: `{result.bundle_name}` (fingerprint `{result.bundle_fingerprint[:16]}`). Data: UA-GEC test "
@@ -335,16 +345,16 @@ def write_report(path: Path, result: BenchResult, backend: str, command: str) ->
 # ----------------------------------------------------------------------------------------------
 
 
-def _make_verifier(bundle, backend: str):
+def _make_verifier(bundle, backend: str, device: str = "auto"):
     from verifier_service.session import make_verifier
 
-    return make_verifier(bundle, backend)
+    return make_verifier(bundle, backend, device=device)
 
 
-def _make_drafter(bundle, backend: str):
+def _make_drafter(bundle, backend: str, device: str = "auto"):
     from drafter_service.session import make_drafter
 
-    return make_drafter(bundle, backend)
+    return make_drafter(bundle, backend, device=device)
 
 
 def _decoding_config(config: BenchConfig, max_new_tokens: int):
@@ -372,14 +382,16 @@ def _run_in_process(verifier, drafter, sentences, configs, max_new_tokens, progr
     return _timed("in-process", [(c, decoder(c)) for c in configs], sentences, progress, warmup)
 
 
-def _run_services(bundle_dir, backend, sentences, configs, max_new_tokens, progress, warmup, threads) -> list[Run]:
+def _run_services(
+    bundle_dir, backend, sentences, configs, max_new_tokens, progress, warmup, threads, device: str = "auto"
+) -> list[Run]:
     import grpc
 
     from gateway.wire import overrides_to_wire, stats_from_wire
     from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
     from serving.channels import channel_options
 
-    server, address = start_services(bundle_dir, backend, threads)
+    server, address = start_services(bundle_dir, backend, threads, extra_args=("--device", device))
     try:
         with grpc.insecure_channel(address, options=channel_options()) as channel:
             stub = gateway_pb2_grpc.GatewayServiceStub(channel)

@@ -12,7 +12,7 @@ from dataclasses import Field, fields
 from pathlib import Path
 
 from core.backends import BACKENDS, DEFAULT_BACKEND, DEFAULT_PRECISION, PRECISIONS, check_precision
-from core.config import DEVICE_HELP, DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS
+from core.config import DEVICE_HELP, DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS, device_arg
 from core.errors import SpecdecError
 from specdec.serve import add_batch_flags
 
@@ -117,9 +117,9 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     bundle = load_bundle(resolve_bundle(args.bundle), dtype=getattr(torch, args.dtype))
     backend, precision = args.backend or DEFAULT_BACKEND, args.precision or DEFAULT_PRECISION
     check_precision(backend, precision)  # before the bundle loads: one line, not a traceback
-    verifier = make_verifier(bundle, backend, precision=precision)
+    verifier = make_verifier(bundle, backend, device=args.device, precision=precision)
     validate(config, DecodingLimits(), verifier.max_target_len)
-    drafter = make_drafter(bundle, backend, precision=precision)
+    drafter = make_drafter(bundle, backend, device=args.device, precision=precision)
     if config.mode in DRAFTER_MODES and drafter is None:
         raise ValueError(f"mode {config.mode.value} needs a drafter and {bundle.path} has none")
     tokenizer = bundle.tokenizer
@@ -366,6 +366,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--backend", choices=BACKENDS, default=None, help=BACKEND_HELP)
     p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
+    p.add_argument("--device", type=device_arg, default="auto", help=f"where the models run: {DEVICE_HELP}")
     add_decoding_flags(p)
     p.set_defaults(run=_cmd_decode)
 

@@ -201,7 +201,7 @@ def test_cli_bench_write_replaces_only_its_section(bundle_dir, tmp_path, one_thr
     out = tmp_path / "BENCHMARKS.md"
     out.write_text("# Benchmarks\n\n## Before\n\nkeep me\n\n## UA-GEC benchmark\n\nstale table\n\n## After\n\nme too\n")
     rc = main(["bench", "--bundle", str(bundle_dir), "--quick", "--sample", "2", "--max-new-tokens", "4",
-               "--backend", "torch", "--threads", "1", "--write", "--output", str(out)])
+               "--backend", "torch", "--device", "cpu", "--threads", "1", "--write", "--output", str(out)])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "| in-process | AR greedy |" in printed
@@ -210,7 +210,8 @@ def test_cli_bench_write_replaces_only_its_section(bundle_dir, tmp_path, one_thr
     assert text.index("## Before") < text.index("## UA-GEC benchmark") < text.index("## After")
     assert "keep me" in text and "me too" in text
     section = text[text.index("## UA-GEC benchmark") : text.index("## After")]
-    for needle in ("Machine:", "cores", "date", "command `specdec bench", "tiny-random-seed0", "fingerprint",
+    for needle in ("Machine:", "cores", "backend torch on cpu", "date", "command `specdec bench", "tiny-random-seed0",
+                   "fingerprint",
                    "first 2 sentences", "GLEU (Napoles", "| in-process | IAD k=32 |"):
         assert needle in section
 

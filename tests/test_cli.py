@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from core.backends import DEFAULT_BACKEND
 from drafter_service.session import LocalDrafter
@@ -107,6 +108,7 @@ BAD_FLAGS = {
     "--temperature -0.5": "temperature must be",
     "--mode fast": "invalid choice: 'fast'",
     "--k two": "invalid int value: 'two'",
+    "--device gpu": "argument --device: must be auto",
 }
 # Bad input lines: (flags, stdin, message).
 BAD_INPUT = [
@@ -129,6 +131,16 @@ def test_bad_input_gives_one_clear_line_and_exit_2(bundle_dir, flags, stdin, mes
     assert code == 2
     assert message in stderr
     assert "Traceback" not in stderr
+    assert len(stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a host without a GPU")
+def test_decode_on_a_missing_gpu_is_one_clear_line(bundle_dir, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("x\n"))
+    code = cli_main(["decode", "--bundle", str(bundle_dir), "--device", "cuda", "--backend", "torch"])
+    stderr = capsys.readouterr().err
+    assert code == 2
+    assert "device 'cuda' does not exist" in stderr and "Traceback" not in stderr
     assert len(stderr.strip().splitlines()) == 1
 
 
