@@ -80,7 +80,7 @@ def output_head_triton(
     tk = _kernels()
     bias = bias.contiguous() if bias is not None else None  # the kernel reads both with stride 1
     targets = targets.contiguous()
-    plan = launch_plan(rows, vocab, dim, k, _programs(device), block_v, on_gpu=device.type == "cuda")
+    plan = launch_plan(rows, vocab, dim, k, _programs(device), block_v, num_splits, on_gpu=device.type == "cuda")
     block_r, block_v, kp, splits, split_size = plan.block_r, plan.block_v, plan.kp, plan.splits, plan.split_size
     row_blocks = plan.row_blocks
 
@@ -136,11 +136,12 @@ class LaunchPlan(NamedTuple):
 
 
 def launch_plan(
-    rows: int, vocab: int, dim: int, k: int, programs: int, block_v: int | None = None, on_gpu: bool = True
+    rows: int, vocab: int, dim: int, k: int, programs: int, block_v: int | None = None,
+    num_splits: int | None = None, on_gpu: bool = True,
 ) -> LaunchPlan:
     """The launch of `rows` head rows over `vocab` x `dim` weights for top-`k`: `programs` is the
     number of programs to aim for per launch (a few per SM, `_programs`), or 0 for the interpreter's
-    fixed two splits."""
+    fixed two splits; `block_v` and `num_splits` override the vocabulary tile and the split count."""
     k = min(k, vocab)
     block_r = 16 if rows <= 16 else 32
     block_v = block_v or (128 if on_gpu else 64)
@@ -153,7 +154,7 @@ def launch_plan(
     # Enough programs for a few per SM: with a handful of rows the head is a stream over W, and one
     # program per SM cannot keep HBM busy. Untuned. The interpreter runs programs one by one: few
     # splits, but still a merge to test.
-    wanted = max(1, programs // row_blocks) if programs else 2
+    wanted = num_splits or (max(1, programs // row_blocks) if programs else 2)
     splits = min(n_tiles, max_splits, wanted)
     split_size = -(-n_tiles // splits) * block_v
     splits = -(-vocab // split_size)  # every split gets at least one column
@@ -161,7 +162,9 @@ def launch_plan(
                       max(2, _next_pow2(splits)), _next_pow2(splits * kp))
 
 
-def warm_up_triton_head(weight: Tensor, bias: Tensor | None, max_rows: int, ks: tuple[int, ...] = (1, 4, 8, 16)) -> int:
+def warm_up_triton_head(
+    weight: Tensor, bias: Tensor | None, max_rows: int, ks: tuple[int, ...] = (1, 4, 8, 16)
+) -> int:
     """Compile, by running each once on zeros, every kernel variant that a head call of 1..`max_rows`
     rows over `weight` can launch for a top-k in `ks` (one k per `kp`, the only way k reaches a
     variant). Returns how many launches it took. A variant first met under load is compiled inside

@@ -362,3 +362,11 @@ def test_cuda_warm_up_leaves_nothing_to_compile_under_load() -> None:
         hidden = torch.randn(rows, 512, generator=gen).cuda()
         output_head(hidden, weight, bias, k, torch.zeros(rows, dtype=torch.long, device="cuda"))
     assert compiled() == before
+
+
+def test_launch_plan_takes_the_tuning_knobs() -> None:
+    """`num_splits` and `block_v` reach the launch (the interpreter tests use them to put split
+    edges where they want: 100 columns in 7 splits of 16, the last one 4 wide)."""
+    plan = launch_plan(6, 100, 16, 16, programs=0, block_v=16, num_splits=7, on_gpu=False)
+    assert (plan.block_v, plan.splits, plan.split_size, plan.s_p, plan.c_p) == (16, 7, 16, 8, 128)
+    assert launch_plan(6, 100, 16, 16, programs=0, on_gpu=False).splits == 2
