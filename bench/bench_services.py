@@ -14,12 +14,15 @@ flight. There is one such stack per gateway peer-stream path (`--paths`, `[gatew
 AR run length (`--greedy-chunks`, `[gateway] greedy_chunk`: AR steps per verifier round trip; 0, the
 default, is a request's whole output in one run, 1 is one round trip per token; only AR greedy
 differs, so other modes run on the first value only), and
-every pass runs in-process and then each stack in turn, so all are measured under the same load.
-In-process runs `decode()` on the same bundle, the same verifier backend and the same decoding
+every input runs in-process and then through each stack in turn, so all are measured under the same
+load. In-process runs `decode()` on the same bundle, the same verifier backend and the same decoding
 parameters, so every side does the same iterations (the script checks that the outputs are
-identical). The difference per iteration is what the gRPC hops, serialisation and the gateway cost.
-By default the bundle is a tiny random one (`specdec tiny-bundle`), which makes the model work
-small and the overhead stand out.
+identical). The difference is what the gRPC hops, serialisation and the gateway cost; with inputs of
+different lengths (`--sentences N`, UA-GEC test sentences) the table also splits it into a fixed cost
+per request and a cost per iteration. By default the bundle is a tiny random one (`specdec
+tiny-bundle`), which makes the model work small and the overhead stand out.
+
+    python bench/bench_services.py --bundle bundles/ua-gec --sentences 24 --max-new-tokens 200
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import time
 from pathlib import Path
 
 import grpc
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
@@ -50,6 +54,7 @@ from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
 from specdec.bench_report import cpu_name, start_services, write_section
 from specdec.benchmark import quick_configs
+from specdec.loadtest import ua_gec_texts
 from verifier_service.session import make_verifier
 
 SECTION = "## Services round trip (CPU)"  # the tiny bundle; a --bundle run gets its own section
@@ -70,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", help="where the models run, in-process and in the services alike: cpu, cuda "
                         "or cuda:N (default: each backend's default, the CPU)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--sentences", type=int, help="the first N UA-GEC test sentences as inputs (default: four "
+                        "fixed sentences); their different lengths let the table split the overhead per request "
+                        "and per iteration")
+    parser.add_argument("--data-dir", help="prepared data dir whose test.text.jsonl to use (default: ua-gec)")
     parser.add_argument("--repeats", type=int, default=5, help="passes over the inputs per mode (median taken)")
     parser.add_argument("--paths", default=",".join(PEER_STREAMS),
                         help="gateway peer-stream paths to measure, comma-separated (default: %(default)s)")
@@ -92,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if not chunks or min(chunks) < 0:
         parser.error("--greedy-chunks: comma-separated integers >= 0 (0: no limit)")
 
+    texts = ua_gec_texts(args.sentences, args.data_dir) if args.sentences else TEXTS
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         bundle_dir = Path(args.bundle) if args.bundle else make_tiny_bundle(Path(tmp) / "bundle", seed=0)
         extra = ("--processes",) if args.processes else ()
@@ -102,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                        **_device_env(args.device)}
                 server, addresses[path, chunk] = start_services(bundle_dir, args.backend, env=env, extra_args=extra)
                 stack.callback(_stop, server)
-        rows = _measure(bundle_dir, addresses, args)
+        rows = _measure(bundle_dir, addresses, texts, args)
     table = _table(rows)
     if args.triton:
         with tempfile.TemporaryDirectory() as tmp:
@@ -120,8 +130,13 @@ def main(argv: list[str] | None = None) -> int:
             "`specdec serve all` in its own process"
         )
         note = (
-            f"Bundle: {bundle_note}; {len(TEXTS)} inputs, max_new_tokens {args.max_new_tokens}, median of "
-            f"{args.repeats} interleaved passes. Services: {layout}, one request in flight over loopback; "
+            f"Bundle: {bundle_note}; {_inputs_note(args)}, max_new_tokens {args.max_new_tokens}; every input "
+            f"in-process then through each stack, request after request, in {args.repeats} timed passes (after "
+            "one to warm up); ms / request: the mean over the inputs of each one's median. Overhead ms / "
+            "iteration: (services - in-process) / iterations. The fit splits the same extra time into a fixed "
+            "cost per request and a cost per iteration: least squares over the inputs of each input's median "
+            "paired difference against its iterations (- where all inputs took the same number). "
+            f"Services: {layout}, one request in flight over loopback; "
             "path: the gateway's `peer_streams` (aio: grpc.aio calls on its event loop; sync: synchronous "
             "streams, a thread per stream); AR steps / trip: the gateway's `greedy_chunk`, the most AR "
             "steps the verifier runs per round trip (`VerifyStep.greedy_steps`; all: the whole output in one "
@@ -131,6 +146,12 @@ def main(argv: list[str] | None = None) -> int:
         section = TRAINED_SECTION if args.bundle else SECTION
         write_section(args.output, section, f"{stamp}\n\n{note}\n\n{table}")
     return 0
+
+
+def _inputs_note(args) -> str:
+    if args.sentences:
+        return f"the first {args.sentences} UA-GEC test sentences as inputs"
+    return f"{len(TEXTS)} fixed inputs"
 
 
 def _device_env(device: str | None) -> dict[str, str]:
@@ -151,12 +172,14 @@ def _stop(server: subprocess.Popen) -> None:
     server.wait(timeout=30)
 
 
-def _measure(bundle_dir: Path, addresses: dict[tuple[str, int], str], args) -> list[dict]:
-    """Per configuration: in-process, then through each stack, pass after pass (the first dropped)."""
+def _measure(bundle_dir: Path, addresses: dict[tuple[str, int], str], texts: list[str], args) -> list[dict]:
+    """Per configuration and input: in-process, then through each stack, request after request, in
+    `repeats` + 1 passes (the first dropped). Interleaving per request rather than per pass keeps
+    slow drifts of the machine out of the differences."""
     bundle = load_bundle(bundle_dir)
     verifier = make_verifier(bundle, args.backend, device=args.device)
     drafter = make_drafter(bundle, args.backend, device=args.device)
-    sources = [bundle.tokenizer.encode(t) for t in TEXTS]
+    sources = [bundle.tokenizer.encode(t) for t in texts]
     wanted = tuple(m.strip() for m in args.modes.split(",")) if args.modes else None
     rows = []
     with contextlib.ExitStack() as stack:
@@ -172,29 +195,33 @@ def _measure(bundle_dir: Path, addresses: dict[tuple[str, int], str], args) -> l
             overrides = {**bench_config.overrides, "max_new_tokens": args.max_new_tokens, "seed": 1}
             config = DecodingConfig().with_overrides(overrides)
             wire = overrides_to_wire(overrides)
-            local_s: list[float] = []
             # Only AR greedy takes runs of steps: the other modes are the same on every chunk.
             mode_stubs = {k: s for k, s in stubs.items() if k[1] == first_chunk or config.mode == Mode.AR}
-            remote_s: dict[tuple[str, int], list[float]] = {key: [] for key in mode_stubs}
-            iterations = 0
-            for _ in range(args.repeats + 1):
-                t0 = time.perf_counter()
-                local = [decode(src, config, verifier, drafter) for src in sources]
-                local_s.append(time.perf_counter() - t0)
-                iterations = sum(r.stats.iterations for r in local)
-                for key, stub in mode_stubs.items():
-                    t1 = time.perf_counter()
-                    remote = [stub.Generate(gateway_pb2.GenerateRequest(text=t, config=wire), timeout=120)
-                              for t in TEXTS]
-                    remote_s[key].append(time.perf_counter() - t1)
-                    for a, b in zip(local, remote, strict=True):
-                        if a.output_ids != list(b.output_ids):
+            local_s: list[list[float]] = [[] for _ in texts]
+            remote_s = {key: [[] for _ in texts] for key in mode_stubs}
+            iterations = [0] * len(texts)
+            for rep in range(args.repeats + 1):
+                for i, (src, text) in enumerate(zip(sources, texts, strict=True)):
+                    t0 = time.perf_counter()
+                    local = decode(src, config, verifier, drafter)
+                    elapsed = time.perf_counter() - t0
+                    iterations[i] = local.stats.iterations
+                    for key, stub in mode_stubs.items():
+                        t1 = time.perf_counter()
+                        remote = stub.Generate(gateway_pb2.GenerateRequest(text=text, config=wire), timeout=120)
+                        if rep:  # the first pass warms every side up
+                            remote_s[key][i].append(time.perf_counter() - t1)
+                        if local.output_ids != list(remote.output_ids):
                             raise AssertionError(f"{mode} ({key}): services and in-process outputs differ")
-            # The first pass warms every side up and is dropped.
-            local_ms = statistics.median(local_s[1:]) * 1000 / len(TEXTS)
-            per_request_iterations = iterations / len(TEXTS)
+                    if rep:
+                        local_s[i].append(elapsed)
+            local_ms = 1000 * statistics.fmean(statistics.median(t) for t in local_s)
+            per_request_iterations = statistics.fmean(iterations)
             for (path, chunk), times in remote_s.items():
-                remote_ms = statistics.median(times[1:]) * 1000 / len(TEXTS)
+                remote_ms = 1000 * statistics.fmean(statistics.median(t) for t in times)
+                # Per input, the median of its paired differences; then the line through them.
+                diffs_ms = [1000 * statistics.median(r - x for r, x in zip(rs, ls, strict=True))
+                            for rs, ls in zip(times, local_s, strict=True)]
                 rows.append(
                     {
                         "mode": mode,
@@ -204,9 +231,19 @@ def _measure(bundle_dir: Path, addresses: dict[tuple[str, int], str], args) -> l
                         "local_ms": local_ms,
                         "remote_ms": remote_ms,
                         "overhead_per_iteration_ms": (remote_ms - local_ms) / per_request_iterations,
+                        "fit": _fixed_and_per_iteration(iterations, diffs_ms),
                     }
                 )
     return rows
+
+
+def _fixed_and_per_iteration(iterations: list[int], diffs_ms: list[float]) -> tuple[float, float] | None:
+    """The services' extra time per request split as `fixed + per_iteration * iterations`, by least
+    squares over the inputs (None when every input took the same number of iterations)."""
+    if len(set(iterations)) < 2:
+        return None
+    per_iteration, fixed = np.polyfit(np.asarray(iterations, dtype=float), np.asarray(diffs_ms), 1)
+    return float(fixed), float(per_iteration)
 
 
 def _measure_triton(bundle_dir: Path, tmp: Path, args) -> list[dict]:
@@ -274,14 +311,17 @@ def _triton_table(rows: list[dict]) -> str:
 def _table(rows: list[dict]) -> str:
     lines = [
         "| configuration | peer streams | AR steps / trip | iterations / request | in-process ms / request "
-        "| services ms / request | ratio | overhead ms / iteration |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| services ms / request | ratio | overhead ms / iteration | fit: fixed ms / request | "
+        "fit: ms / iteration |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         chunk = "" if r["chunk"] is None else str(r["chunk"] or "all")
+        fixed, per_iteration = (f"{r['fit'][0]:.2f}", f"{r['fit'][1]:.3f}") if r["fit"] else ("-", "-")
         lines.append(
             f"| {r['mode']} | {r['path']} | {chunk} | {r['iterations']:.1f} | {r['local_ms']:.1f} | "
-            f"{r['remote_ms']:.1f} | {r['remote_ms'] / r['local_ms']:.2f}x | {r['overhead_per_iteration_ms']:.2f} |"
+            f"{r['remote_ms']:.1f} | {r['remote_ms'] / r['local_ms']:.2f}x | {r['overhead_per_iteration_ms']:.2f} | "
+            f"{fixed} | {per_iteration} |"
         )
     return "\n".join(lines)
 

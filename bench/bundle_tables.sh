@@ -37,7 +37,7 @@ table() {
   echo "   $((SECONDS - t0)) s"
 }
 table ua_gec specdec bench --bundle "$bundle" --through both --write
-table services python bench/bench_services.py --bundle "$bundle" --repeats 11 --write
+table services python bench/bench_services.py --bundle "$bundle" --sentences 24 --max-new-tokens 200 --repeats 5 --write
 table gad_backends python bench/bench_gad_backends.py --bundle "$bundle" --sample 200 --write
 table round_trip python bench/bench_round_trip.py --bundle "$bundle" --write
 table int8 python bench/bench_int8.py --bundle "$bundle" --write

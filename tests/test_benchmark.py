@@ -246,3 +246,22 @@ def test_every_benchmark_owns_a_level_two_heading_in_benchmarks_md():
                 for m in re.finditer(r'^\w*SECTION = "(.*)"', path.read_text(), re.MULTILINE)]
     assert len(sections) >= 10
     assert [s for s in sections if not s.startswith("## ")] == []
+
+
+def _bench_script(name: str):
+    """A script of bench/ as a module (bench/ is no package: its scripts run as `python bench/x.py`)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_services_overhead_splits_into_a_fixed_and_a_per_iteration_cost():
+    split = _bench_script("bench_services")._fixed_and_per_iteration
+    iterations = [3, 10, 21, 40, 7]
+    fixed, per_iteration = split(iterations, [4.0 + 0.25 * n for n in iterations])
+    assert fixed == pytest.approx(4.0) and per_iteration == pytest.approx(0.25)
+    assert split([21, 21, 21], [5.0, 5.2, 4.9]) is None  # one length: nothing to split by
