@@ -45,6 +45,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from core.backends import BACKENDS, DEFAULT_BACKEND
+from core.config import DEVICE_HELP, device_arg
 from drafter_service.session import make_drafter
 from gateway.config import PEER_STREAMS
 from gateway.decode import decode
@@ -72,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundle", help="bundle directory (default: a tiny random bundle, seed 0)")
     parser.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
-    parser.add_argument("--device", help="where the models run, in-process and in the services alike: cpu, cuda "
-                        "or cuda:N (default: each backend's default, the CPU)")
+    parser.add_argument("--device", type=device_arg, default="auto",
+                        help=f"where the models run, in-process and in the services alike: {DEVICE_HELP}")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--sentences", type=int, help="the first N UA-GEC test sentences as inputs (default: four "
                         "fixed sentences); their different lengths let the table split the overhead per request "
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.write:
         stamp = (
-            f"Machine: {cpu_name()}, {os.cpu_count()} cores{_gpu_note(args.device)}; "
+            f"Machine: {cpu_name()}, {os.cpu_count()} cores{_gpu_note(rows)}; "
             f"verifier and NAR drafter backend {args.backend}; "
             f"date {dt.date.today().isoformat()}; command `{shlex.join(['python', *sys.argv])}`"
         )
@@ -154,13 +155,16 @@ def _inputs_note(args) -> str:
     return f"{len(TEXTS)} fixed inputs"
 
 
-def _device_env(device: str | None) -> dict[str, str]:
+def _device_env(device: str) -> dict[str, str]:
     """The services' [verifier] and [drafter] device, as --device sets the in-process models'."""
-    return {f"SPECDEC__{section}__DEVICE": device for section in ("VERIFIER", "DRAFTER")} if device else {}
+    return {f"SPECDEC__{section}__DEVICE": device for section in ("VERIFIER", "DRAFTER")}
 
 
-def _gpu_note(device: str | None) -> str:
-    if not device or not device.startswith("cuda"):
+def _gpu_note(rows: list[dict]) -> str:
+    """"; models on <GPU> (cuda:N)" when the in-process verifier ran on a GPU (--device auto picks one
+    where the backend can use it), else ""."""
+    device = rows[0]["device"] if rows else "cpu"
+    if not device.startswith("cuda"):
         return ""
     import torch
 
@@ -232,6 +236,7 @@ def _measure(bundle_dir: Path, addresses: dict[tuple[str, int], str], texts: lis
                         "remote_ms": remote_ms,
                         "overhead_per_iteration_ms": (remote_ms - local_ms) / per_request_iterations,
                         "fit": _fixed_and_per_iteration(iterations, diffs_ms),
+                        "device": str(getattr(verifier, "device", "cpu")),
                     }
                 )
     return rows

@@ -28,9 +28,9 @@ def cpu_name() -> str:
 
 
 def accelerator_note() -> str:
-    """"; models on NVIDIA H200 (verifier cuda, drafter cuda)" when the services are told (by the
-    SPECDEC__<SECTION>__DEVICE variables the benchmarks pass on) to run a model on a GPU, else "":
-    a table measured with the models on a GPU says so next to the CPU's name."""
+    """What a stamp adds after the CPU's name when the services are told (by the SPECDEC__<SECTION>__DEVICE
+    variables the benchmarks pass on) to run a model on a GPU, e.g. "; models on NVIDIA H200 (verifier
+    cuda, drafter cuda)"; else ""."""
     devices = {section: os.environ.get(f"SPECDEC__{section.upper()}__DEVICE", "")
                for section in ("verifier", "drafter")}
     if not any(d.startswith("cuda") for d in devices.values()):
