@@ -625,3 +625,24 @@ def test_under_load_probes_come_further_apart() -> None:
     assert max(gaps(1)) == PROBE_MAX_INTERVAL
     assert max(gaps(32)) == PROBE_MAX_INTERVAL * 32 // adaptive.ROWS_PER_RUN
     assert gaps(32)[:4] == gaps(1)[:4] == [PROBE_AFTER, 2 * PROBE_AFTER, 4 * PROBE_AFTER, 8 * PROBE_AFTER]
+
+
+def test_when_the_load_falls_the_next_probe_comes_within_the_light_loads_interval() -> None:
+    """After a burst has stretched the probe interval, one client gets its probe within
+    PROBE_MAX_INTERVAL plain steps, not after the burst's interval (8x that at 32 requests)."""
+    load = LoadModel()
+    while True:  # 32 requests in flight until the interval has grown past one client's cap
+        load.probe("gad", drafting=False, rows=32)
+        if load._probes["gad"][1] > 2 * PROBE_MAX_INTERVAL:
+            break
+    steps = 1
+    while not load.probe("gad", drafting=False, rows=1):
+        steps += 1
+    assert steps <= PROBE_MAX_INTERVAL
+    since, gaps = 0, []  # and from there on, one client's schedule
+    for _ in range(4 * PROBE_MAX_INTERVAL):
+        since += 1
+        if load.probe("gad", drafting=False, rows=1):
+            gaps.append(since)
+            since = 0
+    assert gaps and max(gaps) == PROBE_MAX_INTERVAL

@@ -81,7 +81,9 @@ acceptance rate of PROBE_CEILING (drafts as good as they get: on UA-GEC, a sente
 correct), would draft at this load. Where even that loses to plain AR (a loaded, compute-bound
 server), no acceptance a probe could reveal would make a request draft, and the probe is pure cost:
 measured at 32 clients, 93 probes over 600 requests, each opening a drafter session and breaking
-its request's AR run in two. The schedule resumes where it was when the load falls.
+its request's AR run in two. The schedule resumes where it was when the load falls, its interval
+cut at once to the new load's cap (a burst's long interval would otherwise hold back the probes that
+tell a light load that drafting pays again).
 """
 
 from __future__ import annotations
@@ -323,9 +325,12 @@ class LoadModel:
                 state[:] = [0, PROBE_AFTER]
                 return False
             state[0] += 1
-            if state[0] < state[1]:
+            # An interval grown under a heavier load is cut to this load's cap at once: after a burst,
+            # a light load would otherwise wait out the burst's long interval before its first probe.
+            cap = PROBE_MAX_INTERVAL * load_steps(rows)
+            if state[0] < min(state[1], cap):
                 return False
-            state[:] = [0, min(2 * state[1], PROBE_MAX_INTERVAL * load_steps(rows))]
+            state[:] = [0, min(2 * state[1], cap)]
             return True
 
     def count_plain_steps(self, mode: str, steps: int) -> None:
