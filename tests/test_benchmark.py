@@ -13,7 +13,7 @@ import torch
 
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
 from specdec import benchmark
-from specdec.bench_report import vector_units
+from specdec.bench_report import accelerator_note, vector_units
 from specdec.cli import main
 from specdec.gec_metrics import exact_match, gleu, sentence_stats, tokenize
 from specdec.perplexity import output_nll, perplexity
@@ -265,3 +265,12 @@ def test_services_overhead_splits_into_a_fixed_and_a_per_iteration_cost():
     fixed, per_iteration = split(iterations, [4.0 + 0.25 * n for n in iterations])
     assert fixed == pytest.approx(4.0) and per_iteration == pytest.approx(0.25)
     assert split([21, 21, 21], [5.0, 5.2, 4.9]) is None  # one length: nothing to split by
+
+
+def test_a_stamp_says_when_the_services_ran_their_models_on_a_gpu(monkeypatch):
+    monkeypatch.delenv("SPECDEC__VERIFIER__DEVICE", raising=False)
+    monkeypatch.delenv("SPECDEC__DRAFTER__DEVICE", raising=False)
+    assert accelerator_note() == ""  # the CPU: nothing to add to the CPU's name
+    monkeypatch.setenv("SPECDEC__VERIFIER__DEVICE", "cuda")
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU seen"
+    assert accelerator_note() == f"; models on {gpu} (verifier cuda, drafter cpu)"
