@@ -61,8 +61,10 @@ class AioStream:
     surface as `gateway.remote._Stream` (`exchange`, `close`, `cancel`), with the same errors.
 
     The `open` message goes out at once and its `opened` answer is read on the loop without anyone
-    waiting for it, so the verifier's and the drafter's encoders run concurrently; the first
-    `exchange` waits for it (and raises what opening raised)."""
+    waiting for it, so the verifier's and the drafter's encoders run concurrently. The first step
+    goes out right behind the `open`, before its answer (the peer reads its stream in order), so its
+    round trip overlaps the peer's encoder run; the first `exchange` then reads the `opened` answer
+    (raising what opening raised) and the step's."""
 
     def __init__(
         self, peer: str, channel: PeerChannel, method, options: CallOptions, cap: float | None, first
@@ -77,7 +79,8 @@ class AioStream:
         # A DEADLINE_EXCEEDED on a stream that runs to the request's deadline is the request's own.
         self._own_deadline = not options.capped(cap)
         self._call: grpc.aio.StreamStreamCall | None = None
-        self._opening: asyncio.Task | None = None
+        self._open_sent: asyncio.Task | None = None  # writing the `open` message
+        self._opening: asyncio.Task | None = None  # reading its `opened` answer
         self._pending: concurrent.futures.Future | None = None
         self._closed = False
         self._cancelled = False
@@ -126,22 +129,30 @@ class AioStream:
         if self._cancelled or self._closed:
             return
         self._call = method(timeout=timeout, metadata=metadata)
-        self._opening = self._loop.create_task(self._open(first))
-        # Nobody may await it (the session closed before its first step): take its outcome.
+        self._open_sent = self._loop.create_task(self._call.write(first))
+        self._opening = self._loop.create_task(self._open())
+        # Nobody may await them (the session closed before its first step): take their outcomes.
+        self._open_sent.add_done_callback(_consume)
         self._opening.add_done_callback(_consume)
 
-    async def _open(self, first):
-        assert self._call is not None
-        await self._call.write(first)
+    async def _open(self):
+        assert self._open_sent is not None
+        await self._open_sent
         return await self._read()
 
     async def _exchange(self, request):
-        if self._opening is not None:  # the first step: the `opened` answer first
-            opening, self._opening = self._opening, None
-            await opening
+        opening, self._opening = self._opening, None
         call = self._call
         if call is None:  # closed or cancelled before the call was made
             raise asyncio.CancelledError()
+        if opening is not None:  # the first step: written behind the `open`, then both answers read
+            assert self._open_sent is not None
+            await asyncio.wait([self._open_sent])  # messages go out in order; its failure is opening's
+            if not (self._open_sent.cancelled() or self._open_sent.exception()):
+                with contextlib.suppress(asyncio.InvalidStateError):  # the call ended: opening says why
+                    await call.write(request)
+            await opening
+            return await self._read()
         with contextlib.suppress(asyncio.InvalidStateError):  # the call already ended: its status says why
             await call.write(request)
         return await self._read()

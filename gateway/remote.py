@@ -285,10 +285,12 @@ class _Stream:
         self._requests.put(first)
 
     def exchange(self, request):
-        if not self._opened:
-            self._receive()  # `opened`
-            self._opened = True
+        # The first step is queued behind the `open` before its answer comes (the peer reads its
+        # stream in order), so its round trip overlaps the peer's encoder run.
         self._requests.put(request)
+        if not self._opened:
+            self._opened = True
+            self._receive()  # `opened` (raises what opening raised)
         return self._receive()
 
     def close(self) -> None:
