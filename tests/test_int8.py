@@ -1,6 +1,7 @@
 """int8 models (precision "int8"): the ONNX graphs with int8 weight matmuls, row-wise activation
 scales. Losslessness is against the verifier that runs: IAD and GAD on the int8 verifier equal
-greedy on the int8 verifier; batched forwards equal one-row ones; int8 on torch is a config error."""
+greedy on the int8 verifier but at near-ties (see `NEAR_TIE`); batched forwards equal one-row ones;
+int8 on torch is a config error."""
 
 from __future__ import annotations
 
@@ -90,6 +91,15 @@ def test_int8_greedy_gives_valid_ids(v8):
     assert out and all(0 <= i < v8.vocab_size for i in out)
 
 
+# A row's int8 inputs depend on that row alone, but the float32 work between the int8 matmuls does
+# not come out bit-identical for a block and for a lone token (attention over a block is one matrix
+# product, over one token another: ~1e-7 apart), and where that moves an activation across a rounding
+# step of its row's int8 scale, a log-prob moves by up to ~0.02 on this tiny model (seen: source
+# [14, 11, 14, 13, 100], GAD k=1, 25 tokens, top-2 gap 0.014 at the last one). So where GAD or IAD
+# differs from greedy on the int8 verifier, the first difference must be such a near-tie.
+NEAR_TIE = 0.05
+
+
 @PROPERTY
 @given(
     source=st.lists(st.integers(FIRST_WORD, 159), min_size=1, max_size=24),
@@ -100,7 +110,38 @@ def test_iad_and_gad_on_int8_equal_int8_greedy(v8, d8, source, k, max_new):
     greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=max_new), v8).output_ids
     for mode in (Mode.GAD, Mode.IAD):
         got = decode(source, DecodingConfig(mode=mode, k=k, max_new_tokens=max_new), v8, d8).output_ids
-        assert got == greedy, (mode, k)
+        _assert_equal_but_near_ties(v8, source, got, greedy, (mode, k))
+
+
+def _assert_equal_but_near_ties(verifier, source: list[int], got: list[int], greedy: list[int], context) -> None:
+    """`got` equals `greedy`, or their first difference is a near-tie of greedy's step there."""
+    if got == greedy:
+        return
+    pairs = zip(got, greedy, strict=False)
+    at = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(got), len(greedy)))
+    gap = _greedy_top2_gap(verifier, source, greedy[:at])
+    assert gap < NEAR_TIE, (context, at, gap)
+
+
+def _greedy_top2_gap(verifier, source: list[int], prefix: list[int]) -> float:
+    """The int8 verifier's top-2 log-prob gap for the token after `prefix`, stepped as greedy steps."""
+    session = verifier.open(source)
+    result = session.step(0, [], [], 2)
+    for i, token in enumerate(prefix):
+        result = session.step(i, [token], [], 2)
+    session.close()
+    first, second = result.topk_logprobs[-1][:2]
+    return first - second
+
+
+def test_a_difference_from_int8_greedy_is_a_near_tie(v8, d8):
+    """The case the property test found: GAD k=1 parts from int8 greedy at its last token, where
+    greedy's top two are 0.014 apart. It may or may not differ on another host's kernels; if it
+    does, the difference is that near-tie."""
+    source = [14, 11, 14, 13, 100]
+    greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=25), v8).output_ids
+    got = decode(source, DecodingConfig(mode=Mode.GAD, k=1, max_new_tokens=25), v8, d8).output_ids
+    _assert_equal_but_near_ties(v8, source, got, greedy, "GAD k=1")
 
 
 @pytest.mark.parametrize("seed", [0, 1])
