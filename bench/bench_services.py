@@ -53,7 +53,7 @@ from gateway.decoding_config import DecodingConfig, Mode
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
-from specdec.bench_report import cpu_name, start_services, write_section
+from specdec.bench_report import accelerator_note, cpu_name, start_services, write_section
 from specdec.benchmark import quick_configs
 from specdec.loadtest import ua_gec_texts
 from verifier_service.session import make_verifier
@@ -109,11 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         addresses = {}
         for chunk in chunks:
             for path in paths:
-                env = {"SPECDEC__GATEWAY__PEER_STREAMS": path, "SPECDEC__GATEWAY__GREEDY_CHUNK": str(chunk),
-                       **_device_env(args.device)}
-                server, addresses[path, chunk] = start_services(bundle_dir, args.backend, env=env, extra_args=extra)
+                env = {"SPECDEC__GATEWAY__PEER_STREAMS": path, "SPECDEC__GATEWAY__GREEDY_CHUNK": str(chunk)}
+                server, addresses[path, chunk] = start_services(
+                    bundle_dir, args.backend, env=env, extra_args=(*extra, "--device", args.device)
+                )
                 stack.callback(_stop, server)
-        rows = _measure(bundle_dir, addresses, texts, args)
+        rows, device = _measure(bundle_dir, addresses, texts, args)
     table = _table(rows)
     if args.triton:
         with tempfile.TemporaryDirectory() as tmp:
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.write:
         stamp = (
-            f"Machine: {cpu_name()}, {os.cpu_count()} cores{_gpu_note(rows)}; "
+            f"Machine: {cpu_name()}, {os.cpu_count()} cores{accelerator_note({'models': device})}; "
             f"verifier and NAR drafter backend {args.backend}; "
             f"date {dt.date.today().isoformat()}; command `{shlex.join(['python', *sys.argv])}`"
         )
@@ -155,31 +156,18 @@ def _inputs_note(args) -> str:
     return f"{len(TEXTS)} fixed inputs"
 
 
-def _device_env(device: str) -> dict[str, str]:
-    """The services' [verifier] and [drafter] device, as --device sets the in-process models'."""
-    return {f"SPECDEC__{section}__DEVICE": device for section in ("VERIFIER", "DRAFTER")}
-
-
-def _gpu_note(rows: list[dict]) -> str:
-    """"; models on <GPU> (cuda:N)" when the in-process verifier ran on a GPU (--device auto picks one
-    where the backend can use it), else ""."""
-    device = rows[0]["device"] if rows else "cpu"
-    if not device.startswith("cuda"):
-        return ""
-    import torch
-
-    return f"; models on {torch.cuda.get_device_name(torch.device(device))} ({device})"
-
-
 def _stop(server: subprocess.Popen) -> None:
     server.terminate()
     server.wait(timeout=30)
 
 
-def _measure(bundle_dir: Path, addresses: dict[tuple[str, int], str], texts: list[str], args) -> list[dict]:
+def _measure(
+    bundle_dir: Path, addresses: dict[tuple[str, int], str], texts: list[str], args
+) -> tuple[list[dict], str]:
     """Per configuration and input: in-process, then through each stack, request after request, in
     `repeats` + 1 passes (the first dropped). Interleaving per request rather than per pass keeps
-    slow drifts of the machine out of the differences."""
+    slow drifts of the machine out of the differences. Returns the rows and where the in-process
+    verifier ran ("cpu", "cuda:0": what --device resolved to)."""
     bundle = load_bundle(bundle_dir)
     verifier = make_verifier(bundle, args.backend, device=args.device)
     drafter = make_drafter(bundle, args.backend, device=args.device)
@@ -236,10 +224,9 @@ def _measure(bundle_dir: Path, addresses: dict[tuple[str, int], str], texts: lis
                         "remote_ms": remote_ms,
                         "overhead_per_iteration_ms": (remote_ms - local_ms) / per_request_iterations,
                         "fit": _fixed_and_per_iteration(iterations, diffs_ms),
-                        "device": str(getattr(verifier, "device", "cpu")),
                     }
                 )
-    return rows
+    return rows, str(getattr(verifier, "device", "cpu"))
 
 
 def _fixed_and_per_iteration(iterations: list[int], diffs_ms: list[float]) -> tuple[float, float] | None:

@@ -172,16 +172,13 @@ def warm_up_triton_head(
     before it reports SERVING (Triton caches compiled kernels on disk, so later starts are quick)."""
     vocab, dim = weight.shape
     device = weight.device
-    targets_by_rows: dict[int, Tensor] = {}
-    launches = 0
-    for rows, k in head_variants(max_rows, vocab, dim, ks, _programs(device), on_gpu=device.type == "cuda"):
+    variants = head_variants(max_rows, vocab, dim, ks, _programs(device), on_gpu=device.type == "cuda")
+    for rows, k in variants:
         hidden = torch.zeros(rows, dim, dtype=weight.dtype, device=device)
-        targets = targets_by_rows.setdefault(rows, torch.zeros(rows, dtype=torch.long, device=device))
-        output_head_triton(hidden, weight, bias, k, targets)
-        launches += 1
+        output_head_triton(hidden, weight, bias, k, torch.zeros(rows, dtype=torch.long, device=device))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return launches
+    return len(variants)
 
 
 def head_variants(

@@ -27,12 +27,13 @@ def cpu_name() -> str:
     return f"{name} ({vector_units(flags)})" if flags else name
 
 
-def accelerator_note() -> str:
-    """What a stamp adds after the CPU's name when the services are told (by the SPECDEC__<SECTION>__DEVICE
-    variables the benchmarks pass on) to run a model on a GPU, e.g. "; models on NVIDIA H200 (verifier
-    cuda, drafter cuda)"; else ""."""
-    devices = {section: os.environ.get(f"SPECDEC__{section.upper()}__DEVICE", "")
-               for section in ("verifier", "drafter")}
+def accelerator_note(devices: dict[str, str] | None = None) -> str:
+    """What a stamp adds after the CPU's name when a model ran on a GPU, e.g. "; models on NVIDIA H200
+    (verifier cuda, drafter cuda)"; else "". `devices`: section -> device; by default what the
+    SPECDEC__<SECTION>__DEVICE variables the benchmarks pass on to the services say."""
+    if devices is None:
+        devices = {section: os.environ.get(f"SPECDEC__{section.upper()}__DEVICE", "")
+                   for section in ("verifier", "drafter")}
     if not any(d.startswith("cuda") for d in devices.values()):
         return ""
     try:
