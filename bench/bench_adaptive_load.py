@@ -3,6 +3,7 @@
     python bench/bench_adaptive_load.py                 # 32 and 1 clients, 6 rounds (about 5 minutes)
     python bench/bench_adaptive_load.py --write         # also "## Adaptive speculation under load" in BENCHMARKS.md
     python bench/bench_adaptive_load.py --clients 32 --rounds 3 --sentences 64      # a quick check
+    python bench/bench_adaptive_load.py --extra-mode 'GAD k=3:mode=gad,k=3'        # another column
 
 Issue 11's two adaptive targets: at 32 clients adaptive GAD's output tokens/s at least plain AR's,
 and at one client at least 0.95x fixed-k GAD's. Both compare modes whose difference (a few per
@@ -31,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from bench.bench_load import MODEL_SECTIONS, Batching, _config_toml, _free_port, _start, _stop
+from bench.bench_load import MODEL_SECTIONS, Batching, _config_toml, _extra_mode, _free_port, _start, _stop
 from core.backends import BACKENDS
 from specdec.bench_report import accelerator_note, cpu_name, write_section
 from specdec.loadtest import LoadSpec, run_load, ua_gec_texts
@@ -47,8 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     clients = [int(c) for c in args.clients.split(",")]
     texts = ua_gec_texts(args.sentences, args.data_dir)
-    runs, drafted = _run_rounds(args, clients, texts)
-    table = format_table(runs, clients, drafted)
+    modes = {**MODES, **{m.name: m.overrides for m in map(_extra_mode, args.extra_mode) if m is not None}}
+    runs, drafted = _run_rounds(args, clients, texts, modes)
+    table = format_table(runs, clients, drafted, [m for m in modes if m not in MODES])
     print(table)
     if args.write:
         write_section(args.output, SECTION, _section_body(args, texts, table))
@@ -56,18 +58,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def format_table(runs: dict[tuple[int, str], list[float]], clients: list[int],
-                 drafted: dict[int, list[float]]) -> str:
+                 drafted: dict[int, list[float]], extra: list[str] = ()) -> str:
     """One row per client count: each mode's mean output tokens/s, then adaptive over AR and over
-    fixed k (ratio of the means; in brackets the lowest and highest ratio of one round), and the
-    draft tokens adaptive GAD proposed per request (the gateway's counters over its cells)."""
+    fixed k (ratio of the means; in brackets the lowest and highest ratio of one round), the
+    draft tokens adaptive GAD proposed per request (the gateway's counters over its cells), then
+    each `extra` mode's mean and its ratio to AR."""
     lines = [f"| clients | {AR} | {FIXED} | {ADAPTIVE} | adaptive / AR | adaptive / fixed k | "
-             "adaptive draft tokens / request |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+             "adaptive draft tokens / request |" + "".join(f" {m} | {m} / AR |" for m in extra),
+             "|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(extra)]
     for c in clients:
-        mean = {m: statistics.mean(runs[c, m]) for m in MODES}
+        mean = {m: statistics.mean(runs[c, m]) for m in (*MODES, *extra)}
         lines.append(f"| {c} | {mean[AR]:.0f} | {mean[FIXED]:.0f} | {mean[ADAPTIVE]:.0f} | "
                      f"{_ratio(runs[c, ADAPTIVE], runs[c, AR])} | {_ratio(runs[c, ADAPTIVE], runs[c, FIXED])} | "
-                     f"{statistics.mean(drafted[c]):.1f} |")
+                     f"{statistics.mean(drafted[c]):.1f} |"
+                     + "".join(f" {mean[m]:.0f} | {_ratio(runs[c, m], runs[c, AR])} |" for m in extra))
     return "\n".join(lines)
 
 
@@ -76,10 +80,10 @@ def _ratio(top: list[float], bottom: list[float]) -> str:
     return f"{statistics.mean(top) / statistics.mean(bottom):.2f}x ({min(per_round):.2f}-{max(per_round):.2f})"
 
 
-def _run_rounds(args, clients: list[int], texts: list[str]
+def _run_rounds(args, clients: list[int], texts: list[str], modes: dict[str, dict]
                 ) -> tuple[dict[tuple[int, str], list[float]], dict[int, list[float]]]:
     """Output tokens/s per (clients, mode) and round; adaptive's draft tokens per request per round."""
-    runs: dict[tuple[int, str], list[float]] = {(c, m): [] for c in clients for m in MODES}
+    runs: dict[tuple[int, str], list[float]] = {(c, m): [] for c in clients for m in modes}
     drafted: dict[int, list[float]] = {c: [] for c in clients}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         metrics = {s: f"127.0.0.1:{_free_port()}" for s in MODEL_SECTIONS}
@@ -94,9 +98,9 @@ def _run_rounds(args, clients: list[int], texts: list[str]
             for c in clients:
                 # The order turns each round, so no mode always follows the same one (measured: a
                 # cell right after fixed-k GAD's 32 drafting clients ran ~10% slower than after AR).
-                order = list(MODES)[r % len(MODES):] + list(MODES)[:r % len(MODES)]
+                order = list(modes)[r % len(modes):] + list(modes)[:r % len(modes)]
                 for mode in order:
-                    overrides = MODES[mode]
+                    overrides = modes[mode]
                     spec = LoadSpec(address, texts, {**overrides, "max_new_tokens": args.max_new_tokens},
                                     concurrency=c, requests=len(texts), timeout=600,
                                     warmup=WARMUP_REQUESTS if r == 0 else 0)
@@ -136,6 +140,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sentences", type=int, default=128, help="UA-GEC test sentences per cell")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--extra-mode", action="append", default=[], metavar="NAME:FIELD=VALUE,...",
+                   help="another mode to run in every round, as bench_load's (a column with its ratio to AR)")
     p.add_argument("--one-process", action="store_true", help="serve all in one process")
     p.add_argument("--write", action="store_true", help=f"write {SECTION!r} into --output")
     p.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")

@@ -97,6 +97,12 @@ class Draft:
     # (adaptive speculation under load): the loop may take them as one run of greedy steps
     # (`GreedySession.step_greedy`). Only for policies whose token after an empty draft is top-1.
     ar_steps: int = 1
+    # The drafter forward this block ran in, as `VerifyResult`'s fields (batch_tokens 0: not
+    # reported, e.g. an in-process drafter without a scheduler): what adaptive speculation learns
+    # the drafter's cost from.
+    batch_rows: int = 1
+    batch_tokens: int = 0
+    forward_s: float = 0.0
 
 
 class VerifierSession(Protocol):

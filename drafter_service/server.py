@@ -21,7 +21,7 @@ from core.wire import sampling_from_wire
 from drafter_service.session import DRAFTER_ROLES, DrafterSession, make_drafter
 from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, bundle_roles, load_bundle
-from serving.batching import BatchStats, one_by_one
+from serving.batching import BatchStats, one_by_one, with_batch_load
 from serving.model_service import ModelService, SessionLimits, make_model_info
 
 SERVICE = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"]
@@ -125,7 +125,11 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
             self.m_step_s.inc(time.perf_counter() - started, kind=method)
         self.m_drafts.inc(kind=method)
         self.m_draft_tokens.inc(len(draft.ids), kind=method)
-        result = drafter_pb2.DraftResult(committed_len=committed + len(append), ids=draft.ids, cum_logq=draft.cum_logq)
+        result = drafter_pb2.DraftResult(
+            committed_len=committed + len(append), ids=draft.ids, cum_logq=draft.cum_logq,
+            batch_rows=draft.batch_rows if draft.batch_tokens else 0, batch_tokens=draft.batch_tokens,
+            forward_ms=draft.forward_s * 1000.0,
+        )
         for ids, probs in draft.q_rows:
             result.q_rows.add(ids=ids, probs=probs)
         return drafter_pb2.DraftResponse(result=result)
@@ -149,11 +153,13 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
         return call
 
     def _run_batch(self, items: list[tuple[DrafterSession, BlockCall]]) -> list:
-        """Worker thread: NAR blocks as one forward (the backend's `draft_batch`), or one by one."""
+        """Worker thread: NAR blocks as one forward (the backend's `draft_batch`), or one by one;
+        each draft stamped with the batch it ran in (the cost a client's adaptive speculation reads)."""
+        started = time.perf_counter()
         draft_batch = getattr(self.drafter, "draft_batch", None)
-        if draft_batch is not None:
-            return draft_batch(items)
-        return one_by_one(items, _draft_block)
+        results = draft_batch(items) if draft_batch is not None else one_by_one(items, _draft_block)
+        tokens = sum(call.n_tokens for _, call in items)
+        return with_batch_load(results, len(items), tokens, time.perf_counter() - started)
 
     def observe_batch(self, stats: BatchStats) -> None:
         super().observe_batch(stats)

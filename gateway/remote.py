@@ -250,6 +250,7 @@ class RemoteDrafterSession:
             ids=list(res.ids),
             cum_logq=list(res.cum_logq),
             q_rows=[(list(row.ids), list(row.probs)) for row in res.q_rows],
+            batch_rows=max(res.batch_rows, 1), batch_tokens=res.batch_tokens, forward_s=res.forward_ms / 1000.0,
         )
 
 

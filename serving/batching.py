@@ -307,8 +307,8 @@ def one_by_one(items: list[tuple[Any, Any]], step: Callable[[Any, Any], Any]) ->
 
 
 def with_batch_load(results: list[Any], rows: int, tokens: int, forward_s: float) -> list[Any]:
-    """Results (`core.interfaces.VerifyResult`, or lists of them) stamped with the forward they ran
-    in; exceptions pass through."""
+    """Results (`core.interfaces.VerifyResult` or `Draft`, or lists of them) stamped with the forward
+    they ran in; exceptions pass through."""
 
     def stamp(result: Any) -> Any:
         if isinstance(result, BaseException):

@@ -33,11 +33,12 @@ from gateway.policies.adaptive import (
     PROBE_K,
     PROBE_MAX_INTERVAL,
     AdaptiveBlocks,
+    Cost,
     CostEstimator,
-    Line,
     LoadModel,
     choose_block_length,
     expected_tokens,
+    fit_cost,
     fit_line,
     install_load_model,
     load_model,
@@ -65,23 +66,23 @@ def test_expected_tokens_is_the_geometric_sum() -> None:
 
 def test_high_acceptance_and_a_large_fixed_cost_pick_k_max() -> None:
     """One request, a forward that costs mostly its fixed part: the longest block wins."""
-    verifier = Line(c0=10 * MS, c1=0.1 * MS)
-    drafter = Line(c0=2 * MS, c1=0.05 * MS)
+    verifier = Cost(c0=10 * MS, c1=0.1 * MS)
+    drafter = Cost(c0=2 * MS, c1=0.05 * MS)
     assert choose_block_length(0.95, k_max=10, rows=1, verifier=verifier, drafter=drafter) == 10
     assert choose_block_length(0.95, k_max=25, rows=1, verifier=verifier, drafter=drafter) == 25
 
 
 def test_low_acceptance_in_a_compute_bound_batch_picks_plain_ar() -> None:
     """32 rows, c0 small beside c1*T: every draft token costs nearly a whole AR step, so k = 0."""
-    verifier = Line(c0=2 * MS, c1=1 * MS)  # a 32-row AR forward: 34 ms, 94% of it per token
-    drafter = Line(c0=2 * MS, c1=0.2 * MS)
+    verifier = Cost(c0=2 * MS, c1=1 * MS)  # a 32-row AR forward: 34 ms, 94% of it per token
+    drafter = Cost(c0=2 * MS, c1=0.2 * MS)
     assert choose_block_length(0.3, k_max=10, rows=32, verifier=verifier, drafter=drafter) == 0
     # Even perfect-ish drafts do not pay when the drafter is not free and tokens are all that cost.
-    assert choose_block_length(0.9, k_max=10, rows=32, verifier=Line(0.0, 1 * MS), drafter=drafter) == 0
+    assert choose_block_length(0.9, k_max=10, rows=32, verifier=Cost(0.0, 1 * MS), drafter=drafter) == 0
 
 
 def test_the_same_request_drafts_less_as_the_batch_fills() -> None:
-    verifier, drafter = Line(c0=20 * MS, c1=0.5 * MS), Line(c0=3 * MS, c1=0.1 * MS)
+    verifier, drafter = Cost(c0=20 * MS, c1=0.5 * MS), Cost(c0=3 * MS, c1=0.1 * MS)
     chosen = [choose_block_length(0.7, 10, rows, verifier, drafter) for rows in (1, 2, 4, 8, 16, 32, 64)]
     assert chosen == sorted(chosen, reverse=True)
     assert chosen[0] >= 6 and chosen[-1] == 0
@@ -89,83 +90,122 @@ def test_the_same_request_drafts_less_as_the_batch_fills() -> None:
 
 
 def test_a_draft_under_load_pays_the_drafters_whole_fixed_cost() -> None:
-    """Under load most requests take k = 0, so the one that drafts has the drafter's forward to
-    itself: its fixed cost is not shared by the verifier's rows. Drafting that pays at one request
-    (and would at 32 if d0 were split 32 ways) does not pay at 32."""
-    verifier, drafter = Line(c0=10 * MS, c1=0.1 * MS), Line(c0=2 * MS, c1=0.1 * MS)
-    assert step_cost(10, 32, verifier, drafter) == pytest.approx(10 * MS / 32 + 11 * 0.1 * MS + 2 * MS + 1 * MS)
+    """A drafter that reports no forwards (its cost learnt from wall times): under load most
+    requests take k = 0, so the one that drafts has the drafter's forward to itself and its fixed
+    cost is not shared by the verifier's rows. Drafting that pays at one request (and would at 32
+    if d0 were split 32 ways) does not pay at 32."""
+    verifier, drafter = Cost(c0=10 * MS, c1=0.1 * MS), Cost(c0=2 * MS, c1=0.1 * MS)
+    assert step_cost(10, 32, verifier, drafter) == pytest.approx(10 * MS / 32 + 11 * 0.1 * MS + 2 * MS + 1.1 * MS)
     assert step_cost(0, 32, verifier, drafter) == pytest.approx(10 * MS / 32 + 0.1 * MS)
     assert choose_block_length(0.9, 10, 1, verifier, drafter) == 10
     assert choose_block_length(0.9, 10, 32, verifier, drafter) == 0
-    shared = expected_tokens(0.9, 10) / (10 * MS / 32 + 1.1 * MS + 2 * MS / 32 + 1 * MS)
+    shared = expected_tokens(0.9, 10) / step_cost(10, 32, verifier, drafter, drafter_shared=True)
     assert shared > 1 / step_cost(0, 32, verifier, drafter)  # what splitting d0 32 ways would have chosen
 
 
 def test_free_drafts_and_free_tokens_pick_the_longest_block_and_no_acceptance_picks_none() -> None:
-    assert choose_block_length(0.01, 7, 1, Line(1 * MS, 0.0), FREE) == 7
-    assert choose_block_length(0.0, 7, 1, Line(1 * MS, 0.1 * MS), FREE) == 0
-    assert choose_block_length(0.9, 0, 1, Line(1 * MS, 0.0), FREE) == 0
+    assert choose_block_length(0.01, 7, 1, Cost(1 * MS, 0.0), FREE) == 7
+    assert choose_block_length(0.0, 7, 1, Cost(1 * MS, 0.1 * MS), FREE) == 0
+    assert choose_block_length(0.9, 0, 1, Cost(1 * MS, 0.0), FREE) == 0
 
 
 # --- the cost estimator ----------------------------------------------------------------------------
 
 
-def test_the_estimator_recovers_c0_and_c1_from_noisy_observations() -> None:
+def test_the_estimator_recovers_c0_cr_and_c1_from_noisy_observations() -> None:
     rng = random.Random(0)
     est = CostEstimator()
-    c0, c1 = 4 * MS, 0.25 * MS
+    truth = Cost(c0=4 * MS, c1=0.25 * MS, cr=0.6 * MS)
     for _ in range(2000):
-        tokens = rng.randint(1, 400)
-        est.observe(tokens, (c0 + c1 * tokens) * rng.uniform(0.9, 1.1))
-    line = est.line()
-    assert line.c0 == pytest.approx(c0, rel=0.15)
-    assert line.c1 == pytest.approx(c1, rel=0.05)
+        rows = rng.randint(1, 32)
+        tokens = rows * rng.choice((1, 1, 3, 11))  # plain AR rows, probes, long blocks
+        est.observe(rows, tokens, truth(rows, tokens) * rng.uniform(0.9, 1.1))
+    cost = est.cost()
+    assert cost.c0 == pytest.approx(truth.c0, rel=0.15)
+    assert cost.cr == pytest.approx(truth.cr, rel=0.1)
+    assert cost.c1 == pytest.approx(truth.c1, rel=0.05)
+    assert est.row_share == pytest.approx(0.6 / 0.85, rel=0.05)
+
+
+def test_plain_ar_traffic_keeps_the_per_row_split_an_earlier_mix_taught() -> None:
+    """A verifier under plain AR traffic feeds one token a row: its forwards cannot tell a row's
+    cost from a token's. Folding both into c1 priced every draft token as a whole AR row (measured
+    at 32 clients: adaptive GAD drafted 0.4 tokens a request where fixed k = 10 beat plain AR by
+    15%). The split of the last mixed traffic is kept; before any, all of it is per token."""
+    truth = Cost(c0=5 * MS, c1=0.2 * MS, cr=0.7 * MS)
+    now = [0.0]
+    est = CostEstimator(clock=lambda: now[0])
+    ar_only = CostEstimator()
+    for rows in (1, 2, 4, 8, 16, 32):
+        ar_only.observe(rows, rows, truth(rows, rows))
+        ar_only.observe(rows, rows, truth(rows, rows))
+    assert ar_only.cost() == Cost(pytest.approx(5 * MS), pytest.approx(0.9 * MS), 0.0)
+    for rows in (1, 2, 4, 8, 16, 32):  # drafting traffic first: 1, 3 and 11 tokens a row
+        for per_row in (1, 3, 11):
+            est.observe(rows, rows * per_row, truth(rows, rows * per_row))
+    assert est.cost() == Cost(pytest.approx(5 * MS), pytest.approx(0.2 * MS), pytest.approx(0.7 * MS))
+    now[0] = adaptive.MAX_AGE_S + 1  # that traffic expires; plain AR steps only from here
+    for rows in (1, 2, 4, 8, 16, 32):
+        est.observe(rows, rows, truth(rows, rows))
+    assert est.cost() == Cost(pytest.approx(5 * MS), pytest.approx(0.2 * MS), pytest.approx(0.7 * MS))
+    # What that changes: at 32 rows and acceptance 0.8, a reporting drafter's blocks pay.
+    drafter = Cost(c0=3 * MS, c1=0.1 * MS, cr=0.2 * MS)
+    assert choose_block_length(0.8, 10, 32, est.cost(), drafter, drafter_shared=True) >= 3
+    assert choose_block_length(0.8, 10, 32, ar_only.cost(), drafter, drafter_shared=True) == 0
+
+
+def test_fit_cost_keeps_every_coefficient_non_negative() -> None:
+    # A cost that falls with the rows: the best fit with cr = 0.
+    points = [(1, 1, 2.0), (8, 8, 1.5), (8, 88, 3.0), (32, 32, 1.0), (32, 352, 2.0)]
+    cost = fit_cost(points)
+    assert min(cost.c0, cost.cr, cost.c1) >= 0 and cost.cr == 0.0
+    assert fit_cost([(1, 1, 1.0)]) == Cost(1.0, 0.0)
 
 
 def test_one_outlier_does_not_swing_the_fit_and_new_loads_do_not_erase_old_ones() -> None:
     est = CostEstimator()
     for i in range(30):
         if i == 20:
-            est.observe(1, 5.0)  # a stall: 1000x the steady cost, still among the last observations
+            est.observe(1, 1, 5.0)  # a stall: 1000x the steady cost, still among the last observations
         for tokens in (1, 3, 11, 40, 100):
-            est.observe(tokens, 2 * MS + 0.1 * MS * tokens)
+            est.observe(1, tokens, 2 * MS + 0.1 * MS * tokens)
     for _ in range(500):  # then steady traffic at one batch size only
-        est.observe(320, 2 * MS + 0.1 * MS * 320)
-    line = est.line()
+        est.observe(1, 320, 2 * MS + 0.1 * MS * 320)
+    line = est.cost()
     assert line.c0 == pytest.approx(2 * MS, rel=0.01)
     assert line.c1 == pytest.approx(0.1 * MS, rel=0.01)
 
 
 def test_the_estimator_before_data_and_with_one_batch_size() -> None:
-    assert CostEstimator().line() == Line(1.0, 0.0)
-    assert CostEstimator(prior=FREE).line() == FREE
+    assert CostEstimator().cost() == Cost(1.0, 0.0)
+    assert CostEstimator(prior=FREE).cost() == FREE
     est = CostEstimator()
     for _ in range(5):
-        est.observe(1, 3 * MS)
-    assert est.line() == Line(pytest.approx(3 * MS), 0.0)  # slope unknown: taken as 0 (drafting is tried)
+        est.observe(1, 1, 3 * MS)
+    assert est.cost() == Cost(pytest.approx(3 * MS), 0.0)  # slope unknown: taken as 0 (drafting is tried)
 
 
 def test_old_observations_are_forgotten() -> None:
     """A cost that made drafting look too dear cannot freeze the choice: it expires."""
     now = [0.0]
     est = CostEstimator(clock=lambda: now[0])
-    est.observe(1, 1 * MS)  # the warm-up observation
-    est.observe(10, 500 * MS)  # a dear block, once
+    est.observe(1, 1, 1 * MS)  # the warm-up observation
+    est.observe(1, 10, 500 * MS)  # a dear block, once
     for _ in range(5):
-        est.observe(2, 1 * MS)
-    assert est.line().c1 > 10 * MS
+        est.observe(1, 2, 1 * MS)
+    assert est.cost().c1 > 10 * MS
     now[0] = adaptive.MAX_AGE_S / 2
     for _ in range(5):
-        est.observe(2, 1 * MS)
-    assert est.line().c1 > 10 * MS
+        est.observe(1, 2, 1 * MS)
+    assert est.cost().c1 > 10 * MS
     now[0] = adaptive.MAX_AGE_S + 1
-    assert est.line() == Line(pytest.approx(1 * MS), 0.0)
+    assert est.cost() == Cost(pytest.approx(1 * MS), 0.0)
     now[0] = 3 * adaptive.MAX_AGE_S
-    assert est.line() == est.prior
+    assert est.cost() == est.prior
 
 
 def test_fit_line_keeps_both_coefficients_non_negative() -> None:
-    assert fit_line([(1, 5.0), (10, 1.0)]) == Line(3.0, 0.0)  # falling costs: a flat line at the mean
+    assert fit_line([(1, 5.0), (10, 1.0)]) == Cost(3.0, 0.0)  # falling costs: a flat line at the mean
     line = fit_line([(10, 1.0), (20, 3.0)])  # would cross below zero at x = 0: through the origin
     assert line.c0 == 0.0 and line.c1 == pytest.approx(0.14)
 
@@ -177,15 +217,15 @@ def test_the_estimator_is_shared_safely_between_threads() -> None:
         rng = random.Random(seed)
         for _ in range(500):
             tokens = rng.randint(1, 64)
-            est.observe(tokens, 1 * MS + 0.5 * MS * tokens)
-            est.line()
+            est.observe(1, tokens, 1 * MS + 0.5 * MS * tokens)
+            est.cost()
 
     threads = [threading.Thread(target=feed, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert est.line().c0 == pytest.approx(1 * MS, rel=1e-6) and est.line().c1 == pytest.approx(0.5 * MS, rel=1e-6)
+    assert est.cost().c0 == pytest.approx(1 * MS, rel=1e-6) and est.cost().c1 == pytest.approx(0.5 * MS, rel=1e-6)
 
 
 # --- the per-request policy ------------------------------------------------------------------------
@@ -194,7 +234,7 @@ def test_the_estimator_is_shared_safely_between_threads() -> None:
 class _Fixed(LoadModel):
     """A load model whose verifier and drafter cost lines are given, not learned."""
 
-    def __init__(self, verifier: Line, drafter: Line) -> None:
+    def __init__(self, verifier: Cost, drafter: Cost) -> None:
         super().__init__()
         self.lines = (verifier, drafter)
 
@@ -257,19 +297,19 @@ def test_the_policy_learns_the_batch_from_the_verifiers_answer() -> None:
         calls.append(room)
         return Draft(ids=[7] * room)
 
-    load.verifier_cost.observe(1, 9.0)  # an estimator's first observation (a lazy start) is ignored
+    load.verifier_cost.observe(1, 1, 9.0)  # an estimator's first observation (a lazy start) is ignored
     blocks = AdaptiveBlocks(load, "gad", 6, propose, exact)
     loop = _Loop(blocks)
     assert loop.step([7] * 7, batch_rows=32, batch_tokens=224, forward_s=0.05) == (6, 7)
     assert calls == [6]  # before any data the fixed cost is all there is: the longest block
     assert blocks.rows == 32
-    assert load.verifier_cost.line() == Line(0.05, 0.0)  # the batch's forward, not this step's wall time
+    assert load.verifier_cost.cost() == Cost(0.05, 0.0)  # the batch's forward, not this step's wall time
     assert blocks.rate > adaptive.DEFAULT_RATE  # 6 of 6 accepted
     # A default result (a backend without the scheduler): the step's own tokens and wall time.
     assert loop.step([7, 7, 8, 0, 0, 0, 0]) == (2, 8)
     assert blocks.rows == 1
     # This step fed the verifier 1 + 6 tokens: the verifier's last token, then the draft.
-    assert {b: [o[0] for o in obs] for b, obs in load.verifier_cost._buckets.items()} == {8: [224.0], 3: [7.0]}
+    assert [o[:2] for obs in load.verifier_cost._buckets.values() for o in obs] == [(32.0, 224.0), (1.0, 7.0)]
 
 
 def test_plain_ar_steps_call_no_drafter_and_the_gateway_probes_with_a_growing_interval() -> None:
@@ -326,7 +366,7 @@ def _verifier(trio: int, policy: str) -> LocalVerifier:
     has its own, and the learned one keeps learning across examples as a gateway's would."""
     verifier = LocalVerifier(model_pool()[trio].verifier)
     if policy == "always-ar":
-        install_load_model(verifier, _Fixed(Line(0.0, 1 * MS), Line(1.0, 0.0)))
+        install_load_model(verifier, _Fixed(Cost(0.0, 1 * MS), Cost(1.0, 0.0)))
     elif policy == "always-k-max":
         install_load_model(verifier, _KMax())
     return verifier
@@ -389,16 +429,40 @@ def test_adaptive_modes_equal_greedy_with_random_block_lengths(trio, source, max
 
 
 def test_a_requests_first_draft_is_not_a_sample_of_the_drafters_cost() -> None:
-    """The first draft opens the request's drafter session (an encoder run, a stream): a cost of the
-    request, not of a draft. Every later draft is a sample."""
+    """The first draft's wall time includes opening the request's drafter session (an encoder run,
+    a stream): a cost of the request, not of a draft. Every later draft is a sample."""
     load = _KMax()
-    samples: list[float] = []
-    load.drafter_cost("gad").observe = lambda k, seconds: samples.append(k)
+    samples: list[tuple] = []
+    load.drafter_cost("gad").observe = lambda rows, tokens, seconds: samples.append((rows, tokens))
     for _ in range(2):  # two requests, three drafts of 4 each
         loop = _Loop(AdaptiveBlocks(load, "gad", 4, lambda output, k: Draft(ids=[7] * k), exact))
         for _ in range(3):
             loop.step([7] * 5)
-    assert samples == [4, 4, 4, 4]
+    assert samples == [(1, 5)] * 4  # one row: the verifier's token and 4 masks
+
+
+def test_a_drafter_that_reports_its_forwards_is_learnt_from_them_and_its_fixed_cost_shared() -> None:
+    """A drafter service reports the forward each block ran in (rows, tokens, seconds), its
+    queueing and round trip left out: every draft is a sample, the first too (the session's opening
+    is not in the forward), and its fixed cost is shared by the load's rows like the verifier's."""
+    load = _KMax()
+    drafts = iter([Draft(ids=[7] * 4, batch_rows=rows, batch_tokens=5 * rows, forward_s=(3 + rows) * MS)
+                   for rows in (8, 1, 16, 32)])
+    loop = _Loop(AdaptiveBlocks(load, "gad", 4, lambda output, k: next(drafts), exact))
+    for _ in range(4):
+        loop.step([7] * 5)
+    est = load.drafter_cost("gad")
+    assert [o[:2] for obs in est._buckets.values() for o in obs] == [(1.0, 5.0), (16.0, 80.0), (32.0, 160.0)]
+    verifier = Cost(c0=5 * MS, c1=0.2 * MS, cr=0.7 * MS)
+    drafter = Cost(c0=3 * MS, c1=0.1 * MS, cr=0.2 * MS)
+    assert step_cost(4, 32, verifier, drafter, drafter_shared=True) == pytest.approx(
+        5 * MS / 32 + 0.7 * MS + 5 * 0.2 * MS + 3 * MS / 32 + 0.2 * MS + 5 * 0.1 * MS)
+    learned = LoadModel()
+    learned.verifier_cost.cost = lambda: verifier
+    learned.drafter_cost("gad").cost = lambda: drafter
+    assert learned.choose("gad", 0.8, 10, 32) == 0  # its drafter not heard from yet: d0 charged whole
+    learned.observe_draft("gad", 4, Draft(ids=[7] * 4, batch_rows=2, batch_tokens=10, forward_s=4 * MS), 0.1, True)
+    assert learned.choose("gad", 0.8, 10, 32) == choose_block_length(0.8, 10, 32, verifier, drafter, True) > 0
 
 
 def test_the_learned_policy_learns_from_a_decode() -> None:
@@ -521,7 +585,7 @@ def test_an_adaptive_request_that_never_drafts_never_opens_the_drafter() -> None
     from tests.recording import RecordingDrafter
 
     verifier = LocalVerifier(model_pool()[0].verifier)
-    install_load_model(verifier, _Fixed(Line(0.0, 1 * MS), Line(1.0, 0.0)))  # drafting never pays
+    install_load_model(verifier, _Fixed(Cost(0.0, 1 * MS), Cost(1.0, 0.0)))  # drafting never pays
     recording = RecordingDrafter(_drafter(0))
     source = [5, 6, 7, 8, 9]
     max_new = min(PROBE_AFTER - 1, MAX_LEN - 1)  # ends before the gateway's first probe is due
@@ -562,7 +626,7 @@ def test_where_no_draft_could_pay_a_plain_choice_runs_to_the_end() -> None:
     from contextlib import ExitStack
 
     calls: list[int] = []
-    never = _Fixed(Line(0.0, 1 * MS), Line(1.0, 0.0))  # a drafter call costs a second
+    never = _Fixed(Cost(0.0, 1 * MS), Cost(1.0, 0.0))  # a drafter call costs a second
     blocks = AdaptiveBlocks(never, "gad", 10, lambda output, k: calls.append(k) or Draft(ids=[7] * k), exact)
     assert blocks.propose([], 100).ar_steps == 101
     with ExitStack() as stack:
@@ -591,7 +655,7 @@ def test_no_probe_where_even_the_best_drafts_would_not_pay() -> None:
         calls.append(room)
         return Draft(ids=[9] * room)
 
-    never = _Fixed(Line(0.0, 1 * MS), Line(1.0, 0.0))  # a drafter call costs a second
+    never = _Fixed(Cost(0.0, 1 * MS), Cost(1.0, 0.0))  # a drafter call costs a second
     loop = _Loop(AdaptiveBlocks(never, "gad", 10, propose, exact))
     for _ in range(10 * PROBE_AFTER):
         loop.step([8] * 11)

@@ -10,30 +10,46 @@ tokens, where a is the request's per-token acceptance rate (a draft token is acc
 probability a once its predecessors were; the verifier's own token always comes). k = 0 is a plain
 AR step: no drafter call, one token.
 
-A step costs a share of two forwards. The verifier's forward over T tokens (every row of every
-request in the batch, append + draft) takes cost(T) ~ c0 + c1*T: c0 is paid once per forward whatever
-its size (reading the weights, kernel launches, the scheduler's round), c1 grows with the tokens fed
-(the FLOPs). A request feeding 1 + k tokens to a forward of `rows` rows is charged c0/rows + c1*(1+k);
-its drafter call d0 + d1*k (nothing when k = 0). The policy picks
+A step costs a share of two forwards. The verifier's forward over `rows` rows and T tokens (every
+row of every request in the batch, append + draft) takes cost(rows, T) ~ c0 + cr*rows + c1*T: c0 is
+paid once per forward whatever its size (reading the weights, kernel launches, the scheduler's
+round), cr once per row (attention over the row's cached past and its source, gathering and
+scattering its K/V, its head call), c1 per token fed (the FLOPs of the layers). A request feeding
+1 + k tokens to a forward of `rows` rows is charged c0/rows + cr + c1*(1+k); its drafter call, one
+row of 1 + k tokens (the token it appends, k masks), d0' + dr + d1*(1+k) (nothing when k = 0). The
+policy picks
 
-    k* = argmax_{0 <= k <= k_max}  E(k) / (c0/rows + c1*(1 + k) + [k > 0] * (d0 + d1*k))
+    k* = argmax_{0 <= k <= k_max}  E(k) / (c0/rows + cr + c1*(1 + k) + [k > 0] * (d0' + dr + d1*(1 + k)))
 
-The drafter's fixed cost is charged whole: the drafter's batch holds only the requests drafting at
-that moment, and under load most choose k = 0, so a request that drafts there pays a forward of its
-own. Charging d0/rows priced a lone draft as if the verifier's 32 rows shared it: after a spell at
+Why the per-row term: a draft token adds only c1 to the verifier's forward, a plain AR step costs
+cr + c1 more than its share of c0. Measured on the UA-GEC verifier at 32 rows (2-core Xeon,
+`bench/bench_batch_forward.py`): 0.89, 1.37 and 2.94 ms a row for 1, 3 and 11 tokens a row, so
+cr ~ 0.66 ms and c1 ~ 0.21 ms. A line in T alone, fitted on plain AR traffic (T = rows), folds cr into
+c1 and prices every draft token as a whole AR row: at 32 clients adaptive GAD then drafted 0.4
+tokens a request and ran at 0.99x plain AR where fixed k = 10 ran at 1.15x; with the per-row term it
+ran at 1.30x plain AR and 1.11x fixed k (`bench/bench_adaptive_load.py`, 2 rounds).
+
+The drafter's fixed cost d0' is d0/rows, shared like the verifier's, when the drafter reports the
+forwards its blocks ran in (its scheduler batches the blocks of every drafting request, and the
+requests at one load choose alike: if drafting pays for this one it pays for the others, and they
+fill the drafter's batch). It is charged whole, d0' = d0, when the drafter reports none (an
+in-process drafter: its cost is learnt from the call's wall time, queueing included). Charging
+d0/rows on wall times priced a lone draft as if the verifier's 32 rows shared it: after a spell at
 one client (cheap drafter calls in the estimates), adaptive GAD at 32 clients drafted again and ran
-at 0.88x plain AR (`bench/bench_adaptive_load.py`). At rows = 1 the two charges are the same.
+at 0.88x plain AR. At rows = 1 the two charges are the same.
 
 Why this ratio: when the rows of a batch behave alike, the server commits rows*E(k) tokens per
-forward of c0 + c1*rows*(1+k) (plus the drafter's), so the ratio is the server's throughput over
-rows: maximising each request's share maximises the whole. (For unlike rows the exact optimum of the
-batch's ratio, by Dinkelbach, has every row maximise E_i(k) - lambda*c1*(1+k) with lambda the batch's
-throughput; the share ratio is that rule with lambda taken from the row itself, exact for alike rows.)
-At rows = 1 it is the request's own tokens per second: when c0 dominates (latency-bound: one request,
-a forward paying mostly per-call overhead) E grows faster than the cost and long blocks win. At
-rows = 32 with c0/rows small beside c1*(1+k), the cost grows like 1 + k while E(k) < 1 + k for every
-a < 1, so k = 0 wins. That is the fix for the usual complaint about vLLM / TensorRT-LLM speculation
-making a loaded server slower than plain AR: a fixed k charges every request 1 + k tokens of a
+forward of c0 + rows*(cr + c1*(1+k)) (plus the drafter's), so the ratio is the server's throughput
+over rows: maximising each request's share maximises the whole. (For unlike rows the exact optimum
+of the batch's ratio, by Dinkelbach, has every row maximise E_i(k) - lambda*c1*(1+k) with lambda the
+batch's throughput; the share ratio is that rule with lambda taken from the row itself, exact for
+alike rows.) At rows = 1 it is the request's own tokens per second: when c0 dominates (latency-bound:
+one request, a forward paying mostly per-call overhead) E grows faster than the cost and long blocks
+win. At rows = 32 with c0/rows small, a draft pays only where its expected tokens beat what its c1
+per token and the drafter's cost take from plain AR's cr + c1 a token: where the per-token cost
+dominates (a compute-bound forward), the cost grows like 1 + k while E(k) < 1 + k for every a < 1,
+and k = 0 wins. That is the fix for the usual complaint about vLLM / TensorRT-LLM speculation making
+a loaded server slower than plain AR: a fixed k charges every request 1 + k tokens of a
 compute-bound forward for E(k) tokens of progress.
 
 The estimates
@@ -43,22 +59,27 @@ The estimates
   rate of the geometric model E(k) assumes. The prior is the pooled rate of the mode over recent
   blocks of every request of this gateway, worth PRIOR_WEIGHT positions (empirical Bayes: a new
   request starts from what the traffic shows, not from a guess).
-- c0, c1: one `CostEstimator` per verifier (one per gateway process: the gateway's per-request
-  verifier objects name the peer they share as their `load_key`), shared by its requests and
-  thread-safe, fed with every step's (batch_tokens, forward_s) as the verifier's batching
-  scheduler reports them; where a backend reports none (batch_tokens = 0), the step's own tokens
-  and the wall time of the verifier call (the loop calls the verifier between `propose` and
-  `accept`, so that is what the gap between them times). Observations are kept per power-of-two
-  bucket of T (the last BUCKET_SIZE of each, summarised by their mean without stalls) and the line is
-  a least-squares fit through the buckets: steady traffic at one T cannot wash out what other loads taught, and
-  one slow outlier (a first call warming up) cannot swing the fit.
-- d0, d1: the same estimator over the drafter's calls (k asked, wall seconds), one per mode. The
-  drafter reports no batch; its fixed cost is charged whole (above). A request's first draft is not
-  a sample: it opens the request's drafter session (a stream, an encoder run) and catches the
-  drafter up on the output so far, a cost of the request paid once. Measured: at a cold start of 32
-  clients every request drafts (nothing is known yet), the first drafts queue behind each other's
-  openings on the drafter, ~125 ms each, and with them as samples the drafter looked too dear to
-  draft even at one client until they expired (MAX_AGE_S).
+- c0, cr, c1: one `CostEstimator` per verifier (one per gateway process: the gateway's
+  per-request verifier objects name the peer they share as their `load_key`), shared by its
+  requests and thread-safe, fed with every step's (batch_rows, batch_tokens, forward_s) as the
+  verifier's batching scheduler reports them; where a backend reports none (batch_tokens = 0), one
+  row, the step's own tokens and the wall time of the verifier call (the loop calls the verifier
+  between `propose` and `accept`, so that is what the gap between them times). Observations are kept
+  per bucket (power of two of the rows, power of two of the tokens; the last BUCKET_SIZE of each,
+  summarised by their mean without stalls) and the plane is a non-negative least-squares fit through
+  the buckets: steady traffic at one load cannot wash out what other loads taught, and one slow
+  outlier (a first call warming up) cannot swing the fit. Plain AR traffic alone (one token a row)
+  cannot tell cr from c1: their sum is fitted and split as the last mixed traffic split it
+  (`CostEstimator.row_share`, kept when that traffic's observations expire).
+- d0, dr, d1: the same estimator over the drafter's forwards, one per mode: (batch_rows,
+  batch_tokens, forward_s) as the drafter's scheduler reports them with each block, queueing and the
+  round trip left out. A drafter that reports none is timed by the call's wall time as one row of
+  1 + k tokens, and a request's first draft is then not a sample: it opens the request's drafter
+  session (a stream, an encoder run) and catches the drafter up on the output so far, a cost of the
+  request paid once. Measured: at a cold start of 32 clients every request drafts (nothing is known
+  yet), the first drafts queue behind each other's openings on the drafter, ~125 ms each, and with
+  them as samples the drafter looked too dear to draft even at one client until they expired
+  (MAX_AGE_S).
 - rows: the requests decoding on this verifier now (every mode: `decode` counts them in and out),
   or the rows of the request's last forward when that is more (other gateways share the
   verifier). Not the last forward's rows alone: requests that draft spend half their time in the
@@ -144,25 +165,29 @@ def expected_tokens(a: float, k: int) -> float:
 
 
 @dataclass(frozen=True)
-class Line:
-    """cost(x) = c0 + c1 * x, in seconds."""
+class Cost:
+    """cost(rows, tokens) = c0 + cr * rows + c1 * tokens, in seconds: a forward's fixed cost, its
+    cost per row and per token (the module docstring's "The objective")."""
 
     c0: float
     c1: float
+    cr: float = 0.0
 
-    def __call__(self, x: float) -> float:
-        return self.c0 + self.c1 * x
-
-
-FREE = Line(0.0, 0.0)
+    def __call__(self, rows: float, tokens: float) -> float:
+        return self.c0 + self.cr * rows + self.c1 * tokens
 
 
-def step_cost(k: int, rows: int, verifier: Line, drafter: Line) -> float:
+FREE = Cost(0.0, 0.0)
+
+
+def step_cost(k: int, rows: int, verifier: Cost, drafter: Cost, drafter_shared: bool = False) -> float:
     """A request's share of the forwards of one step drafting k tokens (module docstring)."""
     rows = max(rows, 1)
-    cost = verifier.c0 / rows + verifier.c1 * (1 + k)
+    cost = verifier.c0 / rows + verifier.cr + verifier.c1 * (1 + k)
     if k > 0:
-        cost += drafter.c0 + drafter.c1 * k  # whole: see "The drafter's fixed cost" above
+        # The drafter's row feeds its append (usually the verifier's last token) and k masks.
+        fixed = drafter.c0 / rows if drafter_shared else drafter.c0  # see "The drafter's fixed cost"
+        cost += fixed + drafter.cr + drafter.c1 * (1 + k)
     return cost
 
 
@@ -176,11 +201,12 @@ def load_steps(rows: int) -> int:
     return max(1, rows // ROWS_PER_RUN)
 
 
-def choose_block_length(a: float, k_max: int, rows: int, verifier: Line, drafter: Line) -> int:
+def choose_block_length(a: float, k_max: int, rows: int, verifier: Cost, drafter: Cost,
+                        drafter_shared: bool = False) -> int:
     """argmax over k in 0..k_max of E(k) / step_cost(k); the shorter block on a tie."""
     best_k, best = 0, -1.0
     for k in range(max(k_max, 0) + 1):
-        cost = step_cost(k, rows, verifier, drafter)
+        cost = step_cost(k, rows, verifier, drafter, drafter_shared)
         value = math.inf if cost <= 0 else expected_tokens(a, k) / cost
         if value > best:
             best_k, best = k, value
@@ -188,65 +214,132 @@ def choose_block_length(a: float, k_max: int, rows: int, verifier: Line, drafter
 
 
 class CostEstimator:
-    """cost(x) ~ c0 + c1*x learned online from (x, seconds) observations; thread-safe.
+    """cost(rows, tokens) ~ c0 + cr*rows + c1*tokens learned online from (rows, tokens, seconds)
+    observations; thread-safe.
 
-    Each power-of-two bucket of x keeps its last BUCKET_SIZE observations; the fit is least squares
-    through the buckets' mean (x, seconds) less their stalls, each bucket weighing the same. With one
-    bucket the slope is unknown and taken as 0 (everything costs the same, so the chooser drafts
-    and the next observations fall in other buckets). Both coefficients are kept >= 0."""
+    Each bucket (power of two of the rows, power of two of the tokens) keeps its last BUCKET_SIZE
+    observations; the fit is least squares through the buckets' mean (rows, tokens, seconds) less
+    their stalls, each bucket weighing the same (`fit_cost`). With one bucket only c0 is known (the
+    chooser then drafts, and the next observations fall in other buckets). Where every bucket feeds
+    about as many tokens per row (a verifier under plain AR traffic: one each) the per-row and the
+    per-token cost cannot be told apart; their sum is fitted and split as the last fit that could
+    tell them apart split it (`row_share`; before any, all of it per token: drafting priced high)."""
 
-    def __init__(self, prior: Line = Line(1.0, 0.0), clock: Callable[[], float] = time.monotonic) -> None:
-        self.prior = prior  # the line before any observation
+    def __init__(self, prior: Cost = Cost(1.0, 0.0), clock: Callable[[], float] = time.monotonic) -> None:
+        self.prior = prior  # the cost before any observation
         self.clock = clock
-        self._buckets: dict[int, deque[tuple[float, float, float]]] = {}  # (x, seconds, when)
+        self.row_share = 0.0  # cr / (cr + c1) of the last fit that told them apart
+        self._buckets: dict[tuple[int, int], deque[tuple[float, float, float, float]]] = {}
         self._lock = threading.Lock()
         self._warmup = WARMUP
-        self._line: Line | None = None
+        self._cost: Cost | None = None
         self._oldest = math.inf
 
-    def observe(self, x: float, seconds: float) -> None:
-        if not (x >= 0 and seconds >= 0 and math.isfinite(seconds)):
+    def observe(self, rows: float, tokens: float, seconds: float) -> None:
+        if not (rows >= 1 and tokens >= 0 and seconds >= 0 and math.isfinite(seconds)):
             return
-        bucket = min(int(x).bit_length(), MAX_BUCKET)
+        bucket = (min(int(rows).bit_length(), MAX_BUCKET), min(int(tokens).bit_length(), MAX_BUCKET))
         with self._lock:
             if self._warmup > 0:
                 self._warmup -= 1
                 return
             now = self.clock()
-            self._buckets.setdefault(bucket, deque(maxlen=BUCKET_SIZE)).append((float(x), float(seconds), now))
+            self._buckets.setdefault(bucket, deque(maxlen=BUCKET_SIZE)).append(
+                (float(rows), float(tokens), float(seconds), now))
             self._oldest = min(self._oldest, now)
-            self._line = None
+            self._cost = None
 
-    def line(self) -> Line:
+    def cost(self) -> Cost:
         with self._lock:
             now = self.clock()
             if self._oldest < now - MAX_AGE_S:
                 self._forget(now - MAX_AGE_S)
-            if self._line is None:
+            if self._cost is None:
                 points = [_summary(obs) for obs in self._buckets.values()]
-                self._line = fit_line(points) if points else self.prior
-            return self._line
+                self._cost = fit_cost(points, self.row_share) if points else self.prior
+                if _separable(points) and self._cost.cr + self._cost.c1 > 0:
+                    self.row_share = self._cost.cr / (self._cost.cr + self._cost.c1)
+            return self._cost
 
     def _forget(self, before: float) -> None:
         for bucket, obs in list(self._buckets.items()):
-            while obs and obs[0][2] < before:
+            while obs and obs[0][3] < before:
                 obs.popleft()
             if not obs:
                 del self._buckets[bucket]
-        self._oldest = min((obs[0][2] for obs in self._buckets.values()), default=math.inf)
-        self._line = None
+        self._oldest = min((obs[0][3] for obs in self._buckets.values()), default=math.inf)
+        self._cost = None
 
 
-def _summary(obs: deque[tuple[float, float, float]]) -> tuple[float, float]:
-    """A bucket's mean (x, seconds) without its stalls: observations over OUTLIER times the median
-    (a pause of the host, a garbage collection) are dropped; the mean of the rest is unbiased for a line."""
-    ceiling = OUTLIER * statistics.median(y for _, y, _ in obs)
-    kept = [(x, y) for x, y, _ in obs if y <= ceiling]
-    return sum(x for x, _ in kept) / len(kept), sum(y for _, y in kept) / len(kept)
+def _summary(obs: deque[tuple[float, float, float, float]]) -> tuple[float, float, float]:
+    """A bucket's mean (rows, tokens, seconds) without its stalls: observations over OUTLIER times
+    the median (a pause of the host, a garbage collection) are dropped; the mean of the rest is
+    unbiased for a plane."""
+    ceiling = OUTLIER * statistics.median(o[2] for o in obs)
+    kept = [o for o in obs if o[2] <= ceiling]
+    return tuple(sum(o[i] for o in kept) / len(kept) for i in range(3))  # type: ignore[return-value]
 
 
-def fit_line(points: list[tuple[float, float]]) -> Line:
-    """Least squares c0 + c1*x through `points`, constrained to c0, c1 >= 0."""
+SEPARABLE = 1.5  # tokens per row must differ this many times between buckets to split cr from c1
+
+
+def _separable(points: list[tuple[float, float, float]]) -> bool:
+    """Whether the points tell the per-row cost from the per-token cost: their tokens per row differ."""
+    per_row = [t / r for r, t, _ in points if r > 0]
+    return len(points) >= 3 and bool(per_row) and max(per_row) >= SEPARABLE * min(per_row)
+
+
+def fit_cost(points: list[tuple[float, float, float]], row_share: float = 0.0) -> Cost:
+    """Least squares c0 + cr*rows + c1*tokens through `points` (rows, tokens, seconds), every
+    coefficient >= 0. Where the points cannot tell cr from c1 (`_separable`), their sum is fitted
+    against the tokens and split by `row_share` (cr's part of cr + c1 at one token a row)."""
+    if _separable(points):
+        return _non_negative_least_squares(points)
+    line = fit_line([(t, y) for _, t, y in points])
+    per_row = sum(t / r for r, t, _ in points) / len(points)  # tokens per row, about the same in all
+    # tokens = per_row * rows, so cr*rows + c1*tokens = (cr / per_row + c1) * tokens = slope * tokens.
+    unit = line.c1 / (row_share / per_row + 1.0 - row_share)
+    return Cost(line.c0, unit * (1.0 - row_share), unit * row_share)
+
+
+def _non_negative_least_squares(points: list[tuple[float, float, float]]) -> Cost:
+    """The best non-negative (c0, cr, c1): the least-squares solution of each subset of the three
+    (the others held at 0) that comes out non-negative, the one with the smallest residual."""
+    columns = {"c0": [1.0] * len(points), "cr": [r for r, _, _ in points], "c1": [t for _, t, _ in points]}
+    y = [s for _, _, s in points]
+    best, best_sse = Cost(0.0, 0.0), sum(v * v for v in y)
+    for names in (("c0", "cr", "c1"), ("c0", "cr"), ("c0", "c1"), ("cr", "c1"), ("c0",), ("cr",), ("c1",)):
+        coef = _solve([columns[n] for n in names], y)
+        if coef is None or min(coef) < 0:
+            continue
+        fitted = dict(zip(names, coef, strict=True))
+        cost = Cost(fitted.get("c0", 0.0), fitted.get("c1", 0.0), fitted.get("cr", 0.0))
+        sse = sum((cost(r, t) - s) ** 2 for r, t, s in points)
+        if sse < best_sse * (1 - 1e-12):
+            best, best_sse = cost, sse
+    return best
+
+
+def _solve(columns: list[list[float]], y: list[float]) -> list[float] | None:
+    """Least squares by the normal equations (at most three unknowns); None when singular."""
+    n = len(columns)
+    a = [[sum(p * q for p, q in zip(ci, cj, strict=True)) for cj in columns]
+         + [sum(p * q for p, q in zip(ci, y, strict=True))] for ci in columns]
+    for i in range(n):  # Gauss-Jordan with partial pivoting
+        pivot = max(range(i, n), key=lambda r: abs(a[r][i]))
+        scale = max(abs(a[r][c]) for r in range(n) for c in range(n))
+        if abs(a[pivot][i]) <= 1e-12 * max(scale, 1e-300):
+            return None
+        a[i], a[pivot] = a[pivot], a[i]
+        for r in range(n):
+            if r != i:
+                f = a[r][i] / a[i][i]
+                a[r] = [x - f * z for x, z in zip(a[r], a[i], strict=True)]
+    return [a[i][n] / a[i][i] for i in range(n)]
+
+
+def fit_line(points: list[tuple[float, float]]) -> Cost:
+    """Least squares c0 + c1*x through `points` (x, seconds), constrained to c0, c1 >= 0."""
     n = len(points)
     mx = sum(x for x, _ in points) / n
     my = sum(y for _, y in points) / n
@@ -254,11 +347,11 @@ def fit_line(points: list[tuple[float, float]]) -> Line:
     sxy = sum((x - mx) * (y - my) for x, y in points)
     c1 = sxy / sxx if sxx > 1e-12 * max(mx * mx, 1.0) else 0.0
     if c1 <= 0:
-        return Line(max(my, 0.0), 0.0)
+        return Cost(max(my, 0.0), 0.0)
     c0 = my - c1 * mx
     if c0 < 0:  # the best line through the origin
-        return Line(0.0, sum(x * y for x, y in points) / sum(x * x for x, _ in points))
-    return Line(c0, c1)
+        return Cost(0.0, sum(x * y for x, y in points) / sum(x * x for x, _ in points))
+    return Cost(c0, c1)
 
 
 class Acceptance:
@@ -285,6 +378,7 @@ class LoadModel:
         self.in_flight = 0  # requests decoding on this verifier now (`decoding`)
         self.verifier_cost = CostEstimator()
         self._drafter_costs: dict[str, CostEstimator] = {}
+        self._drafter_batches: set[str] = set()  # modes whose drafter reports its forwards
         self._pooled: dict[str, Acceptance] = {}
         self._probes: dict[str, list[int]] = {}  # mode -> [plain AR steps since the last probe, interval]
         self._lock = threading.Lock()
@@ -303,6 +397,17 @@ class LoadModel:
     def drafter_cost(self, mode: str) -> CostEstimator:
         with self._lock:
             return self._drafter_costs.setdefault(mode, CostEstimator(prior=FREE))
+
+    def observe_draft(self, mode: str, k: int, draft: Draft, wall_s: float, first: bool) -> None:
+        """Learn the drafter's cost from one draft of k tokens: the forward it ran in, as the
+        drafter's scheduler reports it; else (a drafter without one) the call's wall time, though
+        not a request's first, which opened its drafter session ("d0, d1" in the module docstring)."""
+        if draft.batch_tokens > 0 and draft.forward_s > 0:
+            with self._lock:
+                self._drafter_batches.add(mode)
+            self.drafter_cost(mode).observe(max(draft.batch_rows, 1), draft.batch_tokens, draft.forward_s)
+        elif not first:
+            self.drafter_cost(mode).observe(1, 1 + k, wall_s)
 
     def prior_rate(self, mode: str) -> float:
         with self._lock:
@@ -340,7 +445,8 @@ class LoadModel:
 
     def choose(self, mode: str, a: float, k_max: int, rows: int) -> int:
         """The block length for one step (subclass to force a policy, e.g. in tests)."""
-        return choose_block_length(a, k_max, rows, self.verifier_cost.line(), self.drafter_cost(mode).line())
+        return choose_block_length(a, k_max, rows, self.verifier_cost.cost(), self.drafter_cost(mode).cost(),
+                                   drafter_shared=mode in self._drafter_batches)
 
 
 # One LoadModel per verifier: per verifier object in process, per `load_key` where the verifier
@@ -406,8 +512,7 @@ class AdaptiveBlocks:
         if k > 0:
             t0 = time.perf_counter()
             draft = self._propose(output, k)
-            if self._drafted:  # the first draft is not a sample ("d0, d1" in the module docstring)
-                self.load.drafter_cost(self.mode).observe(k, time.perf_counter() - t0)
+            self.load.observe_draft(self.mode, k, draft, time.perf_counter() - t0, first=not self._drafted)
             self._drafted = True
         else:
             # A hopeless k = 0 runs to the end of the output: only a fall in load could change the
@@ -432,9 +537,9 @@ class AdaptiveBlocks:
             t0, own_tokens = self._step
             wall = time.perf_counter() - t0
             if res.batch_tokens > 0 and res.forward_s > 0:
-                self.load.verifier_cost.observe(res.batch_tokens, res.forward_s)
+                self.load.verifier_cost.observe(max(res.batch_rows, 1), res.batch_tokens, res.forward_s)
             else:
-                self.load.verifier_cost.observe(own_tokens, wall)
+                self.load.verifier_cost.observe(1, own_tokens, wall)
         self.rows = max(res.batch_rows, 1)
         self._step = None
         if ids:

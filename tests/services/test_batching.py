@@ -149,9 +149,12 @@ def test_streams_cancelled_mid_way_leave_the_others_exact_and_free_their_session
 
 
 def test_concurrent_nar_block_drafts_batch_and_match_sequential_ones(bundle_dir, bundle):
+    """... and each block says which forward it ran in (rows, tokens, milliseconds: what a client's
+    adaptive speculation learns the drafter's cost from)."""
     sources = _sources(bundle.verifier.config.vocab_size)
+    loads: dict[bool, list[tuple[int, int, int, float]]] = {False: [], True: []}  # together -> loads
 
-    def drafts(address: str, source: list[int]) -> list[list[int]]:
+    def drafts(address: str, source: list[int], together: bool = False) -> list[list[int]]:
         with grpc.insecure_channel(address) as channel:
             stream = Stream(drafter_pb2_grpc.DrafterServiceStub(channel).Draft)
             stream.send(drafter_pb2.DraftRequest(open=drafter_pb2.DraftOpen(source_ids=source, seed=0)))
@@ -165,7 +168,9 @@ def test_concurrent_nar_block_drafts_batch_and_match_sequential_ones(bundle_dir,
                 step = drafter_pb2.DraftStep(
                     committed_len=len(out), append_ids=append, block=drafter_pb2.BlockDraft(k=k)
                 )
-                ids = list(stream.send(drafter_pb2.DraftRequest(step=step)).result.ids)
+                result = stream.send(drafter_pb2.DraftRequest(step=step)).result
+                ids = list(result.ids)
+                loads[together].append((len(append) + k, result.batch_rows, result.batch_tokens, result.forward_ms))
                 out += append
                 blocks.append(ids)
             stream.close()
@@ -175,9 +180,12 @@ def test_concurrent_nar_block_drafts_batch_and_match_sequential_ones(bundle_dir,
         address = stack.running.addresses["drafter"]
         alone = [drafts(address, s) for s in sources]
         with ThreadPoolExecutor(CLIENTS) as pool:
-            together = list(pool.map(lambda s: drafts(address, s), sources))
+            together = list(pool.map(lambda s: drafts(address, s, together=True), sources))
         samples = scrape(stack.running.drafter.host.metrics_port)
     assert together == alone
+    assert all((rows, tokens) == (1, own) and ms > 0 for own, rows, tokens, ms in loads[False])
+    assert all(rows >= 1 and tokens >= own and ms > 0 for own, rows, tokens, ms in loads[True])
+    assert any(rows > 1 and tokens > own for own, rows, tokens, _ in loads[True])
     assert _forwards_over_one_row(samples, "drafter") > 0
     assert samples["specdec_drafter_queue_wait_seconds_count"] == 2 * CLIENTS * STEPS
 
