@@ -47,5 +47,5 @@ table transport python bench/bench_transport.py --bundle "$bundle" --sentences 3
 table load python bench/bench_load.py --bundle "$bundle" --sentences 128 \
   --extra-mode 'GAD k=10 adaptive:mode=gad,k=10,adaptive=true' --write
 table load_agreement python bench/bench_load_agreement.py --bundle "$bundle" --write
-table adaptive_load python bench/bench_adaptive_load.py --bundle "$bundle" --rounds 6 --write
+table adaptive_load python bench/bench_adaptive_load.py --bundle "$bundle" --rounds 5 --extra-mode 'GAD k=4:mode=gad,k=4' --write
 echo "all tables in $((SECONDS - started)) s; logs in $logs"

@@ -124,14 +124,15 @@ def test_the_estimator_recovers_c0_cr_and_c1_from_noisy_observations() -> None:
     assert cost.c0 == pytest.approx(truth.c0, rel=0.15)
     assert cost.cr == pytest.approx(truth.cr, rel=0.1)
     assert cost.c1 == pytest.approx(truth.c1, rel=0.05)
-    assert est.row_share == pytest.approx(0.6 / 0.85, rel=0.05)
+    assert est.memory == cost
 
 
 def test_plain_ar_traffic_keeps_the_per_row_split_an_earlier_mix_taught() -> None:
     """A verifier under plain AR traffic feeds one token a row: its forwards cannot tell a row's
     cost from a token's. Folding both into c1 priced every draft token as a whole AR row (measured
     at 32 clients: adaptive GAD drafted 0.4 tokens a request where fixed k = 10 beat plain AR by
-    15%). The split of the last mixed traffic is kept; before any, all of it is per token."""
+    15%). The split of the last mixed traffic is kept; before any, all of it is per token. Likewise
+    one client's forwards (one row each) cannot tell c0 from cr."""
     truth = Cost(c0=5 * MS, c1=0.2 * MS, cr=0.7 * MS)
     now = [0.0]
     est = CostEstimator(clock=lambda: now[0])
@@ -148,6 +149,14 @@ def test_plain_ar_traffic_keeps_the_per_row_split_an_earlier_mix_taught() -> Non
     for rows in (1, 2, 4, 8, 16, 32):
         est.observe(rows, rows, truth(rows, rows))
     assert est.cost() == Cost(pytest.approx(5 * MS), pytest.approx(0.2 * MS), pytest.approx(0.7 * MS))
+    now[0] = 2 * adaptive.MAX_AGE_S + 2  # then one client: one row a forward, 1 to 11 tokens
+    for tokens in (1, 3, 11, 1, 3, 11):
+        est.observe(1, tokens, truth(1, tokens))
+    assert est.cost() == Cost(pytest.approx(5 * MS), pytest.approx(0.2 * MS), pytest.approx(0.7 * MS))
+    now[0] = 3 * adaptive.MAX_AGE_S + 3  # then one bucket only: the remembered shape, at its level
+    for _ in range(3):
+        est.observe(1, 11, 2 * truth(1, 11))
+    assert est.cost() == Cost(pytest.approx(10 * MS), pytest.approx(0.4 * MS), pytest.approx(1.4 * MS))
     # What that changes: at 32 rows and acceptance 0.8, a reporting drafter's blocks pay.
     drafter = Cost(c0=3 * MS, c1=0.1 * MS, cr=0.2 * MS)
     assert choose_block_length(0.8, 10, 32, est.cost(), drafter, drafter_shared=True) >= 3
@@ -160,6 +169,9 @@ def test_fit_cost_keeps_every_coefficient_non_negative() -> None:
     cost = fit_cost(points)
     assert min(cost.c0, cost.cr, cost.c1) >= 0 and cost.cr == 0.0
     assert fit_cost([(1, 1, 1.0)]) == Cost(1.0, 0.0)
+    one_row = [(1, 1, 2.0), (1, 3, 3.0), (1, 11, 7.0)]  # rows alike, nothing remembered: all fixed
+    assert fit_cost(one_row) == Cost(pytest.approx(1.5), pytest.approx(0.5), 0.0)
+    assert fit_cost(one_row, Cost(1.0, 0.5, 1.0)) == Cost(pytest.approx(0.75), pytest.approx(0.5), pytest.approx(0.75))
 
 
 def test_one_outlier_does_not_swing_the_fit_and_new_loads_do_not_erase_old_ones() -> None:

@@ -27,7 +27,7 @@ cr + c1 more than its share of c0. Measured on the UA-GEC verifier at 32 rows (2
 cr ~ 0.66 ms and c1 ~ 0.21 ms. A line in T alone, fitted on plain AR traffic (T = rows), folds cr into
 c1 and prices every draft token as a whole AR row: at 32 clients adaptive GAD then drafted 0.4
 tokens a request and ran at 0.99x plain AR where fixed k = 10 ran at 1.15x; with the per-row term it
-ran at 1.30x plain AR and 1.11x fixed k (`bench/bench_adaptive_load.py`, 2 rounds).
+ran at 1.16x plain AR and 1.01x fixed k (`bench/bench_adaptive_load.py`, 5 rounds).
 
 The drafter's fixed cost d0' is d0/rows, shared like the verifier's, when the drafter reports the
 forwards its blocks ran in (its scheduler batches the blocks of every drafting request, and the
@@ -69,8 +69,9 @@ The estimates
   summarised by their mean without stalls) and the plane is a non-negative least-squares fit through
   the buckets: steady traffic at one load cannot wash out what other loads taught, and one slow
   outlier (a first call warming up) cannot swing the fit. Plain AR traffic alone (one token a row)
-  cannot tell cr from c1: their sum is fitted and split as the last mixed traffic split it
-  (`CostEstimator.row_share`, kept when that traffic's observations expire).
+  cannot tell cr from c1, nor one client's (one row) c0 from cr: what the buckets cannot tell apart
+  is split as the last traffic that could split it (`CostEstimator.memory`, kept when that
+  traffic's observations expire; `fit_cost`).
 - d0, dr, d1: the same estimator over the drafter's forwards, one per mode: (batch_rows,
   batch_tokens, forward_s) as the drafter's scheduler reports them with each block, queueing and the
   round trip left out. A drafter that reports none is timed by the call's wall time as one row of
@@ -219,16 +220,15 @@ class CostEstimator:
 
     Each bucket (power of two of the rows, power of two of the tokens) keeps its last BUCKET_SIZE
     observations; the fit is least squares through the buckets' mean (rows, tokens, seconds) less
-    their stalls, each bucket weighing the same (`fit_cost`). With one bucket only c0 is known (the
-    chooser then drafts, and the next observations fall in other buckets). Where every bucket feeds
-    about as many tokens per row (a verifier under plain AR traffic: one each) the per-row and the
-    per-token cost cannot be told apart; their sum is fitted and split as the last fit that could
-    tell them apart split it (`row_share`; before any, all of it per token: drafting priced high)."""
+    their stalls, each bucket weighing the same (`fit_cost`). Where the buckets cannot tell the three
+    apart, what they can tell is split as `memory`, the last fit that could, split it (see
+    `fit_cost`; kept when the observations behind it expire: how a forward's cost divides is the
+    model's and the host's, not the load's)."""
 
     def __init__(self, prior: Cost = Cost(1.0, 0.0), clock: Callable[[], float] = time.monotonic) -> None:
         self.prior = prior  # the cost before any observation
         self.clock = clock
-        self.row_share = 0.0  # cr / (cr + c1) of the last fit that told them apart
+        self.memory: Cost | None = None  # the last fit that told c0, cr and c1 apart
         self._buckets: dict[tuple[int, int], deque[tuple[float, float, float, float]]] = {}
         self._lock = threading.Lock()
         self._warmup = WARMUP
@@ -256,9 +256,9 @@ class CostEstimator:
                 self._forget(now - MAX_AGE_S)
             if self._cost is None:
                 points = [_summary(obs) for obs in self._buckets.values()]
-                self._cost = fit_cost(points, self.row_share) if points else self.prior
-                if _separable(points) and self._cost.cr + self._cost.c1 > 0:
-                    self.row_share = self._cost.cr / (self._cost.cr + self._cost.c1)
+                self._cost = fit_cost(points, self.memory) if points else self.prior
+                if _identified(points):
+                    self.memory = self._cost
             return self._cost
 
     def _forget(self, before: float) -> None:
@@ -280,26 +280,50 @@ def _summary(obs: deque[tuple[float, float, float, float]]) -> tuple[float, floa
     return tuple(sum(o[i] for o in kept) / len(kept) for i in range(3))  # type: ignore[return-value]
 
 
-SEPARABLE = 1.5  # tokens per row must differ this many times between buckets to split cr from c1
+SPREAD = 1.5  # rows (or tokens per row) must differ this many times between buckets to tell costs apart
 
 
-def _separable(points: list[tuple[float, float, float]]) -> bool:
-    """Whether the points tell the per-row cost from the per-token cost: their tokens per row differ."""
-    per_row = [t / r for r, t, _ in points if r > 0]
-    return len(points) >= 3 and bool(per_row) and max(per_row) >= SEPARABLE * min(per_row)
+def _identified(points: list[tuple[float, float, float]]) -> bool:
+    """Whether the points tell c0, cr and c1 apart: three or more, their rows differ (or cr is c0)
+    and so do their tokens per row (or cr is c1)."""
+    return len(points) >= 3 and _varies([r for r, _, _ in points]) and _varies([t / r for r, t, _ in points])
 
 
-def fit_cost(points: list[tuple[float, float, float]], row_share: float = 0.0) -> Cost:
+def _varies(values: list[float]) -> bool:
+    return max(values) >= SPREAD * min(values)
+
+
+def fit_cost(points: list[tuple[float, float, float]], memory: Cost | None = None) -> Cost:
     """Least squares c0 + cr*rows + c1*tokens through `points` (rows, tokens, seconds), every
-    coefficient >= 0. Where the points cannot tell cr from c1 (`_separable`), their sum is fitted
-    against the tokens and split by `row_share` (cr's part of cr + c1 at one token a row)."""
-    if _separable(points):
+    coefficient >= 0. Where the points cannot tell the three apart, a line c0 + s*tokens is fitted
+    and divided as `memory` divides (without one: cr = 0, which prices drafting high):
+
+    - every bucket at about the same rows R (one client: R = 1), tokens varying: c0 + cr*R is the
+      line's c0, divided between c0 and cr;
+    - about the same tokens per row q (plain AR traffic: q = 1): cr/q + c1 is its slope, divided
+      between cr and c1;
+    - both (one bucket): the line is flat, and the level is memory's shape scaled to it.
+
+    Measured on why it matters: after a spell at one client a fit that put all of c0 + cr in c0 left
+    adaptive GAD at 32 clients drafting 13-20 tokens a request against 29-35 after a cold start at
+    that load, and at 0.93x plain AR once."""
+    if _identified(points):
         return _non_negative_least_squares(points)
     line = fit_line([(t, y) for _, t, y in points])
-    per_row = sum(t / r for r, t, _ in points) / len(points)  # tokens per row, about the same in all
-    # tokens = per_row * rows, so cr*rows + c1*tokens = (cr / per_row + c1) * tokens = slope * tokens.
-    unit = line.c1 / (row_share / per_row + 1.0 - row_share)
-    return Cost(line.c0, unit * (1.0 - row_share), unit * row_share)
+    rows = sum(r for r, _, _ in points) / len(points)
+    per_row = sum(t / r for r, t, _ in points) / len(points)
+    if memory is None or memory(rows, rows * per_row) <= 0:
+        return line
+    if len(points) > 1 and _varies([r for r, _, _ in points]):  # tokens per row alike: split the slope
+        share = memory.cr / (memory.cr + memory.c1) if memory.cr + memory.c1 > 0 else 0.0
+        unit = line.c1 / (share / per_row + 1.0 - share)
+        return Cost(line.c0, unit * (1.0 - share), unit * share)
+    if len(points) > 1 and _varies([t / r for r, t, _ in points]):  # rows alike: split the intercept
+        fixed = memory.c0 + memory.cr * rows
+        part = memory.c0 / fixed if fixed > 0 else 1.0
+        return Cost(line.c0 * part, line.c1, line.c0 * (1.0 - part) / rows)
+    scale = line(rows, rows * per_row) / memory(rows, rows * per_row)
+    return Cost(memory.c0 * scale, memory.c1 * scale, memory.cr * scale)
 
 
 def _non_negative_least_squares(points: list[tuple[float, float, float]]) -> Cost:
