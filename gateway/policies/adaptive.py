@@ -304,9 +304,9 @@ def fit_cost(points: list[tuple[float, float, float]], memory: Cost | None = Non
       between cr and c1;
     - both (one bucket): the line is flat, and the level is memory's shape scaled to it.
 
-    Measured on why it matters: after a spell at one client a fit that put all of c0 + cr in c0 left
-    adaptive GAD at 32 clients drafting 13-20 tokens a request against 29-35 after a cold start at
-    that load, and at 0.93x plain AR once."""
+    Measured on why it matters: after a spell at one client, a fit that put all of c0 + cr in c0
+    left adaptive GAD at 32 clients drafting 1-20 tokens a request (0.93x plain AR in one round)
+    against 29-35 after a cold start at that load (`bench/bench_adaptive_load.py`, 5 rounds)."""
     if _identified(points):
         return _non_negative_least_squares(points)
     line = fit_line([(t, y) for _, t, y in points])
