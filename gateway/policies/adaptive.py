@@ -27,7 +27,7 @@ cr + c1 more than its share of c0. Measured on the UA-GEC verifier at 32 rows (2
 cr ~ 0.66 ms and c1 ~ 0.21 ms. A line in T alone, fitted on plain AR traffic (T = rows), folds cr into
 c1 and prices every draft token as a whole AR row: at 32 clients adaptive GAD then drafted 0.4
 tokens a request and ran at 0.99x plain AR where fixed k = 10 ran at 1.15x; with the per-row term it
-ran at 1.16x plain AR and 1.01x fixed k (`bench/bench_adaptive_load.py`, 5 rounds).
+ran at 1.19x plain AR and 1.06x fixed k (`bench/bench_adaptive_load.py`, 5 rounds).
 
 The drafter's fixed cost d0' is d0/rows, shared like the verifier's, when the drafter reports the
 forwards its blocks ran in (its scheduler batches the blocks of every drafting request, and the
@@ -146,6 +146,8 @@ MAX_BUCKET = 20  # forwards of up to 2^20 tokens
 OUTLIER = 3.0  # an observation over this many times its bucket's median is a stall, not a cost
 WARMUP = 1  # first observations of an estimator ignored (lazy session start, a first channel call)
 MAX_AGE_S = 60.0  # observations older than this are forgotten (so a stale bucket cannot freeze k)
+HALF_LIFE_S = 5.0  # a bucket's weight in the fit halves every this many seconds since its last observation
+MIN_WEIGHT = 1e-3
 
 
 def maybe_adaptive(
@@ -255,8 +257,13 @@ class CostEstimator:
             if self._oldest < now - MAX_AGE_S:
                 self._forget(now - MAX_AGE_S)
             if self._cost is None:
-                points = [_summary(obs) for obs in self._buckets.values()]
-                self._cost = fit_cost(points, self.memory) if points else self.prior
+                summaries = [_summary(obs) for obs in self._buckets.values()]
+                points = [p[:3] for p in summaries]
+                # Relative errors (a bucket of 1-row forwards counts as much as one of 32-row ones),
+                # recent buckets first (see `fit_cost`).
+                weights = [max(0.5 ** ((now - p[3]) / HALF_LIFE_S), MIN_WEIGHT) / max(p[2], 1e-9) ** 2
+                           for p in summaries]
+                self._cost = fit_cost(points, self.memory, weights) if points else self.prior
                 if _identified(points):
                     self.memory = self._cost
             return self._cost
@@ -271,13 +278,14 @@ class CostEstimator:
         self._cost = None
 
 
-def _summary(obs: deque[tuple[float, float, float, float]]) -> tuple[float, float, float]:
-    """A bucket's mean (rows, tokens, seconds) without its stalls: observations over OUTLIER times
-    the median (a pause of the host, a garbage collection) are dropped; the mean of the rest is
-    unbiased for a plane."""
+def _summary(obs: deque[tuple[float, float, float, float]]) -> tuple[float, float, float, float]:
+    """A bucket's mean (rows, tokens, seconds) without its stalls, and when it was last observed.
+    Observations over OUTLIER times the median (a pause of the host, a garbage collection) are
+    dropped; the mean of the rest is unbiased for a plane."""
     ceiling = OUTLIER * statistics.median(o[2] for o in obs)
     kept = [o for o in obs if o[2] <= ceiling]
-    return tuple(sum(o[i] for o in kept) / len(kept) for i in range(3))  # type: ignore[return-value]
+    rows, tokens, seconds = (sum(o[i] for o in kept) / len(kept) for i in range(3))
+    return rows, tokens, seconds, obs[-1][3]
 
 
 SPREAD = 1.5  # rows (or tokens per row) must differ this many times between buckets to tell costs apart
@@ -293,9 +301,22 @@ def _varies(values: list[float]) -> bool:
     return max(values) >= SPREAD * min(values)
 
 
-def fit_cost(points: list[tuple[float, float, float]], memory: Cost | None = None) -> Cost:
-    """Least squares c0 + cr*rows + c1*tokens through `points` (rows, tokens, seconds), every
-    coefficient >= 0. Where the points cannot tell the three apart, a line c0 + s*tokens is fitted
+def fit_cost(points: list[tuple[float, float, float]], memory: Cost | None = None,
+             weights: list[float] | None = None) -> Cost:
+    """Least squares c0 + cr*rows + c1*tokens through `points` (rows, tokens, seconds), weighted by
+    `weights` (default: all alike), every coefficient >= 0.
+
+    The estimator weighs each bucket by 1 / seconds^2 (relative errors: with absolute ones the
+    32-row buckets, tens of milliseconds, decide the fit and a one-row bucket's 2 ms hardly counts)
+    and by how recently it was observed (halving every HALF_LIFE_S): the cost of a forward depends
+    on what else the host runs (drafter and verifier share the cores of a CPU host, so their forwards
+    take longer while both are busy), and after a change of load the buckets the new load keeps
+    observing must decide the fit. Seen in a trace: after 32-client cells, the drafter's forwards
+    timed under that load (~8 ms a row) made its fit price a one-row draft at 8 ms where one client's
+    drafts took 2-3.5 ms; in the same bench run one 1-client round of adaptive GAD drafted 6 tokens a
+    request (0.59x fixed k).
+
+    Where the points cannot tell the three apart, a line c0 + s*tokens is fitted
     and divided as `memory` divides (without one: cr = 0, which prices drafting high):
 
     - every bucket at about the same rows R (one client: R = 1), tokens varying: c0 + cr*R is the
@@ -307,9 +328,10 @@ def fit_cost(points: list[tuple[float, float, float]], memory: Cost | None = Non
     Measured on why it matters: after a spell at one client, a fit that put all of c0 + cr in c0
     left adaptive GAD at 32 clients drafting 1-20 tokens a request (0.93x plain AR in one round)
     against 29-35 after a cold start at that load (`bench/bench_adaptive_load.py`, 5 rounds)."""
+    weights = weights or [1.0] * len(points)
     if _identified(points):
-        return _non_negative_least_squares(points)
-    line = fit_line([(t, y) for _, t, y in points])
+        return _non_negative_least_squares(points, weights)
+    line = fit_line([(t, y) for _, t, y in points], weights)
     rows = sum(r for r, _, _ in points) / len(points)
     per_row = sum(t / r for r, t, _ in points) / len(points)
     if memory is None or memory(rows, rows * per_row) <= 0:
@@ -326,29 +348,29 @@ def fit_cost(points: list[tuple[float, float, float]], memory: Cost | None = Non
     return Cost(memory.c0 * scale, memory.c1 * scale, memory.cr * scale)
 
 
-def _non_negative_least_squares(points: list[tuple[float, float, float]]) -> Cost:
+def _non_negative_least_squares(points: list[tuple[float, float, float]], weights: list[float]) -> Cost:
     """The best non-negative (c0, cr, c1): the least-squares solution of each subset of the three
     (the others held at 0) that comes out non-negative, the one with the smallest residual."""
     columns = {"c0": [1.0] * len(points), "cr": [r for r, _, _ in points], "c1": [t for _, t, _ in points]}
     y = [s for _, _, s in points]
-    best, best_sse = Cost(0.0, 0.0), sum(v * v for v in y)
+    best, best_sse = Cost(0.0, 0.0), sum(w * v * v for v, w in zip(y, weights, strict=True))
     for names in (("c0", "cr", "c1"), ("c0", "cr"), ("c0", "c1"), ("cr", "c1"), ("c0",), ("cr",), ("c1",)):
-        coef = _solve([columns[n] for n in names], y)
+        coef = _solve([columns[n] for n in names], y, weights)
         if coef is None or min(coef) < 0:
             continue
         fitted = dict(zip(names, coef, strict=True))
         cost = Cost(fitted.get("c0", 0.0), fitted.get("c1", 0.0), fitted.get("cr", 0.0))
-        sse = sum((cost(r, t) - s) ** 2 for r, t, s in points)
+        sse = sum(w * (cost(r, t) - s) ** 2 for (r, t, s), w in zip(points, weights, strict=True))
         if sse < best_sse * (1 - 1e-12):
             best, best_sse = cost, sse
     return best
 
 
-def _solve(columns: list[list[float]], y: list[float]) -> list[float] | None:
-    """Least squares by the normal equations (at most three unknowns); None when singular."""
+def _solve(columns: list[list[float]], y: list[float], weights: list[float]) -> list[float] | None:
+    """Weighted least squares by the normal equations (at most three unknowns); None when singular."""
     n = len(columns)
-    a = [[sum(p * q for p, q in zip(ci, cj, strict=True)) for cj in columns]
-         + [sum(p * q for p, q in zip(ci, y, strict=True))] for ci in columns]
+    a = [[sum(w * p * q for p, q, w in zip(ci, cj, weights, strict=True)) for cj in columns]
+         + [sum(w * p * q for p, q, w in zip(ci, y, weights, strict=True))] for ci in columns]
     for i in range(n):  # Gauss-Jordan with partial pivoting
         pivot = max(range(i, n), key=lambda r: abs(a[r][i]))
         scale = max(abs(a[r][c]) for r in range(n) for c in range(n))
@@ -362,19 +384,22 @@ def _solve(columns: list[list[float]], y: list[float]) -> list[float] | None:
     return [a[i][n] / a[i][i] for i in range(n)]
 
 
-def fit_line(points: list[tuple[float, float]]) -> Cost:
-    """Least squares c0 + c1*x through `points` (x, seconds), constrained to c0, c1 >= 0."""
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    sxy = sum((x - mx) * (y - my) for x, y in points)
-    c1 = sxy / sxx if sxx > 1e-12 * max(mx * mx, 1.0) else 0.0
+def fit_line(points: list[tuple[float, float]], weights: list[float] | None = None) -> Cost:
+    """Least squares c0 + c1*x through `points` (x, seconds), weighted by `weights` (default: all
+    alike), constrained to c0, c1 >= 0."""
+    w = weights or [1.0] * len(points)
+    total = sum(w)
+    mx = sum(wi * x for wi, (x, _) in zip(w, points, strict=True)) / total
+    my = sum(wi * y for wi, (_, y) in zip(w, points, strict=True)) / total
+    sxx = sum(wi * (x - mx) ** 2 for wi, (x, _) in zip(w, points, strict=True))
+    sxy = sum(wi * (x - mx) * (y - my) for wi, (x, y) in zip(w, points, strict=True))
+    c1 = sxy / sxx if sxx > 1e-12 * total * max(mx * mx, 1.0) else 0.0
     if c1 <= 0:
         return Cost(max(my, 0.0), 0.0)
     c0 = my - c1 * mx
     if c0 < 0:  # the best line through the origin
-        return Cost(0.0, sum(x * y for x, y in points) / sum(x * x for x, _ in points))
+        return Cost(0.0, sum(wi * x * y for wi, (x, y) in zip(w, points, strict=True))
+                    / sum(wi * x * x for wi, (x, _) in zip(w, points, strict=True)))
     return Cost(c0, c1)
 
 
