@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def format_table(runs: dict[tuple[int, str], list[float]], clients: list[int],
-                 drafted: dict[int, list[float]], extra: list[str] = ()) -> str:
+                 drafted: dict[int, list[float]], extra: Sequence[str] = ()) -> str:
     """One row per client count: each mode's mean output tokens/s, then adaptive over AR and over
     fixed k (ratio of the means; in brackets the lowest and highest ratio of one round), the
     draft tokens adaptive GAD proposed per request (the gateway's counters over its cells), then

@@ -45,7 +45,7 @@ class CostEstimator:
 
     Each bucket (power of two of the rows, power of two of the tokens) keeps its last BUCKET_SIZE
     observations; the fit is least squares through the buckets' mean (rows, tokens, seconds) less
-    their stalls, each bucket weighing the same (`fit_cost`). Where the buckets cannot tell the three
+    their stalls, weighted by relative error and recency (`fit_cost`). Where the buckets cannot tell the three
     apart, what they can tell is split as `memory`, the last fit that could, split it (see
     `fit_cost`; kept when the observations behind it expire: how a forward's cost divides is the
     model's and the host's, not the load's)."""
@@ -55,6 +55,9 @@ class CostEstimator:
         self.clock = clock
         self.memory: Cost | None = None  # the last fit that told c0, cr and c1 apart
         self._buckets: dict[tuple[int, int], deque[tuple[float, float, float, float]]] = {}
+        # Each bucket's `_summary`, kept until the bucket changes: the fit runs after every step's
+        # observation, and re-summarising every bucket each time was most of its cost.
+        self._summaries: dict[tuple[int, int], tuple[float, float, float, float]] = {}
         self._lock = threading.Lock()
         self._warmup = WARMUP
         self._cost: Cost | None = None
@@ -72,6 +75,7 @@ class CostEstimator:
             self._buckets.setdefault(bucket, deque(maxlen=BUCKET_SIZE)).append(
                 (float(rows), float(tokens), float(seconds), now))
             self._oldest = min(self._oldest, now)
+            self._summaries.pop(bucket, None)
             self._cost = None
 
     def cost(self) -> Cost:
@@ -80,7 +84,7 @@ class CostEstimator:
             if self._oldest < now - MAX_AGE_S:
                 self._forget(now - MAX_AGE_S)
             if self._cost is None:
-                summaries = [_summary(obs) for obs in self._buckets.values()]
+                summaries = [self._summary(bucket) for bucket in self._buckets]
                 points = [p[:3] for p in summaries]
                 # Relative errors (a bucket of 1-row forwards counts as much as one of 32-row ones),
                 # recent buckets first (see `fit_cost`).
@@ -91,8 +95,16 @@ class CostEstimator:
                     self.memory = self._cost
             return self._cost
 
+    def _summary(self, bucket: tuple[int, int]) -> tuple[float, float, float, float]:
+        summary = self._summaries.get(bucket)
+        if summary is None:
+            summary = self._summaries[bucket] = _summary(self._buckets[bucket])
+        return summary
+
     def _forget(self, before: float) -> None:
         for bucket, obs in list(self._buckets.items()):
+            if obs[0][3] < before:
+                self._summaries.pop(bucket, None)
             while obs and obs[0][3] < before:
                 obs.popleft()
             if not obs:
@@ -173,38 +185,43 @@ def fit_cost(points: list[tuple[float, float, float]], memory: Cost | None = Non
 
 def _non_negative_least_squares(points: list[tuple[float, float, float]], weights: list[float]) -> Cost:
     """The best non-negative (c0, cr, c1): the least-squares solution of each subset of the three
-    (the others held at 0) that comes out non-negative, the one with the smallest residual."""
-    columns = {"c0": [1.0] * len(points), "cr": [r for r, _, _ in points], "c1": [t for _, t, _ in points]}
+    (the others held at 0) that comes out non-negative, the one with the smallest residual. Every
+    subset's normal equations and residual come from the points' weighted moments, summed once."""
+    features = [(1.0, r, t) for r, t, _ in points]  # the columns of c0, cr, c1
     y = [s for _, _, s in points]
-    best, best_sse = Cost(0.0, 0.0), sum(w * v * v for v, w in zip(y, weights, strict=True))
-    for names in (("c0", "cr", "c1"), ("c0", "cr"), ("c0", "c1"), ("cr", "c1"), ("c0",), ("cr",), ("c1",)):
-        coef = _solve([columns[n] for n in names], y, weights)
+    gram = [[sum(w * f[i] * f[j] for f, w in zip(features, weights, strict=True)) for j in range(3)]
+            for i in range(3)]
+    moment = [sum(w * f[i] * v for f, v, w in zip(features, y, weights, strict=True)) for i in range(3)]
+    yy = sum(w * v * v for v, w in zip(y, weights, strict=True))
+    best, best_sse = Cost(0.0, 0.0), yy
+    for subset in ((0, 1, 2), (0, 1), (0, 2), (1, 2), (0,), (1,), (2,)):
+        coef = _solve([[gram[i][j] for j in subset] for i in subset], [moment[i] for i in subset])
         if coef is None or min(coef) < 0:
             continue
-        fitted = dict(zip(names, coef, strict=True))
-        cost = Cost(fitted.get("c0", 0.0), fitted.get("c1", 0.0), fitted.get("cr", 0.0))
-        sse = sum(w * (cost(r, t) - s) ** 2 for (r, t, s), w in zip(points, weights, strict=True))
+        # The residual: yy - 2 coef.moment + coef' gram coef, which at the solution is yy - coef.moment.
+        sse = yy - sum(c * moment[i] for c, i in zip(coef, subset, strict=True))
         if sse < best_sse * (1 - 1e-12):
-            best, best_sse = cost, sse
+            fitted = dict(zip(subset, coef, strict=True))
+            best, best_sse = Cost(fitted.get(0, 0.0), fitted.get(2, 0.0), fitted.get(1, 0.0)), sse
     return best
 
 
-def _solve(columns: list[list[float]], y: list[float], weights: list[float]) -> list[float] | None:
-    """Weighted least squares by the normal equations (at most three unknowns); None when singular."""
-    n = len(columns)
-    a = [[sum(w * p * q for p, q, w in zip(ci, cj, weights, strict=True)) for cj in columns]
-         + [sum(w * p * q for p, q, w in zip(ci, y, weights, strict=True))] for ci in columns]
-    for i in range(n):  # Gauss-Jordan with partial pivoting
-        pivot = max(range(i, n), key=lambda r: abs(a[r][i]))
-        scale = max(abs(a[r][c]) for r in range(n) for c in range(n))
-        if abs(a[pivot][i]) <= 1e-12 * max(scale, 1e-300):
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """x with a x = b (at most three unknowns), by Gauss-Jordan with partial pivoting; None when
+    singular."""
+    n = len(b)
+    rows = [[*a[i], b[i]] for i in range(n)]
+    scale = max(abs(v) for row in a for v in row)
+    for i in range(n):
+        pivot = max(range(i, n), key=lambda r: abs(rows[r][i]))
+        if abs(rows[pivot][i]) <= 1e-12 * max(scale, 1e-300):
             return None
-        a[i], a[pivot] = a[pivot], a[i]
+        rows[i], rows[pivot] = rows[pivot], rows[i]
         for r in range(n):
             if r != i:
-                f = a[r][i] / a[i][i]
-                a[r] = [x - f * z for x, z in zip(a[r], a[i], strict=True)]
-    return [a[i][n] / a[i][i] for i in range(n)]
+                f = rows[r][i] / rows[i][i]
+                rows[r] = [x - f * z for x, z in zip(rows[r], rows[i], strict=True)]
+    return [rows[i][n] / rows[i][i] for i in range(n)]
 
 
 def fit_line(points: list[tuple[float, float]], weights: list[float] | None = None) -> Cost:
