@@ -27,7 +27,7 @@ cr + c1 more than its share of c0. Measured on the UA-GEC verifier at 32 rows (2
 cr ~ 0.66 ms and c1 ~ 0.21 ms. A line in T alone, fitted on plain AR traffic (T = rows), folds cr into
 c1 and prices every draft token as a whole AR row: at 32 clients adaptive GAD then drafted 0.4
 tokens a request and ran at 0.99x plain AR where fixed k = 10 ran at 1.15x; with the per-row term it
-ran at 1.19x plain AR and 1.06x fixed k (`bench/bench_adaptive_load.py`, 5 rounds).
+ran at 1.18x plain AR and 1.05x fixed k (`bench/bench_adaptive_load.py`, 5 rounds).
 
 The drafter's fixed cost d0' is d0/rows, shared like the verifier's, when the drafter reports the
 forwards its blocks ran in (its scheduler batches the blocks of every drafting request, and the
