@@ -10,6 +10,13 @@ flight, overlap off then on (the per-request `overlap` field, so the same server
 several interleaved rounds; the table gives ms per sentence (best round of each), the speed-up,
 the pre-draft hit rate (pre-drafted blocks used / started: a hit needs the block accepted in full
 and the drafter's guess of the verifier's token right) and whether the outputs are identical.
+
+It also gives the most overlap could save at the hit rate it had: a used pre-draft takes one
+drafter call off the critical path, nothing more, so the ceiling is
+off / (off - used pre-drafts x drafter ms per iteration), with the drafter's and the verifier's
+ms per iteration from the gateway's stats of the overlap-off run (its `drafter_time_ms` and
+`verifier_time_ms`, round trips included). Overlap that runs drafter and verifier on the same
+cores stays below it, as each slows the other.
 """
 
 from __future__ import annotations
@@ -57,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         note = (f"Bundle: {Path(args.bundle).name}; the first {len(texts)} UA-GEC test sentences through "
                 f"`specdec serve all --processes` (TCP loopback), one Generate in flight, max_new_tokens "
                 f"{args.max_new_tokens}; best of {args.rounds} interleaved rounds, overlap off and on in each. Hit "
-                "rate: pre-drafted blocks used / started. GAD's outputs are identical by construction (asserted).")
+                "rate: pre-drafted blocks used / started. GAD's outputs are identical by construction (asserted). "
+                "Drafter and verifier ms / iteration: the gateway's stats of the overlap-off run, round trips "
+                "included. "
+                "Ceiling: what overlap would give at its hit rate if it cost nothing, each used pre-draft taking "
+                "one drafter call off the critical path: off / (off - used pre-drafts x drafter ms / iteration).")
         write_section(args.output, SECTION, f"{stamp}\n\n{note}\n\n{table}")
     return 0
 
@@ -83,8 +94,14 @@ def _measure(address: str, texts: list[str], args) -> list[dict]:
                 raise AssertionError(f"{name}: overlap changed {len(texts) - same} outputs")
             started = sum(r.stats.predrafts for r in replies[True])
             used = sum(r.stats.predrafts_used for r in replies[True])
+            plain = replies[False]
+            iterations_off = max(1, sum(r.stats.iterations for r in plain))
+            drafter_ms = sum(r.stats.drafter_time_ms for r in plain) / iterations_off
+            off_ms = 1000 * best[False] / len(texts)
             rows.append({
-                "mode": name, "off_ms": 1000 * best[False] / len(texts), "on_ms": 1000 * best[True] / len(texts),
+                "mode": name, "off_ms": off_ms, "on_ms": 1000 * best[True] / len(texts),
+                "drafter_ms": drafter_ms, "verifier_ms": sum(r.stats.verifier_time_ms for r in plain) / iterations_off,
+                "ceiling": off_ms / max(off_ms - used / len(texts) * drafter_ms, 1e-9),
                 "iterations": sum(r.stats.iterations for r in replies[True]) / len(texts),
                 "hit_rate": used / started if started else 0.0, "identical": same / len(texts),
                 "degraded": sum(r.stats.degraded for rs in replies.values() for r in rs),
@@ -94,11 +111,13 @@ def _measure(address: str, texts: list[str], args) -> list[dict]:
 
 def _table(rows: list[dict]) -> str:
     lines = ["| mode | iterations / sentence | overlap off ms / sentence | overlap on ms / sentence | speed-up | "
-             "pre-draft hit rate | identical outputs |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "pre-draft hit rate | identical outputs | drafter ms / iteration | verifier ms / iteration | "
+             "ceiling at this hit rate |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['mode']} | {r['iterations']:.1f} | {r['off_ms']:.1f} | {r['on_ms']:.1f} | "
-                     f"{r['off_ms'] / r['on_ms']:.2f}x | {100 * r['hit_rate']:.0f}% | {100 * r['identical']:.1f}% |")
+                     f"{r['off_ms'] / r['on_ms']:.2f}x | {100 * r['hit_rate']:.0f}% | {100 * r['identical']:.1f}% | "
+                     f"{r['drafter_ms']:.1f} | {r['verifier_ms']:.1f} | {r['ceiling']:.2f}x |")
     if any(r["degraded"] for r in rows):
         lines.append(f"\n{sum(r['degraded'] for r in rows)} requests fell back to AR (drafter failures).")
     return "\n".join(lines)

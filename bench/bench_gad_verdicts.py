@@ -1,0 +1,138 @@
+"""Where GAD's blocks end on UA-GEC: how often a block is accepted in full, where the others are cut,
+and whether the drafter could have guessed the verifier's token there. It bounds what overlapped
+drafting can hit (gateway.policies.overlap): a pre-draft is used only when its block is accepted in
+full and the drafter's guess of the verifier's next token is right.
+
+    python bench/bench_gad_verdicts.py                 # prints the tables
+    python bench/bench_gad_verdicts.py --write         # also replaces its section of BENCHMARKS.md
+
+In-process on eager torch (the bundle's verifier and NAR drafter, float32): each sentence's greedy
+output (which GAD's equals), then GAD k's blocks over it, as the gateway's loop would draft them.
+For each block that is not the last (the last ends at EOS or the length limit, and nothing is
+pre-drafted after it): the accepted length j, and the rank of the verifier's token at j among the
+drafter's scores there (rank 0: the drafter's own choice; for a block accepted in full, the
+position after it, as the pre-draft's 1-token guess drafts it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from seq2seq_models.bundle import load_bundle
+from seq2seq_models.transformer import Seq2SeqTransformer
+from specdec.bench_report import machine_stamp, write_section
+from specdec.loadtest import ua_gec_texts
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTION = "## GAD verdicts (what overlap can hit)"
+RANKS = 5  # ranks from here up are counted together
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bundle", default=str(ROOT / "bundles" / "ua-gec"))
+    p.add_argument("--data-dir", help="prepared data dir whose test.text.jsonl to use (default: ua-gec)")
+    p.add_argument("--sentences", type=int, default=300)
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--write", action="store_true")
+    p.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
+    args = p.parse_args(argv)
+    bundle = load_bundle(args.bundle, roles=("verifier", "nar_drafter"))
+    verifier, drafter = bundle.verifier.eval(), bundle.nar_drafter.eval()
+    texts = ua_gec_texts(args.sentences, args.data_dir)
+    counts: Counter[tuple[str, int]] = Counter()
+    blocks = 0
+    for text in texts:
+        src = torch.tensor([[*bundle.tokenizer.encode(text), verifier.config.eos_id]])
+        for verdict in _verdicts(verifier, drafter, src, args.k, args.max_new_tokens):
+            blocks += 1
+            counts[verdict] += 1
+    table = _table(counts, blocks, args.k)
+    print(table)
+    if args.write:
+        note = (f"Bundle: {Path(args.bundle).name}; the first {len(texts)} UA-GEC test sentences, GAD k={args.k}, "
+                f"max_new_tokens {args.max_new_tokens}, in process (eager torch, float32). Blocks: every block but "
+                "a sentence's last. Rank: of the verifier's token among the drafter's scores at the position "
+                "where the block was cut (0: the drafter's own choice; for a block accepted in full, the "
+                "pre-draft's guess of the token after it).")
+        write_section(args.output, SECTION, f"{machine_stamp()}\n\n{note}\n\n{table}")
+    return 0
+
+
+@torch.no_grad()
+def _verdicts(verifier: Seq2SeqTransformer, drafter: Seq2SeqTransformer, src: torch.Tensor, k: int,
+              max_new_tokens: int):
+    """(kind, rank) for each block of GAD k over the greedy output but the last; kind is "full"
+    (accepted in full) or "cut j" (accepted j < k tokens)."""
+    output = _greedy(verifier, src, max_new_tokens)
+    done = 0
+    while True:
+        room = min(k, max_new_tokens - done - 1)
+        if room <= 0:
+            return
+        scores = _nar_scores(drafter, src, output[:done], room)
+        draft = scores.argmax(-1).tolist()
+        j = 0
+        while j < room and done + j < len(output) and draft[j] == output[done + j]:
+            j += 1
+        if done + j >= len(output) - 1:  # the block reaches the output's end: the last one
+            return
+        truth = output[done + j]
+        if j == room:  # the pre-draft's guess: a 1-token draft after the accepted block
+            scores = _nar_scores(drafter, src, output[: done + j], 1)[0]
+            yield "full", min(int((scores > scores[truth]).sum()), RANKS)
+        else:
+            yield f"cut {j}", min(int((scores[j] > scores[j][truth]).sum()), RANKS)
+        done += j + 1
+
+
+def _greedy(model: Seq2SeqTransformer, src: torch.Tensor, max_new_tokens: int) -> list[int]:
+    cfg = model.config
+    cache = model.start(src)
+    hidden = model.extend(cache, torch.tensor([[cfg.bos_id]]))
+    output: list[int] = []
+    while len(output) < max_new_tokens:
+        token = int(model.logits(hidden[0, -1]).argmax())
+        output.append(token)
+        if token == cfg.eos_id:
+            break
+        hidden = model.extend(cache, torch.tensor([[token]]))
+    return output
+
+
+def _nar_scores(model: Seq2SeqTransformer, src: torch.Tensor, prefix: list[int], k: int) -> torch.Tensor:
+    """The NAR drafter's scores [k, V] for the k positions after `prefix` (the block it drafts)."""
+    cfg = model.config
+    cache = model.start(src)
+    model.extend(cache, torch.tensor([[cfg.bos_id, *prefix]]))
+    masks = torch.full((1, k), cfg.mask_id, dtype=torch.long)
+    return model.logits(model.extend(cache, masks, bidirectional=True)[0])
+
+
+def _table(counts: Counter[tuple[str, int]], blocks: int, k: int) -> str:
+    """Rows: accepted in full, cut at the first token, cut later; cells: share of all blocks by rank."""
+    groups = [("accepted in full", lambda kind: kind == "full"),
+              (f"cut after 0 of {k}", lambda kind: kind == "cut 0"),
+              (f"cut after 1 to {k - 1} of {k}", lambda kind: kind not in ("full", "cut 0"))]
+    head = "| block | share of blocks | " + " | ".join(f"rank {r}" for r in range(RANKS)) + f" | rank {RANKS}+ |"
+    lines = [head, "|---|---:|" + "---:|" * (RANKS + 1)]
+    for label, member in groups:
+        by_rank = [sum(n for (kind, rank), n in counts.items() if rank == r and member(kind)) for r in range(RANKS + 1)]
+        lines.append(_row(label, by_rank, blocks))
+    return "\n".join(lines) + f"\n\n{blocks} blocks (each sentence's last left out)."
+
+
+def _row(label: str, by_rank: list[int], blocks: int) -> str:
+    total = sum(by_rank)
+    cells = " | ".join(f"{100 * n / blocks:.1f}%" for n in by_rank)
+    return f"| {label} | {100 * total / blocks:.1f}% | {cells} |"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
