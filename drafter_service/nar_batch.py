@@ -21,11 +21,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from core.batch_slots import answer_in_slots
+from core.batch_slots import answer_in_slots, split_source_tokens_for
 from core.checks import check_session_step
 from core.errors import out_of_step
 from seq2seq_models.config import ModelConfig
-from seq2seq_models.row_cache import Cross, CrossStack, RowBlock, RowKV, Zeros, gather
+from seq2seq_models.row_cache import Cross, CrossStack, RowBlock, RowKV, Source, Zeros, encode_new, gather
 
 DraftOutcome = list[int] | BaseException
 
@@ -35,8 +35,9 @@ class NarEngine(Protocol):
     forward for one row without padding; `draft_rows` uses it for a lone row."""
 
     zeros: Zeros
+    device: str  # "cpu" or "cuda:N"
 
-    def encode(self, source_ids: list[int]) -> Cross: ...
+    def encode_batch(self, sources: list[list[int]]) -> list[Cross]: ...
 
     def forward(self, feeds: dict[str, Any]) -> tuple[Any, Any, np.ndarray]:
         """`row_cache.gather`'s feeds plus `mask_from` -> block_k, block_v [L, B, H, T, hd] (backend
@@ -51,14 +52,11 @@ class NarRow:
         cfg = drafter.config
         self.drafter = drafter
         self.config = cfg
-        self.cross: Cross | None = drafter.engine.encode(source_ids)
+        self.source = Source(source_ids)  # encoded by its first forward (`row_cache.Source`)
+        self.closed = False
         self.kv = RowKV(drafter.engine.zeros, cfg.decoder_layers, cfg.n_heads, cfg.d_model // cfg.n_heads)
         self.tokens: list[int] = []  # the client's output prefix after BOS
         self.valid = 0  # leading positions (BOS first) whose K/V the cache holds for this prefix
-
-    @property
-    def closed(self) -> bool:
-        return self.cross is None
 
     @property
     def max_tokens(self) -> int:
@@ -66,7 +64,7 @@ class NarRow:
 
     @property
     def cache_bytes(self) -> int:
-        return 0 if self.cross is None else int(self.cross.k.nbytes) * 2 + self.kv.nbytes
+        return 0 if self.closed else self.source.nbytes + self.kv.nbytes
 
     def sync(self, committed_len: int, append_ids: list[int]) -> None:
         if self.closed:
@@ -76,7 +74,8 @@ class NarRow:
         self.valid = min(self.valid, 1 + committed_len)
 
     def close(self) -> None:
-        self.cross = None
+        self.closed = True
+        self.source.release()
 
     def block(self, k: int) -> tuple[RowBlock, int]:
         """The row's block for a draft of `k` masks (the uncached committed tokens, then the masks)
@@ -111,18 +110,20 @@ class BatchNarDrafter:
         return (slot, row, *row.block(k))
 
     def _run(self, planned: list[tuple[int, NarRow, RowBlock, int]], outcomes: list[DraftOutcome | None]) -> None:
+        # New sessions' sources, in one run (or one per group of lengths on a CPU).
+        encode_new(self.engine, [row.source for _, row, _, _ in planned], split_source_tokens_for(self.engine.device))
         blocks = [b for _, _, b, _ in planned]
         one = getattr(self.engine, "forward_one", None)
         if len(planned) == 1 and one is not None:  # a lone row: the engine's unpadded path
             _, row, block, mask_from = planned[0]
-            assert row.cross is not None
-            block_k, block_v, ids = one(block, row.cross, mask_from)
+            assert row.source.cross is not None
+            block_k, block_v, ids = one(block, row.source.cross, mask_from)
         else:
             crosses: list[Cross] = []
             for j, (_, row, block, _) in enumerate(planned):
-                assert row.cross is not None
+                assert row.source.cross is not None
                 block.source = j
-                crosses.append(row.cross)
+                crosses.append(row.source.cross)
             feeds = gather(blocks, crosses, self.engine.zeros, self._crosses)
             feeds["mask_from"] = np.array([m for *_, m in planned], np.int64)
             block_k, block_v, ids = self.engine.forward(feeds)

@@ -15,7 +15,7 @@ import torch
 
 from kernels.attention import EAGER
 from seq2seq_models.batch_graph import BatchedDecoder
-from seq2seq_models.row_cache import Cross
+from seq2seq_models.row_cache import Cross, source_feeds, split_sources
 from seq2seq_models.transformer import Seq2SeqTransformer
 
 
@@ -38,11 +38,15 @@ class TorchBatchEngine:
         return torch.zeros(shape, dtype=self._dtype, device=self._device)
 
     @torch.no_grad()
-    def encode(self, source_ids: list[int]) -> Cross:
+    def encode_batch(self, sources: list[list[int]]) -> list[Cross]:
+        """Each source's cross-attention K/V, all in one encoder run (`row_cache.source_feeds`)."""
         m = self.model
-        src = torch.tensor([[*source_ids, m.config.eos_id]], device=self._device)
-        ks, vs = m.cross_kv(m.encode(src, None))
-        return Cross(torch.stack(ks), torch.stack(vs))
+        feeds = source_feeds(sources, m.config.eos_id)
+        src = torch.from_numpy(feeds["src"]).to(self._device)
+        # Sources of one length need no mask (and a lone one keeps the unmasked kernel it always had).
+        mask = None if len({len(s) for s in sources}) == 1 else torch.from_numpy(feeds["src_mask"]).to(self._device)
+        ks, vs = m.cross_kv(m.encode(src, mask))
+        return split_sources(torch.stack(ks), torch.stack(vs), sources, torch.Tensor.contiguous)
 
     def decode(self, feeds: dict[str, Any], names: Sequence[str]) -> tuple[torch.Tensor, Any, Any]:
         """The wanted rows' final states [R, D] and the block K/V, for the inputs `names` of `feeds`."""

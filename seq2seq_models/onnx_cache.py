@@ -15,7 +15,7 @@ from pathlib import Path
 from seq2seq_models.row_cache import BATCH_INPUTS
 
 OPSET = 17
-EXPORT_FORMAT = 4  # bump when the graphs' interface changes, so stale caches are not reused
+EXPORT_FORMAT = 5  # bump when the graphs' interface changes, so stale caches are not reused
 CACHE_ENV = "SPECDEC_ONNX_CACHE"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
@@ -23,7 +23,7 @@ BATCH_DECODER_FILE = "decoder_batch.onnx"
 MANIFEST_FILE = "manifest.json"
 USER_CACHE = Path.home() / ".cache" / "specdec" / "onnx"
 
-ENCODER_INPUTS = ["src"]
+ENCODER_INPUTS = ["src", "src_mask"]
 ENCODER_OUTPUTS = ["cross_k", "cross_v"]
 DECODER_INPUTS = ["tokens", "past_len", "past_k", "past_v", "cross_k", "cross_v", "head_from", "targets", "top_k"]
 DECODER_OUTPUTS = ["present_k", "present_v", "topk_logprobs", "topk_ids", "target_logprobs"]

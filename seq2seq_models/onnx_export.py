@@ -6,8 +6,10 @@ its mask positions, the small AR drafter's in the logits of its last position (o
 `head_rows`), which its beam search and sampling read on the host (`drafter_service.onnx_ar`).
 Where exports live and how one is found is `seq2seq_models.onnx_cache`, which imports no torch.
 
-* `encoder.onnx`: source ids [1, S] -> cross-attention K and V of every decoder layer,
-  stacked as [L, 1, H, S, hd] (the encoder runs once per session; the decoder never sees memory).
+* `encoder.onnx`: source ids [B, S] (right-padded) and src_mask [B, S] (bool, True = a real
+  position) -> cross-attention K and V of every decoder layer, stacked as [L, B, H, S, hd] (the
+  encoder runs once per session, the new sessions of one forward together; the decoder never sees
+  memory). A row's positions past its own length are padding, cut off by the caller.
 * `decoder.onnx` (decoder-with-past, with the fused output head):
   tokens [1, T], past_len [] (the block's start position), past_k/past_v [L, 1, H, P, hd] with
   P >= past_len, cross_k/cross_v, head_from [] (first block row whose head outputs are wanted),
@@ -266,13 +268,17 @@ def _export_encoder(model: Seq2SeqTransformer, out: Path) -> Seq2SeqTransformer:
     """Write encoder.onnx; returns the float32 copy of `model` the decoder is exported from."""
     out.mkdir(parents=True, exist_ok=True)
     model32 = _float32_copy(model)
-    src = torch.tensor([[5, 6, 7, model32.config.eos_id]]) % model32.config.vocab_size
+    eos = model32.config.eos_id
+    src = torch.tensor([[5, 6, 7, eos], [5, eos, 0, 0]]) % model32.config.vocab_size
+    src_mask = torch.tensor([[True] * 4, [True, True, False, False]])
+    sizes = {0: "batch", 1: "src_len"}
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer warnings about shape arithmetic are expected
         torch.onnx.export(
-            _Encoder(model32), (src,), str(out / ENCODER_FILE), dynamo=False, opset_version=OPSET,
+            _Encoder(model32), (src, src_mask), str(out / ENCODER_FILE), dynamo=False, opset_version=OPSET,
             input_names=ENCODER_INPUTS, output_names=ENCODER_OUTPUTS,
-            dynamic_axes={"src": {1: "src_len"}, "cross_k": {3: "src_len"}, "cross_v": {3: "src_len"}},
+            dynamic_axes={"src": sizes, "src_mask": sizes, "cross_k": {1: "batch", 3: "src_len"},
+                          "cross_v": {1: "batch", 3: "src_len"}},
         )
     return model32
 
@@ -299,10 +305,10 @@ class _ModelGraph(nn.Module):
 
 
 class _Encoder(_ModelGraph):
-    def forward(self, src: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, src: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor]:
         m = self.model
-        memory = m.encode(src, None, GRAPH)  # one unpadded source: no mask needed
-        ks, vs = m.cross_kv(memory, GRAPH)
+        memory = m.encode(src, src_mask, BATCHED)  # right-padded sources: the mask hides the padding
+        ks, vs = m.cross_kv(memory, BATCHED)
         return torch.stack(ks), torch.stack(vs)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from seq2seq_models.ort_runner import OrtRunner
-from seq2seq_models.row_cache import Cross, RowBlock
+from seq2seq_models.row_cache import Cross, RowBlock, split_sources
 
 
 class OrtBatchEngine:
@@ -28,9 +28,10 @@ class OrtBatchEngine:
     def zeros(shape: tuple[int, ...]) -> np.ndarray:
         return np.zeros(shape, np.float32)
 
-    def encode(self, source_ids: list[int]) -> Cross:
-        k, v = self.runner.encode(source_ids, self.eos_id)
-        return Cross(host(k), host(v))
+    def encode_batch(self, sources: list[list[int]]) -> list[Cross]:
+        """Each source's cross-attention K/V, all in one run of the encoder graph."""
+        k, v = self.runner.encode_batch(sources, self.eos_id)
+        return split_sources(k, v, sources, np.ascontiguousarray)
 
     def decode_one(self, block: RowBlock, cross: Cross, **feeds: Any) -> tuple[Any, ...]:
         """One row through the one-row graph (`decoder.onnx`): no padding, masks or gather; its past

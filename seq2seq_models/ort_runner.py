@@ -23,6 +23,7 @@ import numpy as np
 from core.config import parse_device
 from core.threads import MAX_THREADS, usable_cpus
 from seq2seq_models.cuda_devices import count_gpus
+from seq2seq_models.row_cache import source_feeds
 
 if TYPE_CHECKING:  # onnx_export imports torch; a runner itself needs only onnxruntime
     from seq2seq_models.config import ModelConfig
@@ -82,7 +83,14 @@ class OrtRunner:
 
     def encode(self, source_ids: list[int], eos_id: int) -> tuple[Any, Any]:
         """Cross-attention K and V [L, 1, H, S, hd] of one source (EOS appended here)."""
-        k, v = self.encoder.run(None, {"src": _source(source_ids, eos_id)})
+        k, v = self.encoder.run(None, source_feeds([source_ids], eos_id))
+        return k, v
+
+    def encode_batch(self, sources: list[list[int]], eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """Cross-attention K and V [L, B, H, S, hd] of several sources in one encoder run, as host
+        arrays (EOS appended here; right-padded to the longest: row i's first len(sources[i]) + 1
+        positions are its own)."""
+        k, v = self.encoder.run(None, source_feeds(sources, eos_id))
         return k, v
 
     def empty_past(self, cfg: ModelConfig) -> tuple[Any, Any]:
@@ -122,7 +130,8 @@ class CudaOrtRunner(OrtRunner):
 
     def encode(self, source_ids: list[int], eos_id: int) -> tuple[Any, Any]:
         binding = self.encoder.io_binding()
-        binding.bind_cpu_input("src", _source(source_ids, eos_id))
+        for name, value in source_feeds([source_ids], eos_id).items():
+            binding.bind_cpu_input(name, value)
         binding.bind_output("cross_k", "cuda", self.index)
         binding.bind_output("cross_v", "cuda", self.index)
         self.encoder.run_with_iobinding(binding)
@@ -211,10 +220,6 @@ def _preload_cuda_libraries() -> None:
 
     if hasattr(ort, "preload_dlls"):
         ort.preload_dlls()
-
-
-def _source(source_ids: list[int], eos_id: int) -> np.ndarray:
-    return np.array([[*source_ids, eos_id]], dtype=np.int64)
 
 
 def _kv_feeds(past: tuple[Any, Any], cross: tuple[Any, Any]) -> dict[str, Any]:

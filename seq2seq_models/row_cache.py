@@ -15,9 +15,11 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+
+from core.batch_slots import split_by_length
 
 # The inputs of the batched decoder (`batch_graph.BatchedDecoder`, `decoder_batch.onnx`), by name:
 # `gather` makes them. Here, not in batch_graph, so ONNX Runtime callers need no torch.
@@ -102,6 +104,71 @@ class Cross:
     @property
     def length(self) -> int:
         return int(self.k.shape[3])
+
+
+class Encoder(Protocol):
+    """What encodes sources: a batched engine (`engines.TorchBatchEngine`, `ort_engine.OrtBatchEngine`)."""
+
+    def encode_batch(self, sources: list[list[int]]) -> list[Cross]: ...
+
+
+class Source:
+    """A session's source: its ids until the first forward that needs its K/V encodes it, with
+    every other new source of that forward in one encoder run (`encode_new`), then its `Cross`.
+
+    Encoding at the first forward rather than at open is what lets concurrent sessions share one
+    encoder run: under load the encoder was about a quarter of the verifier's work (py-spy, GAD at
+    32 clients), and a batch of B sources costs less per source than B runs. A session closed
+    before its first step is never encoded."""
+
+    def __init__(self, source_ids: list[int]) -> None:
+        self.ids = list(source_ids)
+        self.cross: Cross | None = None
+        self.released = False  # its session closed: never encoded again
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.cross is None else int(self.cross.k.nbytes) * 2
+
+    def release(self) -> None:
+        self.released = True
+        self.cross = None
+
+
+def encode_new(encoder: Encoder, sources: Sequence[Source], split_tokens: int = 0) -> list[int]:
+    """Encode those of `sources` not encoded yet and not released (each once, however often it
+    appears): one run, or one per group of lengths where the padding saved outweighs a run's fixed
+    cost of `split_tokens` tokens (`core.batch_slots.split_by_length`; 0: one run). Returns the
+    number of sources of each run."""
+    new = list({id(s): s for s in sources if s.cross is None and not s.released}.values())
+    if not new:
+        return []
+    groups = split_by_length([len(s.ids) + 1 for s in new], split_tokens)
+    for group in groups:
+        batch = [new[i] for i in group]
+        for source, cross in zip(batch, encoder.encode_batch([s.ids for s in batch]), strict=True):
+            source.cross = cross
+    return [len(group) for group in groups]
+
+
+def source_feeds(sources: list[list[int]], eos_id: int) -> dict[str, np.ndarray]:
+    """The encoder's inputs for `sources`: ids with EOS appended, right-padded, and the mask of the
+    real positions (`encoder.onnx`'s src and src_mask)."""
+    lengths = [len(s) + 1 for s in sources]
+    src = np.full((len(sources), max(lengths)), eos_id, np.int64)
+    mask = np.zeros(src.shape, np.bool_)
+    for i, ids in enumerate(sources):
+        src[i, : lengths[i]] = [*ids, eos_id]
+        mask[i, : lengths[i]] = True
+    return {"src": src, "src_mask": mask}
+
+
+def split_sources(k: Any, v: Any, sources: list[list[int]], own: Callable[[Any], Any]) -> list[Cross]:
+    """Each source's `Cross` out of one encoder run's K/V [L, B, H, S, hd] over `sources` (right-
+    padded): its own positions (with EOS), made an array of its own by `own` (a contiguous copy:
+    the batch's arrays are freed, and ONNX Runtime's one-row graph takes a row's K/V as an input)."""
+    return [Cross(own(k[:, i : i + 1, :, : len(ids) + 1]), own(v[:, i : i + 1, :, : len(ids) + 1]))
+            for i, ids in enumerate(sources)]
 
 
 class CrossStack(threading.local):

@@ -183,6 +183,27 @@ def test_a_session_closed_while_its_forward_runs_is_refused_alone(bundle):
     assert isinstance(results[1], SpecdecError) and results[1].code == StatusCode.FAILED_PRECONDITION
 
 
+def test_new_sessions_are_encoded_together_by_their_first_draft(bundle):
+    """The drafter encodes the sources of a batch's new sessions in one run, each once."""
+    drafter = make_drafter(bundle, "torch")
+    runs: list[int] = []
+
+    class CountingEngine(TorchNarEngine):
+        def encode_batch(self, sources):
+            runs.append(len(sources))
+            return super().encode_batch(sources)
+
+    drafter.nar.engine = CountingEngine(bundle.nar_drafter)
+    sources = [[5, 6], [7, 8, 9, 10, 11], [12]]
+    sessions = [drafter.open(s) for s in sources]
+    results = drafter.draft_batch([(s, BlockCall(0, [9], 3)) for s in sessions])
+    assert runs == [3]
+    assert [r.ids for r in results] == [make_drafter(bundle, "torch").open(s).draft_block(0, [9], 3).ids
+                                        for s in sources]
+    drafter.draft_batch([(sessions[0], BlockCall(1, [7], 2))])
+    assert runs == [3]
+
+
 def test_a_draft_that_cannot_fit_is_empty_and_costs_no_forward(bundle):
     drafter = make_drafter(bundle, "torch")
     limit = bundle.nar_drafter.config.max_len - 1

@@ -170,6 +170,84 @@ def test_a_closed_session_and_a_bad_item_fail_alone():
         closed.step(0, [5], [], 1)
 
 
+class CountingEngine:
+    """A real engine whose encoder runs are recorded (the sizes of their batches)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.runs: list[int] = []
+
+    def encode_batch(self, sources):
+        self.runs.append(len(sources))
+        return self.engine.encode_batch(sources)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_new_sessions_are_encoded_together_by_their_first_forward():
+    """Opening encodes nothing; the first forward of new sessions encodes all their sources in one
+    run (ragged lengths, each row equal to its session stepped alone), later forwards none, and a
+    session closed before its first step never."""
+    model = zoo.model_pool()[1].verifier
+    verifier = LocalVerifier(model)
+    verifier.engine = engine = CountingEngine(verifier.engine)
+    verifier.split_source_tokens = 0  # one run whatever the lengths
+    sources = [[5, 6, 7], [8], [9, 10, 11, 12, 13, 14, 15, 5, 6], [14, 15]]
+    sessions = [verifier.open(s) for s in sources]
+    never = verifier.open([12, 13])
+    never.close()
+    assert engine.runs == []
+    calls = [StepCall(0, [5], [6, 7], 2), StepCall(0, [], [], 3), StepCall(0, [9, 9], [], 1), StepCall(0, [], [7], 2)]
+    out = verifier.step_batch(list(zip(sessions, calls, strict=True)))
+    assert engine.runs == [4]
+    for src, call, got in zip(sources, calls, out, strict=True):
+        twin = LocalVerifier(model).open(src)
+        _same(twin.step(call.committed_len, call.append_ids, call.draft_ids, call.top_k), got, 1e-9)
+    late = verifier.open([10, 11, 12])
+    verifier.step_batch([(sessions[0], StepCall(3, [], [5], 1)), (late, StepCall(0, [], [], 1))])
+    assert engine.runs == [4, 1]  # only the new session's source
+    assert sessions[0].cache_bytes > 0 and never.cache_bytes == 0
+
+
+def test_on_a_cpu_sources_of_far_apart_lengths_are_encoded_in_runs_by_length():
+    """Padding a short source to a long one's length costs more than a run of its own (the split
+    of `core.batch_slots.split_by_length`, with the encoder's fixed cost); close lengths share one."""
+    model = zoo.model_pool()[1].verifier
+    verifier = LocalVerifier(model)
+    verifier.engine = engine = CountingEngine(verifier.engine)
+    assert verifier.split_source_tokens > 0
+    sources = [[5] * 2, [6] * 30, [7] * 3, [8] * 31]
+    sessions = [verifier.open(s) for s in sources]
+    out = verifier.step_batch([(s, StepCall(0, [], [], 1)) for s in sessions])
+    assert engine.runs == [2, 2]
+    for src, got in zip(sources, out, strict=True):
+        _same(LocalVerifier(model).open(src).step(0, [], [], 1), got, 1e-9)
+    verifier.step_batch([(verifier.open([5] * n), StepCall(0, [], [], 1)) for n in (20, 22)])
+    assert engine.runs == [2, 2, 2]
+
+
+@pytest.mark.parametrize("role", ["verifier", "nar_drafter"])
+def test_onnx_encoder_runs_ragged_sources_as_one_by_one(bundle, tmp_path, role):
+    """The encoder graph over right-padded sources gives each source its own K/V, as encoding it alone."""
+    from seq2seq_models.onnx_export import ensure_export
+    from seq2seq_models.ort_engine import OrtBatchEngine
+    from seq2seq_models.ort_runner import open_runner
+
+    model = getattr(bundle, role)
+    export = ensure_export(model, bundle.fingerprint, tmp_path, role=role)
+    engine = OrtBatchEngine(open_runner(export), model.config.eos_id)
+    rng = random.Random(3)
+    sources = [[rng.randrange(W, model.config.vocab_size) for _ in range(n)] for n in (1, 17, 6, 30, 6)]
+    batched = engine.encode_batch(sources)
+    for src, got in zip(sources, batched, strict=True):
+        alone = engine.encode_batch([src])[0]
+        assert got.k.shape == alone.k.shape == (model.config.decoder_layers, 1, model.config.n_heads, len(src) + 1,
+                                                model.config.d_model // model.config.n_heads)
+        assert got.k.flags.c_contiguous and got.v.flags.c_contiguous
+        assert abs(got.k - alone.k).max() < 1e-4 and abs(got.v - alone.v).max() < 1e-4
+
+
 def test_multi_row_forks_reuse_and_free_rows():
     model = zoo.model_pool()[0].verifier
     verifier = LocalVerifier(model)

@@ -22,19 +22,19 @@ before the forward writes anything); rows no child names are freed. The prefix i
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-from core.batch_slots import answer_in_slots, split_by_length, split_tokens_for
+from core.batch_slots import answer_in_slots, split_by_length, split_source_tokens_for, split_tokens_for
 from core.checks import check_session_step
 from core.errors import out_of_step
 from core.greedy import greedy_next, merge_greedy
 from core.interfaces import BeamRow, StepCall, VerifyResult
 from seq2seq_models.config import ModelConfig
-from seq2seq_models.row_cache import Cross, CrossStack, RowBlock, RowKV, Zeros, gather, scatter
+from seq2seq_models.row_cache import Cross, CrossStack, RowBlock, RowKV, Source, Zeros, encode_new, gather, scatter
 from verifier_service.model_verifier import ModelVerifier
 
 StepOutcome = VerifyResult | list[VerifyResult] | BaseException
@@ -49,7 +49,7 @@ class Engine(Protocol):
     zeros: Zeros
     device: str  # "cpu" or "cuda:N"
 
-    def encode(self, source_ids: list[int]) -> Cross: ...
+    def encode_batch(self, sources: list[list[int]]) -> list[Cross]: ...
 
     def forward(self, feeds: dict[str, Any], top_k: int) -> tuple[Any, Any, np.ndarray, np.ndarray, np.ndarray]:
         """`row_cache.gather`'s feeds -> block_k, block_v [L, B, H, T, hd] (backend arrays) and the
@@ -68,12 +68,9 @@ class BatchSession:
 
     def __init__(self, verifier: BatchVerifier, source_ids: list[int]) -> None:
         self._verifier = verifier
-        self.cross: Cross | None = verifier.engine.encode(source_ids)
+        self.source = Source(source_ids)  # encoded by its first forward (`row_cache.Source`)
         self.rows: list[Row] = [Row([], verifier.new_kv())]
-
-    @property
-    def closed(self) -> bool:
-        return self.cross is None
+        self.closed = False
 
     @property
     def tokens(self) -> list[int]:
@@ -82,9 +79,7 @@ class BatchSession:
 
     @property
     def cache_bytes(self) -> int:
-        if self.cross is None:
-            return 0
-        return int(self.cross.k.nbytes) * 2 + sum(r.kv.nbytes for r in self.rows)
+        return self.source.nbytes + sum(r.kv.nbytes for r in self.rows)
 
     def step(self, committed_len: int, append_ids: list[int], draft_ids: list[int], top_k: int) -> VerifyResult:
         result = self._verifier.step_batch([(self, StepCall(committed_len, append_ids, draft_ids, top_k))])[0]
@@ -112,7 +107,8 @@ class BatchSession:
         return result
 
     def close(self) -> None:
-        self.cross = None
+        self.closed = True
+        self.source.release()
         self.rows = []
 
 
@@ -132,6 +128,8 @@ class BatchVerifier(ModelVerifier):
     """The `core.interfaces.Verifier` of both backends, with `step_batch` (see the module docstring)."""
 
     engine: Engine
+    # Told the number of sources of every encoder run (the service's metrics); None: nobody listens.
+    on_encode: Callable[[int], None] | None = None
 
     def __init__(self, config: ModelConfig, engine: Engine) -> None:
         super().__init__(config)
@@ -143,9 +141,21 @@ class BatchVerifier(ModelVerifier):
         # when the padding that saves (in token-rows) outweighs a forward's fixed cost:
         # `core.batch_slots.split_by_length`. 0: never split.
         self.split_tokens = split_tokens_for(engine.device)
+        self.split_source_tokens = split_source_tokens_for(engine.device)  # the encoder's, likewise
 
     def open(self, source_ids: list[int]) -> BatchSession:
+        """A session over `source_ids`; its source is encoded by its first forward, or before by
+        `encode` (with other sessions' sources)."""
         return BatchSession(self, source_ids)
+
+    def encode(self, sessions: Sequence[BatchSession]) -> None:
+        """Encode the sources of `sessions` not encoded yet (nor closed) in one encoder run."""
+        self._encode([s.source for s in sessions])
+
+    def _encode(self, sources: list[Source]) -> None:
+        for run in encode_new(self.engine, sources, self.split_source_tokens):
+            if self.on_encode is not None:
+                self.on_encode(run)
 
     def new_kv(self) -> RowKV:
         cfg = self.config
@@ -202,13 +212,15 @@ class BatchVerifier(ModelVerifier):
     # ---- the forward and the commit -------------------------------------------------------------
 
     def _run(self, planned: list[_Planned], outcomes: list[StepOutcome | None]) -> None:
-        started = time.perf_counter()
+        self._encode([p.session.source for p in planned])  # the new sessions' sources, in one run
+        started = time.perf_counter()  # the load signal is the decoder's forward (encoding is per request)
         blocks: list[RowBlock] = []
         crosses: list[Cross] = []
         for p in planned:
-            assert p.session.cross is not None
+            cross = p.session.source.cross
+            assert cross is not None
             blocks.extend(p.blocks)
-            crosses.extend(p.session.cross for _ in p.blocks)
+            crosses.extend(cross for _ in p.blocks)
         top_k = min(self.vocab_size, max(p.call.top_k for p in planned))
         # Each block's head rows [n_targets, k] (top-k log-probs, top-k ids) and draft log-probs.
         heads: list[tuple[Any, Any, Any]] = [()] * len(blocks)  # type: ignore[list-item]

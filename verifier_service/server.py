@@ -7,6 +7,7 @@ sessions run as one forward (`step_batch`), up to [verifier] max_batch_rows / ma
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +20,21 @@ from core.interfaces import BeamRow, StepCall, VerifyResult
 from core.wire import sends_candidates, session_top_k
 from protos.specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, load_bundle
-from serving.batching import BatchStats, one_by_one, with_batch_load
+from serving.batching import BatchLimits, BatchScheduler, BatchStats, one_by_one, with_batch_load
 from serving.model_service import ModelService, SessionLimits, make_model_info
 from verifier_service.session import VerifierSession, make_verifier
 
 SERVICE = verifier_pb2.DESCRIPTOR.services_by_name["VerifierService"]
+# Source tokens one encoder run may hold (its rows are [verifier] max_batch_rows).
+ENCODE_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class _Encode:
+    """A new session's source, as the encoder's `BatchScheduler` sizes it: one row of its tokens."""
+
+    n_tokens: int
+    n_rows: int = 1
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,15 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         self.m_queue_s = r.counter("verifier_queue_seconds", "time steps waited for the model worker")
         # Steps of concurrent sessions gathered into one forward (serving/batching.py).
         self.scheduler = self.make_scheduler(self._run_batch, limits)
+        # The sources of sessions opened meanwhile, encoded in one run (`_encode_soon`).
+        m_encoder_runs = r.counter("verifier_encoder_runs", "encoder runs (each over one or more new sources)")
+        m_encoded = r.counter("verifier_encoded_sources", "sources encoded")
+        if hasattr(self.verifier, "on_encode"):
+            self.verifier.on_encode = lambda n: (m_encoder_runs.inc(), m_encoded.inc(n))
+        self.encoder = BatchScheduler(
+            self.executor, self._encode_batch, BatchLimits(max_rows=limits.max_batch_rows, max_tokens=ENCODE_TOKENS),
+        )
+        self._encoding: set[asyncio.Future] = set()
         self.model_info = make_model_info(
             cfg,
             tokenizer_fingerprint=bundle.tokenizer.fingerprint,
@@ -103,6 +123,32 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
 
     def open_session(self, source: list[int], request: verifier_pb2.VerifyOpen) -> VerifierSession:
         return self.verifier.open(source)
+
+    async def _open(self, request):
+        session, response = await super()._open(request)
+        if hasattr(self.verifier, "encode"):  # a backend whose sessions encode lazily (BatchVerifier)
+            self._encode_soon(session)
+        return session, response
+
+    def _encode_soon(self, session: VerifierSession) -> None:
+        """Queue the new session's source for the encoder, not waiting for it: the sources of the
+        sessions opened while the worker was busy go in one run (`BatchVerifier.encode`). It runs
+        as soon as the worker is free, while a speculative client's drafter makes its first block,
+        so the first step finds it encoded; a first step that comes sooner encodes it in its own
+        forward (the sessions' sources are encoded lazily too), and a session closed first never."""
+        encoding = asyncio.ensure_future(self.encoder.submit(session, _Encode(len(session.source.ids))))
+        self._encoding.add(encoding)
+        encoding.add_done_callback(self._encoded)
+
+    def _encoded(self, encoding: asyncio.Future) -> None:
+        self._encoding.discard(encoding)
+        if not encoding.cancelled() and encoding.exception() is not None:  # the first step will retry and say
+            self.host.log.warning("encoder_failed", error=repr(encoding.exception()))
+
+    def _encode_batch(self, items: list[tuple[VerifierSession, _Encode]]) -> list[None]:
+        """Worker thread: one encoder run over the items' sessions' sources."""
+        self.verifier.encode([session for session, _ in items])
+        return [None] * len(items)
 
     async def _step(self, session: VerifierSession, step: verifier_pb2.VerifyStep) -> verifier_pb2.VerifyResponse:
         call = self._checked_call(session, step)

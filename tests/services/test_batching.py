@@ -6,6 +6,7 @@ without disturbing the others; the batch keys come from TOML, environment and fl
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -115,6 +116,39 @@ def test_concurrent_verify_streams_batch_and_answer_as_sequential_ones(bundle_di
     assert samples["specdec_verifier_forwards_total"] < steps
     assert samples["specdec_verifier_queue_wait_seconds_count"] == steps
     assert samples["specdec_verifier_batch_rows_sum"] == steps
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_sessions_opened_while_the_worker_is_busy_are_encoded_in_one_run(bundle_dir, bundle, backend):
+    """Opening answers at once and queues the source for the encoder; the sources of sessions
+    opened while the worker was busy are encoded in one run, before their first steps, which then
+    answer as the same streams one at a time do."""
+    sources = _sources(bundle.verifier.config.vocab_size)[:4]
+    with _serve("verifier", bundle_dir, backend=backend) as stack:
+        address = stack.running.addresses["verifier"]
+        server = stack.running.verifier
+        alone = [_verify_loop(address, s) for s in sources]
+        before = scrape(server.host.metrics_port)
+        opens, encodes = threading.Event(), threading.Event()
+        server.executor.submit(opens.wait)  # the worker is busy: the opens queue up behind
+        with grpc.insecure_channel(address) as channel:
+            stub = verifier_pb2_grpc.VerifierServiceStub(channel)
+            streams = [Stream(stub.Verify) for _ in sources]
+            for stream, source in zip(streams, sources, strict=True):
+                stream._requests.put(verifier_pb2.VerifyRequest(open=verifier_pb2.VerifyOpen(source_ids=source)))
+            assert wait_until(lambda: len(server.executor._queue) == len(sources))
+            server.executor.submit(encodes.wait)  # ... and the encodes the opens queue, behind this
+            opens.set()
+            assert all(next(stream.call).HasField("opened") for stream in streams)
+            encodes.set()
+            first = [stream.send(verifier_pb2.VerifyRequest(step=verifier_pb2.VerifyStep(top_k=2))).step
+                     for stream in streams]
+            for stream in streams:
+                stream.close()
+        after = scrape(server.host.metrics_port)
+    assert after["specdec_verifier_encoder_runs_total"] - before["specdec_verifier_encoder_runs_total"] == 1
+    assert after["specdec_verifier_encoded_sources_total"] - before["specdec_verifier_encoded_sources_total"] == 4
+    assert [[p.top1 for p in step.positions] for step in first] == [want["top1s"][0][:1] for want in alone]
 
 
 def test_max_batch_rows_1_turns_batching_off(bundle_dir, bundle):
