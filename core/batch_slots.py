@@ -56,9 +56,10 @@ def split_tokens_for(device: str) -> int:
 # The same for the encoder runs of new sessions' sources (`seq2seq_models.row_cache.encode_new`). On
 # the 2-core CPU a one-source run of the UA-GEC verifier's encoder (ONNX Runtime) took 4.7 / 7.4 /
 # 13.2 ms at 10 / 30 / 60 tokens: ~2.9 ms fixed, ~0.17 ms a token, so ~16 tokens. The sources' lengths
-# vary far more than blocks do (UA-GEC test: median 21 tokens, 90th percentile 52, longest 106), and
-# one run padded to the longest of four random sources spent more than four runs: without the split
-# the encoder took a larger share of the verifier's work batched than one source at a time.
+# vary far more than blocks do (UA-GEC test: median 21 tokens, 90th percentile 52, longest 106): one
+# run padded to the longest of 8 or 16 of them cost more than one run per source, and under load
+# (about 4 sources a run at 32 clients) the encoder took a larger share of the verifier's work than
+# one source at a time; split, 1.2-1.4x less per source (bench/bench_encoder_batch.py).
 SPLIT_SOURCE_TOKENS_CPU = 16
 
 

@@ -146,7 +146,7 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
             self.host.log.warning("encoder_failed", error=repr(encoding.exception()))
 
     def _encode_batch(self, items: list[tuple[VerifierSession, _Encode]]) -> list[None]:
-        """Worker thread: one encoder run over the items' sessions' sources."""
+        """Worker thread: the items' sessions' sources in one encoder run (on a CPU, one per group of lengths)."""
         self.verifier.encode([session for session, _ in items])
         return [None] * len(items)
 
