@@ -132,10 +132,12 @@ def _bound(counts: Counter[tuple[str, int]], blocks: int) -> str:
     """What the table bounds: the hit rate of overlapped drafting, today's and with more guesses."""
     hits = counts[("full", 0)]
     second = counts[("cut 0", 1)]
+    cut0 = sum(n for (kind, _), n in counts.items() if kind == "cut 0")
+    far = counts[("cut 0", RANKS)]
     return (f"Overlapped drafting pre-drafts after the guess that a block is accepted in full and that the "
             f"verifier's next token is the drafter's own: at most {100 * hits / blocks:.1f}% of blocks can use "
-            f"their pre-draft (the first row's rank 0). Half the blocks are cut at their first token, mostly where "
-            f"the verifier edits and the drafter copies, with the verifier's token far down the drafter's ranks; a "
+            f"their pre-draft (the first row's rank 0). {100 * cut0 / blocks:.0f}% of the blocks are cut at their "
+            f"first token, {100 * far / blocks:.0f}% with the verifier's token outside the drafter's top {RANKS}; a "
             f"second pre-draft, on a cut at the first token with the drafter's runner-up there, would add "
             f"{100 * second / blocks:.1f}% of blocks, for a second drafter row every time.")
 
