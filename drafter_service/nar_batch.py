@@ -16,7 +16,7 @@ one-row graph), as the verifier's `step_batch` does.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -88,6 +88,9 @@ class NarRow:
 class BatchNarDrafter:
     """The NAR drafter of both backends over an engine: `open` a row, `draft_rows` many at once."""
 
+    # Told the number of sources of every encoder run (the service's metrics); None: nobody listens.
+    on_encode: Callable[[int], None] | None = None
+
     def __init__(self, config: ModelConfig, engine: NarEngine) -> None:
         self.config = config
         self.engine = engine
@@ -111,7 +114,11 @@ class BatchNarDrafter:
 
     def _run(self, planned: list[tuple[int, NarRow, RowBlock, int]], outcomes: list[DraftOutcome | None]) -> None:
         # New sessions' sources, in one run (or one per group of lengths on a CPU).
-        encode_new(self.engine, [row.source for _, row, _, _ in planned], split_source_tokens_for(self.engine.device))
+        split = split_source_tokens_for(self.engine.device)
+        runs = encode_new(self.engine, [row.source for _, row, _, _ in planned], split)
+        if self.on_encode is not None:
+            for run in runs:
+                self.on_encode(run)
         blocks = [b for _, _, b, _ in planned]
         one = getattr(self.engine, "forward_one", None)
         if len(planned) == 1 and one is not None:  # a lone row: the engine's unpadded path

@@ -218,11 +218,16 @@ def test_concurrent_nar_block_drafts_batch_and_match_sequential_ones(bundle_dir,
 
     with _serve("drafter", bundle_dir, batch_wait_ms=WAIT_MS) as stack:
         address = stack.running.addresses["drafter"]
+        before = scrape(stack.running.drafter.host.metrics_port)
         alone = [drafts(address, s) for s in sources]
         with ThreadPoolExecutor(CLIENTS) as pool:
             together = list(pool.map(lambda s: drafts(address, s, together=True), sources))
         samples = scrape(stack.running.drafter.host.metrics_port)
     assert together == alone
+    # Every session's source encoded once, by its first draft; alone, one run each.
+    encoded, runs = ("specdec_drafter_encoded_sources_total", "specdec_drafter_encoder_runs_total")
+    assert samples[encoded] - before[encoded] == 2 * CLIENTS
+    assert CLIENTS < samples[runs] - before[runs] <= 2 * CLIENTS
     assert all((rows, tokens) == (1, own) and ms > 0 for own, rows, tokens, ms in loads[False])
     assert all(rows >= 1 and tokens >= own and ms > 0 for own, rows, tokens, ms in loads[True])
     assert any(rows > 1 and tokens > own for own, rows, tokens, _ in loads[True])
