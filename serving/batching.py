@@ -183,12 +183,17 @@ class BatchScheduler:
         next call (queued at once, behind what is queued already, so it joins a later forward like
         any step) or ends the run; the answer is the list of the run's results. The caller's event
         loop is not woken between the steps. A step failing ends the run with its exception."""
+        return await self.queue(session, call, then)
+
+    def queue(self, session: Any, call: Sized, then: Then | None = None) -> asyncio.Future:
+        """`submit` without waiting: the step is in the queue when this returns (on the event loop);
+        the future is its answer, and cancelling it while the step is queued drops the step."""
         future = asyncio.get_running_loop().create_future()
         step = _Step(self, session, call, future, time.perf_counter(), call.n_rows, call.n_tokens)
         if then is not None:
             step.then, step.run = then, []
         self.executor._put(step)
-        return await future
+        return future
 
     # ---- the worker's side ---------------------------------------------------------------------
 

@@ -81,7 +81,6 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         self.encoder = BatchScheduler(
             self.executor, self._encode_batch, BatchLimits(max_rows=limits.max_batch_rows, max_tokens=ENCODE_TOKENS),
         )
-        self._encoding: set[asyncio.Future] = set()
         self.model_info = make_model_info(
             cfg,
             tokenizer_fingerprint=bundle.tokenizer.fingerprint,
@@ -136,12 +135,10 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         as soon as the worker is free, while a speculative client's drafter makes its first block,
         so the first step finds it encoded; a first step that comes sooner encodes it in its own
         forward (the sessions' sources are encoded lazily too), and a session closed first never."""
-        encoding = asyncio.ensure_future(self.encoder.submit(session, _Encode(len(session.source.ids))))
-        self._encoding.add(encoding)
-        encoding.add_done_callback(self._encoded)
+        # Queued now, before the client hears `opened` (and can send a first step behind it).
+        self.encoder.queue(session, _Encode(len(session.source.ids))).add_done_callback(self._encoded)
 
     def _encoded(self, encoding: asyncio.Future) -> None:
-        self._encoding.discard(encoding)
         if not encoding.cancelled() and encoding.exception() is not None:  # the first step will retry and say
             self.host.log.warning("encoder_failed", error=repr(encoding.exception()))
 
