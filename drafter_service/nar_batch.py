@@ -53,10 +53,13 @@ class NarRow:
         self.drafter = drafter
         self.config = cfg
         self.source = Source(source_ids)  # encoded by its first forward (`row_cache.Source`)
-        self.closed = False
         self.kv = RowKV(drafter.engine.zeros, cfg.decoder_layers, cfg.n_heads, cfg.d_model // cfg.n_heads)
         self.tokens: list[int] = []  # the client's output prefix after BOS
         self.valid = 0  # leading positions (BOS first) whose K/V the cache holds for this prefix
+
+    @property
+    def closed(self) -> bool:
+        return self.source.released
 
     @property
     def max_tokens(self) -> int:
@@ -74,7 +77,6 @@ class NarRow:
         self.valid = min(self.valid, 1 + committed_len)
 
     def close(self) -> None:
-        self.closed = True
         self.source.release()
 
     def block(self, k: int) -> tuple[RowBlock, int]:
@@ -94,6 +96,7 @@ class BatchNarDrafter:
     def __init__(self, config: ModelConfig, engine: NarEngine) -> None:
         self.config = config
         self.engine = engine
+        self.split_source_tokens = split_source_tokens_for(engine.device)  # `row_cache.encode_new`'s split
         self._crosses = CrossStack()  # the last forward's stacked sources, reused while they stay
 
     def open(self, source_ids: list[int]) -> NarRow:
@@ -114,11 +117,7 @@ class BatchNarDrafter:
 
     def _run(self, planned: list[tuple[int, NarRow, RowBlock, int]], outcomes: list[DraftOutcome | None]) -> None:
         # New sessions' sources, in one run (or one per group of lengths on a CPU).
-        split = split_source_tokens_for(self.engine.device)
-        runs = encode_new(self.engine, [row.source for _, row, _, _ in planned], split)
-        if self.on_encode is not None:
-            for run in runs:
-                self.on_encode(run)
+        encode_new(self.engine, [row.source for _, row, _, _ in planned], self.split_source_tokens, self.on_encode)
         blocks = [b for _, _, b, _ in planned]
         one = getattr(self.engine, "forward_one", None)
         if len(planned) == 1 and one is not None:  # a lone row: the engine's unpadded path

@@ -68,9 +68,7 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
         self.max_source_len = self.max_output_len = min(m.config.max_len for m in self.models.values()) - 1
         self.m_drafts = self.registry.counter("drafter_drafts", "drafts made, by kind")
         if drafter.nar is not None:  # the NAR drafter encodes its new sessions' sources in their first draft
-            m_runs = self.registry.counter("drafter_encoder_runs", "encoder runs (each over one or more new sources)")
-            m_encoded = self.registry.counter("drafter_encoded_sources", "sources encoded")
-            drafter.nar.on_encode = lambda n: (m_runs.inc(), m_encoded.inc(n))
+            drafter.nar.on_encode = self.encoder_metrics()
         # NAR block drafts of concurrent sessions gathered into one forward (serving/batching.py).
         self.scheduler = self.make_scheduler(self._run_batch, limits)
         self.model_info = make_model_info(

@@ -113,13 +113,14 @@ class Encoder(Protocol):
 
 
 class Source:
-    """A session's source: its ids until the first forward that needs its K/V encodes it, with
-    every other new source of that forward in one encoder run (`encode_new`), then its `Cross`.
+    """A session's source: its ids until it is encoded together with other new sources
+    (`encode_new`: by the verifier service's encoder scheduler soon after open, or by the first
+    forward that needs its K/V), then its `Cross`. Released when its session closes.
 
-    Encoding at the first forward rather than at open is what lets concurrent sessions share one
-    encoder run: under load the encoder was about a quarter of the verifier's work (py-spy, GAD at
-    32 clients), and a batch of B sources costs less per source than B runs. A session closed
-    before its first step is never encoded."""
+    Not encoding inside `open` is what lets concurrent sessions share one encoder run: under load
+    the encoder was about a quarter of the verifier's work (py-spy, GAD at 32 clients), and a batch
+    of sources costs less per source than one run each. A session closed before it is encoded
+    never is."""
 
     def __init__(self, source_ids: list[int]) -> None:
         self.ids = list(source_ids)
@@ -135,20 +136,21 @@ class Source:
         self.cross = None
 
 
-def encode_new(encoder: Encoder, sources: Sequence[Source], split_tokens: int = 0) -> list[int]:
+def encode_new(encoder: Encoder, sources: Sequence[Source], split_tokens: int = 0,
+               on_run: Callable[[int], None] | None = None) -> None:
     """Encode those of `sources` not encoded yet and not released (each once, however often it
     appears): one run, or one per group of lengths where the padding saved outweighs a run's fixed
-    cost of `split_tokens` tokens (`core.batch_slots.split_by_length`; 0: one run). Returns the
-    number of sources of each run."""
+    cost of `split_tokens` tokens (`core.batch_slots.split_by_length`; 0: one run). `on_run` is
+    told the number of sources of each run (a service's metrics)."""
     new = list({id(s): s for s in sources if s.cross is None and not s.released}.values())
     if not new:
-        return []
-    groups = split_by_length([len(s.ids) + 1 for s in new], split_tokens)
-    for group in groups:
+        return
+    for group in split_by_length([len(s.ids) + 1 for s in new], split_tokens):
         batch = [new[i] for i in group]
         for source, cross in zip(batch, encoder.encode_batch([s.ids for s in batch]), strict=True):
             source.cross = cross
-    return [len(group) for group in groups]
+        if on_run is not None:
+            on_run(len(batch))
 
 
 def source_feeds(sources: list[list[int]], eos_id: int) -> dict[str, np.ndarray]:

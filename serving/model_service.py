@@ -95,6 +95,18 @@ class ModelService:
         r.on_collect(lambda: self.m_kv.set(sum(_cache_bytes(s) for s in list(self.streams.sessions))))
         add_to_server(self, self.host.server)
 
+    def encoder_metrics(self) -> Callable[[int], None]:
+        """Counters of the service's encoder runs and the sources they encoded; the returned
+        callback (`row_cache.encode_new`'s `on_run`) counts one run of n sources."""
+        runs = self.registry.counter(f"{self.host.name}_encoder_runs", "encoder runs (each over one or more sources)")
+        encoded = self.registry.counter(f"{self.host.name}_encoded_sources", "sources encoded")
+
+        def counted(n: int) -> None:
+            runs.inc()
+            encoded.inc(n)
+
+        return counted
+
     def make_scheduler(self, run_batch: RunBatch, limits: SessionLimits) -> BatchScheduler:
         """The batching scheduler of this service's steps, on its worker, with the limits' batch keys;
         every forward it runs is observed by `observe_batch`."""

@@ -70,7 +70,10 @@ class BatchSession:
         self._verifier = verifier
         self.source = Source(source_ids)  # encoded by its first forward (`row_cache.Source`)
         self.rows: list[Row] = [Row([], verifier.new_kv())]
-        self.closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self.source.released
 
     @property
     def tokens(self) -> list[int]:
@@ -107,7 +110,6 @@ class BatchSession:
         return result
 
     def close(self) -> None:
-        self.closed = True
         self.source.release()
         self.rows = []
 
@@ -150,12 +152,7 @@ class BatchVerifier(ModelVerifier):
 
     def encode(self, sessions: Sequence[BatchSession]) -> None:
         """Encode the sources of `sessions` not encoded yet (nor closed) in one encoder run."""
-        self._encode([s.source for s in sessions])
-
-    def _encode(self, sources: list[Source]) -> None:
-        for run in encode_new(self.engine, sources, self.split_source_tokens):
-            if self.on_encode is not None:
-                self.on_encode(run)
+        encode_new(self.engine, [s.source for s in sessions], self.split_source_tokens, self.on_encode)
 
     def new_kv(self) -> RowKV:
         cfg = self.config
@@ -212,7 +209,7 @@ class BatchVerifier(ModelVerifier):
     # ---- the forward and the commit -------------------------------------------------------------
 
     def _run(self, planned: list[_Planned], outcomes: list[StepOutcome | None]) -> None:
-        self._encode([p.session.source for p in planned])  # the new sessions' sources, in one run
+        self.encode([p.session for p in planned])  # the new sessions' sources, in one run
         started = time.perf_counter()  # the load signal is the decoder's forward (encoding is per request)
         blocks: list[RowBlock] = []
         crosses: list[Cross] = []

@@ -74,10 +74,8 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         # Steps of concurrent sessions gathered into one forward (serving/batching.py).
         self.scheduler = self.make_scheduler(self._run_batch, limits)
         # The sources of sessions opened meanwhile, encoded in one run (`_encode_soon`).
-        m_encoder_runs = r.counter("verifier_encoder_runs", "encoder runs (each over one or more new sources)")
-        m_encoded = r.counter("verifier_encoded_sources", "sources encoded")
         if hasattr(self.verifier, "on_encode"):
-            self.verifier.on_encode = lambda n: (m_encoder_runs.inc(), m_encoded.inc(n))
+            self.verifier.on_encode = self.encoder_metrics()
         self.encoder = BatchScheduler(
             self.executor, self._encode_batch, BatchLimits(max_rows=limits.max_batch_rows, max_tokens=ENCODE_TOKENS),
         )
