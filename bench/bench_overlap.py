@@ -1,4 +1,4 @@
-"""Overlapped drafting through the services: each mode with overlap off and on, in one run.
+"""Overlapped drafting and pre-verify through the services: each mode with both off, then each on, in one run.
 
     python bench/bench_overlap.py                   # prints the table
     python bench/bench_overlap.py --write           # also replaces "## Overlapped drafting" in BENCHMARKS.md
@@ -6,10 +6,12 @@
 
 One `specdec serve all --processes` stack on the bundled models (ONNX Runtime, TCP loopback). For
 GAD k=10, GAD++ and MJSD the same UA-GEC test sentences go through the gateway one request in
-flight, overlap off then on (the per-request `overlap` field, so the same servers serve both), over
-several interleaved rounds; the table gives ms per sentence (best round of each), the speed-up,
-the pre-draft hit rate (pre-drafted blocks used / started: a hit needs the block accepted in full
-and the drafter's guess of the verifier's token right) and whether the outputs are identical.
+flight, plain, then with overlap (the per-request `overlap` field, so the same servers serve all),
+then with pre-verify (`preverify`; GAD and GAD++), over several interleaved rounds; the table gives
+ms per sentence (best round of each), the speed-ups, the pre-draft hit rate (pre-drafted blocks
+used / started: a hit needs the block accepted in full and the drafter's guess of the verifier's
+token right), pre-verify's share of blocks cut at their first token (never verified), and whether
+the outputs are identical to the plain loop's.
 
 It also gives the most overlap could save at the hit rate it had: a used pre-draft takes one
 drafter call off the critical path, nothing more, so the ceiling is
@@ -37,6 +39,7 @@ from specdec.loadtest import ua_gec_texts
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Overlapped drafting"
 MODES = {"GAD k=10": {"mode": "gad", "k": 10}, "GAD++ k=10": {"mode": "gad++", "k": 10}, "MJSD": {"mode": "mjsd"}}
+PREVERIFY_MODES = ("gad", "gad++")  # modes whose accept rule decides each position alone
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,9 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         stamp = machine_stamp(f"backend {args.backend}")
         note = (f"Bundle: {Path(args.bundle).name}; the first {len(texts)} UA-GEC test sentences through "
                 f"`specdec serve all --processes` (TCP loopback), one Generate in flight, max_new_tokens "
-                f"{args.max_new_tokens}; best of {args.rounds} interleaved rounds, overlap off and on in each. Hit "
-                "rate: pre-drafted blocks used / started. GAD's outputs are identical by construction (asserted). "
-                "Drafter and verifier ms / iteration: the gateway's stats of the overlap-off run, round trips "
+                f"{args.max_new_tokens}; best of {args.rounds} interleaved rounds, plain, overlap and pre-verify in "
+                "each. Overlap: the next block drafted while the verifier verifies this one; hit rate: pre-drafted "
+                "blocks used / started. Pre-verify: the verifier's plain AR step for a block's first position "
+                "runs while the drafter drafts the block; a block whose first token fails there is never verified "
+                "(cut at the first token: their share). GAD's outputs are identical by construction (asserted). "
+                "Drafter and verifier ms / iteration: the gateway's stats of the plain run, round trips "
                 "included. "
                 "Ceiling: what overlap would give at its hit rate if it cost nothing, each used pre-draft taking "
                 "one drafter call off the critical path: off / (off - used pre-drafts x drafter ms / iteration).")
@@ -78,46 +84,57 @@ def _measure(address: str, texts: list[str], args) -> list[dict]:
     with grpc.insecure_channel(address) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         for name, overrides in MODES.items():
-            best: dict[bool, float] = {}
-            replies: dict[bool, list] = {}
+            variants = {"off": {}, "overlap": {"overlap": True}}
+            if overrides["mode"] in PREVERIFY_MODES:
+                variants["preverify"] = {"preverify": True}
+            best: dict[str, float] = {}
+            replies: dict[str, list] = {}
             for _ in range(args.rounds):
-                for overlap in (False, True):
-                    wire = overrides_to_wire({**overrides, "max_new_tokens": args.max_new_tokens, "overlap": overlap})
+                for variant, extra in variants.items():
+                    wire = overrides_to_wire({**overrides, "max_new_tokens": args.max_new_tokens, **extra})
                     stub.Generate(gateway_pb2.GenerateRequest(text=texts[0], config=wire), timeout=120)  # warm
                     t0 = time.perf_counter()
-                    replies[overlap] = [stub.Generate(gateway_pb2.GenerateRequest(text=t, config=wire), timeout=120)
+                    replies[variant] = [stub.Generate(gateway_pb2.GenerateRequest(text=t, config=wire), timeout=120)
                                         for t in texts]
-                    best[overlap] = min(best.get(overlap, float("inf")), time.perf_counter() - t0)
-            same = sum(list(a.output_ids) == list(b.output_ids) for a, b in zip(replies[False], replies[True],
-                                                                                strict=True))
+                    best[variant] = min(best.get(variant, float("inf")), time.perf_counter() - t0)
+            plain = replies["off"]
+            same = sum(all(list(r[i].output_ids) == list(plain[i].output_ids) for r in replies.values())
+                       for i in range(len(texts)))
             if overrides["mode"] == "gad" and same != len(texts):
-                raise AssertionError(f"{name}: overlap changed {len(texts) - same} outputs")
-            started = sum(r.stats.predrafts for r in replies[True])
-            used = sum(r.stats.predrafts_used for r in replies[True])
-            plain = replies[False]
+                raise AssertionError(f"{name}: overlap or pre-verify changed {len(texts) - same} outputs")
+            started = sum(r.stats.predrafts for r in replies["overlap"])
+            used = sum(r.stats.predrafts_used for r in replies["overlap"])
             iterations_off = max(1, sum(r.stats.iterations for r in plain))
             drafter_ms = sum(r.stats.drafter_time_ms for r in plain) / iterations_off
-            off_ms = 1000 * best[False] / len(texts)
-            rows.append({
-                "mode": name, "off_ms": off_ms, "on_ms": 1000 * best[True] / len(texts),
+            off_ms = 1000 * best["off"] / len(texts)
+            row = {
+                "mode": name, "off_ms": off_ms, "on_ms": 1000 * best["overlap"] / len(texts),
                 "drafter_ms": drafter_ms, "verifier_ms": sum(r.stats.verifier_time_ms for r in plain) / iterations_off,
                 "ceiling": off_ms / max(off_ms - used / len(texts) * drafter_ms, 1e-9),
-                "iterations": sum(r.stats.iterations for r in replies[True]) / len(texts),
+                "iterations": iterations_off / len(texts),
                 "hit_rate": used / started if started else 0.0, "identical": same / len(texts),
                 "degraded": sum(r.stats.degraded for rs in replies.values() for r in rs),
-            })
+            }
+            if "preverify" in replies:
+                pre = replies["preverify"]
+                row["pre_ms"] = 1000 * best["preverify"] / len(texts)
+                checked = max(1, sum(r.stats.preverified for r in pre))
+                row["cut_rate"] = sum(r.stats.preverify_cuts for r in pre) / checked
+            rows.append(row)
     return rows
 
 
 def _table(rows: list[dict]) -> str:
-    lines = ["| mode | iterations / sentence | overlap off ms / sentence | overlap on ms / sentence | speed-up | "
-             "pre-draft hit rate | identical outputs | drafter ms / iteration | verifier ms / iteration | "
-             "ceiling at this hit rate |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| mode | iterations / sentence | off ms / sentence | overlap ms / sentence | overlap speed-up | "
+             "pre-draft hit rate | ceiling at this hit rate | pre-verify ms / sentence | pre-verify speed-up | "
+             "blocks cut at the first token | identical outputs | drafter ms / iteration | verifier ms / iteration |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        pre = (f"{r['pre_ms']:.1f} | {r['off_ms'] / r['pre_ms']:.2f}x | {100 * r['cut_rate']:.0f}%" if "pre_ms" in r
+               else "- | - | -")
         lines.append(f"| {r['mode']} | {r['iterations']:.1f} | {r['off_ms']:.1f} | {r['on_ms']:.1f} | "
-                     f"{r['off_ms'] / r['on_ms']:.2f}x | {100 * r['hit_rate']:.0f}% | {100 * r['identical']:.1f}% | "
-                     f"{r['drafter_ms']:.1f} | {r['verifier_ms']:.1f} | {r['ceiling']:.2f}x |")
+                     f"{r['off_ms'] / r['on_ms']:.2f}x | {100 * r['hit_rate']:.0f}% | {r['ceiling']:.2f}x | {pre} | "
+                     f"{100 * r['identical']:.1f}% | {r['drafter_ms']:.1f} | {r['verifier_ms']:.1f} |")
     if any(r["degraded"] for r in rows):
         lines.append(f"\n{sum(r['degraded'] for r in rows)} requests fell back to AR (drafter failures).")
     return "\n".join(lines)

@@ -14,11 +14,13 @@ from core.errors import SpecdecError, StatusCode, invalid, out_of_range
 from core.interfaces import Drafter, DrafterSession, Verifier
 from gateway.decoding_config import DecodingConfig
 from gateway.modes import MODES, PolicyInputs
+from gateway.modes.mode_spec import ModeSpec
 from gateway.policies.adaptive import load_model
 from gateway.policies.drafter_sync import DrafterSync, LazyDrafterSession
 from gateway.policies.greedy import greedy_loop
 from gateway.policies.loop import DecodeResult, DecodeStats, OnTokens, draft_verify_loop
-from gateway.policies.overlap import OverlappedSync
+from gateway.policies.overlap import OverlappedSync, predraft_executor
+from gateway.policies.preverify import PreVerify
 
 
 def decode(
@@ -80,7 +82,8 @@ def _decode(
                 drafter_session = drafter.open(source_ids, seed=drafter_seed)
         sync: DrafterSync | None = None
         overlap: OverlappedSync | None = None
-        if drafter_session is not None and config.overlap and spec.overlap:
+        preverify = _preverify(config, spec)
+        if drafter_session is not None and config.overlap and spec.overlap and preverify is None:
             sync = overlap = OverlappedSync(drafter_session, stats, verifier.eos_id)
         elif drafter_session is not None:
             sync = DrafterSync(drafter_session)
@@ -91,10 +94,19 @@ def _decode(
             return DecodeResult(out, stats)
         out = draft_verify_loop(
             session, propose, accept, top_k, config.max_new_tokens, verifier.eos_id, stats, on_tokens, prefix,
-            overlap,
+            overlap, preverify if drafter_session is not None else None,
         )
         return DecodeResult(out, stats)
     finally:
         session.close()
         if drafter_session is not None:
             drafter_session.close()
+
+
+def _preverify(config: DecodingConfig, spec: ModeSpec) -> PreVerify | None:
+    """Pre-verify for this request, if it asked for it and its mode has a rule at one position.
+    It takes the place of overlapped drafting (both would draft during the verifier's step), and
+    adaptive speculation, which chooses each block's length before drafting it, goes without."""
+    if not config.preverify or spec.preverify is None or config.adaptive:
+        return None
+    return PreVerify(spec.preverify(config), predraft_executor())

@@ -59,6 +59,12 @@ class DecodingConfig:
         default=False,
         metadata=about("draft the next block while the verifier verifies this one (gad, gad++, mjsd)"),
     )
+    # Off by default: it pays at light load only (a block whose first token passes costs a second
+    # verifier call, a turn of the batch under load); BENCHMARKS.md, "Overlapped drafting".
+    preverify: bool = field(
+        default=False,
+        metadata=about("check each block's first position with the verifier while drafting it (gad, gad++)"),
+    )
 
     @property
     def sampling(self) -> SamplingParams:

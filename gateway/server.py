@@ -486,6 +486,8 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.m_sd_emitted.inc(len(result.output_ids), mode=mode.value)
         self.m_predrafts.inc(s.predrafts, mode=mode.value)
         self.m_predrafts_used.inc(s.predrafts_used, mode=mode.value)
+        self.m_preverified.inc(s.preverified, mode=mode.value)
+        self.m_preverify_cuts.inc(s.preverify_cuts, mode=mode.value)
         self.m_drafter_s.inc(s.drafter_time_s)
         self.m_verifier_s.inc(s.verifier_time_s)
         self.m_gateway_s.inc(max(total_s - s.drafter_time_s - s.verifier_time_s, 0.0))
@@ -507,6 +509,13 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         by_mode = ("mode",)
         self.m_predrafts = r.counter("gateway_predrafts", "blocks drafted during the verifier's step", labels=by_mode)
         self.m_predrafts_used = r.counter("gateway_predrafts_used", "pre-drafted blocks used", labels=by_mode)
+        # Pre-verify (gateway.policies.preverify): cuts / preverified = blocks never verified.
+        self.m_preverified = r.counter(
+            "gateway_preverified", "iterations whose first position was checked while drafting", labels=by_mode
+        )
+        self.m_preverify_cuts = r.counter(
+            "gateway_preverify_cuts", "pre-verified blocks cut at their first token, never verified", labels=by_mode
+        )
         self.m_drafter_s = r.counter("gateway_draft_seconds", "time waiting for drafts")
         self.m_verifier_s = r.counter("gateway_verify_seconds", "time waiting for the verifier")
         self.m_gateway_s = r.counter("gateway_own_seconds", "time in the gateway itself")

@@ -158,6 +158,7 @@ FLAGS = {
     "--temperature": ("temperature", float), "--top-k": ("top_k", int), "--top-p": ("top_p", float),
     "--seed": ("seed", int), "--max-new-tokens": ("max_new_tokens", int), "--adaptive": ("adaptive", None),
     "--overlap": ("overlap", None),
+    "--preverify": ("preverify", None),
 }
 
 

@@ -7,7 +7,7 @@ from functools import partial
 
 from gateway.decoding_config import Mode
 from gateway.modes.mode_spec import DrafterMethod, ModeSpec, PolicyInputs
-from gateway.policies.accept import exact
+from gateway.policies.accept import exact, first_exact
 from gateway.policies.adaptive import maybe_adaptive
 from gateway.policies.loop import Accept, Propose
 
@@ -17,4 +17,5 @@ def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:
     return maybe_adaptive(inputs.config, inputs.verifier, partial(inputs.drafter.block, k=inputs.config.k), exact)
 
 
-SPEC = ModeSpec(Mode.GAD, wire="MODE_GAD", lossless=True, drafter=DrafterMethod.BLOCK, build=build, overlap=True)
+SPEC = ModeSpec(Mode.GAD, wire="MODE_GAD", lossless=True, drafter=DrafterMethod.BLOCK, build=build, overlap=True,
+                preverify=lambda config: first_exact)

@@ -7,7 +7,7 @@ from functools import partial
 from core.interfaces import Draft, VerifyResult
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.modes.mode_spec import DrafterMethod, ModeSpec, PolicyInputs
-from gateway.policies.accept import accept_gad_plus_plus
+from gateway.policies.accept import accept_gad_plus_plus, first_gad_plus_plus
 from gateway.policies.adaptive import maybe_adaptive
 from gateway.policies.loop import Accept, Propose
 
@@ -22,11 +22,15 @@ def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:
     return maybe_adaptive(config, inputs.verifier, partial(inputs.drafter.block, k=config.k), accept)
 
 
+def first_rule(config: DecodingConfig):
+    return partial(first_gad_plus_plus, beta=config.beta, tau=config.tau)
+
+
 def top_beta(config: DecodingConfig, vocab_size: int) -> int:
     return config.beta  # the accept rule looks a draft token up among the top-beta
 
 
 SPEC = ModeSpec(
     Mode.GAD_PLUS_PLUS, wire="MODE_GAD_PLUS_PLUS", lossless=False, drafter=DrafterMethod.BLOCK, build=build,
-    top_k=top_beta, overlap=True,
+    top_k=top_beta, overlap=True, preverify=first_rule,
 )

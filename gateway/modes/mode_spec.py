@@ -12,6 +12,7 @@ from core.interfaces import Verifier
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.policies.drafter_sync import DrafterSync
 from gateway.policies.loop import Accept, DecodeStats, Propose
+from gateway.policies.preverify import FirstPasses
 
 
 class DrafterMethod(StrEnum):
@@ -40,6 +41,8 @@ BuildPolicy = Callable[[PolicyInputs], tuple[Propose, Accept]]
 TopK = Callable[[DecodingConfig, int], int]
 # sessions(config) -> verifier sessions one request of the mode holds at once (gateway admission).
 Sessions = Callable[[DecodingConfig], int]
+# preverify(config) -> the mode's rule at one position, for pre-verify (gateway.policies.preverify).
+FirstRule = Callable[[DecodingConfig], FirstPasses]
 # run(source_ids, config, verifier, stats) -> output ids, for a mode outside the draft-verify loop.
 RunMode = Callable[[list[int], DecodingConfig, Verifier, DecodeStats], list[int]]
 
@@ -70,6 +73,9 @@ class ModeSpec:
     # Overlapped drafting may draft the next block during the verifier's step
     # (gateway.policies.overlap): only for a drafter call that depends on the output alone.
     overlap: bool = False
+    # Pre-verify may check a block's first position during its drafting (gateway.policies.preverify):
+    # for a block-drafting mode whose accept rule decides each position alone, that rule at one.
+    preverify: FirstRule | None = None
     # Every step is a plain AR step (an empty draft, exact accept): a verifier session that runs
     # several per call (core.interfaces.GreedySession) may take them a run at a time.
     greedy: bool = False
@@ -81,6 +87,8 @@ class ModeSpec:
             raise TypeError(f"mode {self.mode.value}: a run function gets no drafter")
         if self.overlap and self.drafter not in (DrafterMethod.BLOCK, DrafterMethod.BEAM):
             raise TypeError(f"mode {self.mode.value}: only block and beam drafts are deterministic enough to overlap")
+        if self.preverify is not None and self.drafter != DrafterMethod.BLOCK:
+            raise TypeError(f"mode {self.mode.value}: pre-verify is for block drafts")
 
     @property
     def needs_drafter(self) -> bool:

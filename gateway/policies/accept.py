@@ -26,6 +26,20 @@ def exact(ids: list[int], draft: Draft, res: VerifyResult) -> tuple[int, int]:
     return accept_exact(ids, res)
 
 
+def first_exact(token: int, res: VerifyResult) -> bool:
+    """GAD's rule at one position (pre-verify): the draft token is the verifier's top-1 there."""
+    return token == res.top1[0]
+
+
+def first_gad_plus_plus(token: int, res: VerifyResult, beta: int, tau: float) -> bool:
+    """GAD++'s rule at one position (pre-verify), from a step that scored no draft: the token's
+    log-prob is read off the verifier's top-k (which holds the top-beta), where it must be anyway."""
+    top_ids = list(res.topk_ids[0][:beta])
+    if token not in top_ids:
+        return False
+    return res.topk_logprobs[0][0] - res.topk_logprobs[0][top_ids.index(token)] <= tau
+
+
 def accept_gad_plus_plus(draft: list[int], res: VerifyResult, beta: int, tau: float) -> tuple[int, int]:
     """d_i passes when it is in the top-beta and log p(v_i) - log p(d_i) <= tau."""
     a = 0

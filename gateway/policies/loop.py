@@ -33,6 +33,21 @@ class Overlap(Protocol):
         """The loop ends: wait for drafting in flight (its outcome is moot)."""
 
 
+class PreVerifyStep(Protocol):
+    """Drafting while the verifier checks the block's first position (`gateway.policies.preverify.PreVerify`)."""
+
+    def draft_and_first(
+        self, propose: Propose, out: list[int], room: int, session: VerifierSession, sync: PrefixSync,
+        top_k: int, stats: DecodeStats,
+    ) -> tuple[Draft, VerifyResult]:
+        """The next draft, and the verifier's answer to a plain AR step after `out`, made meanwhile."""
+        ...
+
+    def first_passes(self, token: int, first: VerifyResult) -> bool:
+        """Whether draft token `token` passes the mode's rule at the AR step's position."""
+        ...
+
+
 @dataclass
 class DecodeStats:
     iterations: int = 0
@@ -53,6 +68,10 @@ class DecodeStats:
     predrafts: int = 0
     predrafts_used: int = 0
     predraft_wait_s: float = 0.0
+    # Pre-verify: iterations whose first position the verifier checked while the drafter drafted,
+    # and those whose block was cut there (committed the verifier's token, never verified).
+    preverified: int = 0
+    preverify_cuts: int = 0
 
     @property
     def mean_accepted_length(self) -> float:
@@ -121,11 +140,14 @@ def draft_verify_loop(
     on_tokens: OnTokens | None = None,
     prefix: list[int] | None = None,
     overlap: Overlap | None = None,
+    preverify: PreVerifyStep | None = None,
 ) -> list[int]:
     """Decode until EOS or max_new_tokens. A `prefix` is output already committed (it is sent to
     the verifier with the first step and counts towards max_new_tokens; `on_tokens` does not see it).
     With `overlap`, the next block is drafted while the verifier verifies this one; however the
-    loop ends, it waits for that drafting before it returns (the caller closes the sessions next)."""
+    loop ends, it waits for that drafting before it returns (the caller closes the sessions next).
+    With `preverify`, the verifier checks each block's first position while the drafter drafts it,
+    and a block cut there is never verified."""
     try:
         out: list[int] = list(prefix or [])
         sync = PrefixSync()
@@ -133,8 +155,22 @@ def draft_verify_loop(
             # A block commits at most len(draft) + 1 tokens: never draft past max_new_tokens.
             room = max_new_tokens - len(out) - 1
             t0 = time.perf_counter()
-            draft = propose(out, room) if room > 0 else Draft(ids=[])
-            ids = draft.ids[:room] if room > 0 else []
+            if preverify is not None and room > 0:
+                draft, first = preverify.draft_and_first(propose, out, room, session, sync, top_k, stats)
+                ids = draft.ids[:room]
+                stats.preverified += 1
+                if not ids or not preverify.first_passes(ids[0], first):
+                    # The block would be cut at its first token, whose verifier token is known now.
+                    stats.iterations += 1
+                    stats.record_accepts(len(ids), 0)
+                    stats.preverify_cuts += 1
+                    if commit([first.top1[0]], out, eos_id, max_new_tokens, stats, on_tokens):
+                        return out
+                    continue
+                t0 = time.perf_counter()  # draft_and_first counted its own time
+            else:
+                draft = propose(out, room) if room > 0 else Draft(ids=[])
+                ids = draft.ids[:room] if room > 0 else []
             if overlap is not None:
                 # The room after this block, if it is accepted in full with the verifier's token.
                 overlap.predraft(out, ids, room - len(ids) - 1)

@@ -1,4 +1,5 @@
-"""A pre-draft in flight when the request is cancelled, or when the drafter dies, leaks nothing.
+"""A pre-draft in flight when the request is cancelled, or when the drafter dies, leaks nothing;
+nor does a pre-verified draft (drafted on the same pool while the verifier steps).
 
 Verifier and drafter are real servers on loopback (each its own stack, so the drafter can die
 alone); the request runs `decode()` over `gateway.remote`'s sessions with a cancel switch, as the
@@ -34,6 +35,8 @@ from tests.services.conftest import LOOPBACK, scrape, wait_until
 
 SOURCE = list(range(5, 35))
 CONFIG = DecodingConfig(mode=Mode.GAD, k=1, max_new_tokens=60, overlap=True)
+PREVERIFIED = DecodingConfig(mode=Mode.GAD, k=1, max_new_tokens=60, preverify=True)
+AHEAD = pytest.mark.parametrize("config", [CONFIG, PREVERIFIED], ids=["overlap", "preverify"])
 
 
 @pytest.fixture
@@ -68,7 +71,8 @@ def _active(stack: ServiceStack, role: str) -> float:
     return scrape(server.host.metrics_port).get(f"specdec_{role}_active_sessions", 0.0)
 
 
-def test_cancelling_a_request_with_a_pre_draft_in_flight_leaks_nothing(verifier_stack, drafter_stack):
+@AHEAD
+def test_cancelling_a_request_with_a_pre_draft_in_flight_leaks_nothing(verifier_stack, drafter_stack, config):
     cancellation = Cancellation()
     options = CallOptions(request_id="overlap-cancel", cancellation=cancellation)
     reached, fault_done = threading.Event(), threading.Event()
@@ -78,7 +82,7 @@ def test_cancelling_a_request_with_a_pre_draft_in_flight_leaks_nothing(verifier_
         drafter = RecordingDrafter(RemoteDrafter(dc, fetch_drafter_info(dc), options),
                                    hook=_held_at_predraft(2, fault_done, reached))
         with ThreadPoolExecutor(1) as pool:
-            running = pool.submit(decode, SOURCE, CONFIG, verifier, drafter)
+            running = pool.submit(decode, SOURCE, config, verifier, drafter)
             assert reached.wait(30), "no second pre-draft started"
             cancellation.cancel()
             fault_done.set()
@@ -90,7 +94,8 @@ def test_cancelling_a_request_with_a_pre_draft_in_flight_leaks_nothing(verifier_
     assert wait_until(lambda: _active(drafter_stack, "drafter") == 0 and _active(verifier_stack, "verifier") == 0)
 
 
-def test_a_drafter_dying_during_a_pre_draft_fails_over_to_ar_and_leaks_nothing(verifier_stack, drafter_stack):
+@AHEAD
+def test_a_drafter_dying_during_a_pre_draft_fails_over_to_ar_and_leaks_nothing(verifier_stack, drafter_stack, config):
     reached, fault_done = threading.Event(), threading.Event()
     v_addr, d_addr = verifier_stack.running.addresses["verifier"], drafter_stack.running.addresses["drafter"]
     committed: list[int] = []
@@ -99,7 +104,7 @@ def test_a_drafter_dying_during_a_pre_draft_fails_over_to_ar_and_leaks_nothing(v
         drafter = RecordingDrafter(RemoteDrafter(dc, fetch_drafter_info(dc)),
                                    hook=_held_at_predraft(2, fault_done, reached))
         with ThreadPoolExecutor(1) as pool:
-            running = pool.submit(decode, SOURCE, CONFIG, verifier, drafter, committed.extend)
+            running = pool.submit(decode, SOURCE, config, verifier, drafter, committed.extend)
             assert reached.wait(30), "no second pre-draft started"
             drafter_stack.stop(grace=0)  # the drafter dies with the pre-draft's call about to go out
             drafter_stack.running.drafter = None
@@ -110,7 +115,7 @@ def test_a_drafter_dying_during_a_pre_draft_fails_over_to_ar_and_leaks_nothing(v
         assert record.closed and record.in_flight_at_close == 0 and record.most_in_flight == 1
         assert wait_until(lambda: _active(verifier_stack, "verifier") == 0)
         # The gateway's fallback: AR from the committed prefix, through the same verifier, is greedy.
-        ar = DecodingConfig(mode=Mode.AR, max_new_tokens=CONFIG.max_new_tokens)
+        ar = DecodingConfig(mode=Mode.AR, max_new_tokens=config.max_new_tokens)
         greedy = decode(SOURCE, ar, verifier, None).output_ids
         assert committed and committed == greedy[: len(committed)]
         assert decode(SOURCE, ar, verifier, None, prefix=committed).output_ids == greedy

@@ -1,0 +1,72 @@
+"""Pre-verify: the verifier checks a block's first position while the drafter drafts the block.
+
+In the spirit of PEARL's pre-verify. Half of GAD's blocks on UA-GEC are cut at their first token
+(BENCHMARKS.md, "GAD verdicts"): the verifier scores k+1 positions to keep one token of its own.
+With pre-verify, each iteration sends the drafter its call and, at the same time, the verifier a
+plain AR step after the output so far, whose top-1 is the verifier's token at the block's first
+position. When the draft comes back:
+
+- its first token fails the mode's rule at that position (`FirstPasses`): the block would have
+  been cut there and the verifier's token is already known. It is committed and the block is never
+  verified: the iteration cost the longer of the two calls instead of both one after the other,
+  and a one-token verifier step instead of a block of k+1;
+- it passes: the block is verified as without pre-verify (the AR step was spent).
+
+The blocks drafted, and which of their tokens are kept, are those of the plain loop, so the output
+is the plain loop's, token for token (the first token of a cut block comes from the same verifier's
+one-token step, the shape the AR baseline runs). The rule at one position must decide that
+position alone (GAD's exact match, GAD++'s top-beta and tau; not MJSD's joint ratio, which a later
+position can rescue): `ModeSpec.preverify`.
+
+It pays when the drafter and the verifier really work at the same time (their own devices, or
+round trips that overlap) and the service is lightly loaded; under load the second verifier call
+of a block whose first token passes costs a turn of the batch (BENCHMARKS.md, "Overlapped
+drafting"). Not with adaptive speculation, which picks a block length before drafting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+from core.interfaces import Draft, VerifierSession, VerifyResult
+from gateway.policies.loop import DecodeStats, PrefixSync, Propose
+
+# first_passes(d0, result) -> whether draft token d0 passes the mode's rule at `result`'s first position.
+FirstPasses = Callable[[int, VerifyResult], bool]
+
+
+@dataclass
+class PreVerify:
+    """The loop's pre-verify step: the draft on a pool thread, the verifier's AR step on this one."""
+
+    first_passes: FirstPasses
+    executor: Executor
+
+    def draft_and_first(
+        self, propose: Propose, out: list[int], room: int, session: VerifierSession, sync: PrefixSync,
+        top_k: int, stats: DecodeStats,
+    ) -> tuple[Draft, VerifyResult]:
+        """Draft the next block and, meanwhile, step the verifier once after `out`; both answers.
+        Whatever fails, no drafter call of this request is left in flight on return."""
+        t0 = time.perf_counter()
+        pending = self.executor.submit(propose, out, room)
+        try:
+            committed, append = sync.delta(out)
+            first = session.step(committed, append, [], top_k)
+            sync.seen = list(out)
+        except BaseException:
+            if not pending.cancel():  # in its call: the caller closes the sessions next
+                with contextlib.suppress(Exception):
+                    pending.result()
+            raise
+        t1 = time.perf_counter()
+        # Still queued behind other requests' drafter calls (a busy pool): draft here, now.
+        draft = propose(out, room) if pending.cancel() else pending.result()
+        t2 = time.perf_counter()
+        stats.verifier_time_s += t1 - t0
+        stats.drafter_time_s += t2 - t1  # only what the loop waited for beyond the verifier's step
+        return draft, first

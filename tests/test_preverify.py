@@ -1,0 +1,244 @@
+"""Pre-verify in-process (gateway.policies.preverify), on the tiny float64 models.
+
+With pre-verify the loop equals the plain loop token for token, step for step, for GAD and GAD++
+(with the same drafter calls, made on the pool's threads), and for GAD the greedy output; a block
+cut at its first token is never sent to the verifier; modes without a rule at one position, and
+adaptive requests, never pre-verify; the drafter session never has two calls at once and none when
+it closes, whether the decode ends, the verifier fails during the drafter's call, or the drafter
+dies (which reaches the caller as the plain loop's `DrafterFailure`, and AR from the committed
+prefix completes the greedy output).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from drafter_service.session import LocalDrafter
+from gateway.decode import decode
+from gateway.decoding_config import DecodingConfig, Mode
+from gateway.policies.loop import DecodeResult
+from gateway.remote import DrafterFailure
+from tests.recording import Call, Record, RecordingDrafter
+from tests.zoo import MAX_LEN, model_pool, random_source
+from tests.zoo import sources as zoo_sources
+from verifier_service.session import LocalVerifier
+
+PROPERTY = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@functools.cache
+def _verifier(trio: int) -> LocalVerifier:
+    return LocalVerifier(model_pool()[trio].verifier)
+
+
+@functools.cache
+def _drafter(trio: int) -> LocalDrafter:
+    return LocalDrafter(model_pool()[trio].drafter_models())
+
+
+class _CountingVerifier:
+    """The real verifier, counting each session's steps by the draft tokens they scored."""
+
+    def __init__(self, inner: LocalVerifier) -> None:
+        self.inner = inner
+        self.blocks: list[int] = []  # draft length of every step, in order
+        for name in ("vocab_size", "bos_id", "eos_id", "max_source_len", "max_target_len"):
+            setattr(self, name, getattr(inner, name))
+
+    def open(self, source_ids: list[int]):
+        session = self.inner.open(source_ids)
+        blocks = self.blocks
+
+        class Counting:
+            def step(self, committed_len, append_ids, draft_ids, top_k):
+                blocks.append(len(draft_ids))
+                return session.step(committed_len, append_ids, draft_ids, top_k)
+
+            def close(self) -> None:
+                session.close()
+
+        return Counting()
+
+
+def _pair(trio: int, source: list[int], **params) -> tuple[DecodeResult, DecodeResult, Record, Record, list[int]]:
+    """The plain loop's and the pre-verified loop's results, each one's drafter record, and the
+    draft lengths of the pre-verified loop's verifier steps."""
+    runs, records = [], []
+    counting = _CountingVerifier(_verifier(trio))
+    for preverify in (False, True):
+        recording = RecordingDrafter(_drafter(trio))
+        verifier = counting if preverify else _verifier(trio)
+        runs.append(decode(source, DecodingConfig(preverify=preverify, **params), verifier, recording))
+        records.extend(recording.records)
+    return runs[0], runs[1], records[0], records[1], counting.blocks
+
+
+def _assert_same_decode(plain: DecodeResult, preverified: DecodeResult) -> None:
+    assert preverified.output_ids == plain.output_ids
+    a, b = plain.stats, preverified.stats
+    assert (b.iterations, b.drafted_tokens, b.accepted_tokens, b.finish_reason) == (
+        a.iterations, a.drafted_tokens, a.accepted_tokens, a.finish_reason
+    )
+    assert b.accepted_per_position == a.accepted_per_position
+    assert b.steps_per_draft_length == a.steps_per_draft_length
+    assert a.preverified == a.preverify_cuts == 0  # off: no step ahead of the draft
+
+
+def _assert_clean(record: Record) -> None:
+    assert record.most_in_flight <= 1  # never a second call while one is in flight
+    assert record.closed and record.in_flight_at_close == 0 and record.calls_after_close == 0
+
+
+def _arguments(record: Record) -> list[tuple]:
+    return [(c.method, c.committed_len, c.append_ids, c.size) for c in record.calls]
+
+
+def _configs() -> st.SearchStrategy[dict]:
+    gad = st.fixed_dictionaries({"mode": st.just(Mode.GAD), "k": st.integers(1, 16)})
+    gad_pp = st.fixed_dictionaries({
+        "mode": st.just(Mode.GAD_PLUS_PLUS), "k": st.integers(1, 16), "beta": st.integers(1, 5),
+        "tau": st.sampled_from([0.0, 0.5, 1.0, 3.0, 100.0]),
+    })
+    return st.one_of(gad, gad_pp)
+
+
+@PROPERTY
+@given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1), params=_configs())
+def test_preverified_loop_equals_the_plain_loop(trio, source, max_new, params):
+    plain, pre, plain_record, record, blocks = _pair(trio, source, max_new_tokens=max_new, **params)
+    _assert_same_decode(plain, pre)
+    _assert_clean(record)
+    s = pre.stats
+    assert 0 <= s.preverify_cuts <= s.preverified <= s.iterations
+    # The same drafter calls, with the same arguments: the blocks drafted are the plain loop's.
+    assert _arguments(record) == _arguments(plain_record)
+    # One plain AR step per pre-verified iteration, and a block verified only when its first token passed.
+    assert blocks.count(0) == s.iterations  # the iterations not pre-verified had no room for a draft
+    assert len(blocks) - blocks.count(0) == s.preverified - s.preverify_cuts
+    if params["mode"] == Mode.GAD:  # lossless: the verifier's greedy output
+        greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=max_new), _verifier(trio), None)
+        assert pre.output_ids == greedy.output_ids
+
+
+def test_blocks_cut_at_their_first_token_are_not_verified() -> None:
+    """On the worst-matched trio most GAD blocks are cut at their first token: those never reach the
+    verifier, so it scores fewer draft tokens than in the plain loop for the same output."""
+    gen = torch.Generator().manual_seed(7)
+    cuts = scored_plain = scored = 0
+    for _ in range(10):
+        source = random_source(gen, 24)
+        plain, pre, _, record, blocks = _pair(3, source, mode=Mode.GAD, k=4, max_new_tokens=40)
+        _assert_same_decode(plain, pre)
+        _assert_clean(record)
+        cuts += pre.stats.preverify_cuts
+        scored += sum(blocks)
+        scored_plain += plain.stats.drafted_tokens
+    assert cuts > 0 and scored < scored_plain, (cuts, scored, scored_plain)
+
+
+def test_modes_without_a_rule_at_one_position_and_adaptive_requests_never_pre_verify() -> None:
+    source = [5, 6, 7, 8, 9, 10, 11, 12]
+    for mode in (Mode.MJSD, Mode.SPECULATIVE, Mode.IAD, Mode.AR):
+        recording = RecordingDrafter(_drafter(0))
+        config = DecodingConfig(mode=mode, max_new_tokens=30, preverify=True)
+        result = decode(source, config, _verifier(0), recording)
+        assert result.stats.preverified == 0
+        assert not any(c.predraft for r in recording.records for c in r.calls)
+    adaptive = DecodingConfig(mode=Mode.GAD, k=4, max_new_tokens=30, preverify=True, adaptive=True)
+    assert decode(source, adaptive, _verifier(0), _drafter(0)).stats.preverified == 0
+
+
+def test_pre_verify_takes_the_place_of_overlapped_drafting() -> None:
+    source = [5, 6, 7, 8, 9, 10, 11, 12] * 3
+    config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=40, preverify=True, overlap=True)
+    result = decode(source, config, _verifier(0), _drafter(0))
+    assert result.stats.preverified == result.stats.iterations > 0
+    assert result.stats.predrafts == 0
+
+
+# --- failures while the drafter's call is in flight ---------------------------------------------
+
+
+class _VerifierFailsAt(_CountingVerifier):
+    """The real verifier, whose session fails at its `n`-th plain AR step (pre-verify's, which runs
+    while the drafter drafts), after `before_failing()`."""
+
+    def __init__(self, inner: LocalVerifier, n: int, before_failing) -> None:
+        super().__init__(inner)
+        self.n = n
+        self.before_failing = before_failing
+
+    def open(self, source_ids: list[int]):
+        session = super().open(source_ids)
+        outer = self
+
+        class Failing:
+            def step(self, committed_len, append_ids, draft_ids, top_k):
+                if not draft_ids and outer.blocks.count(0) + 1 == outer.n:
+                    outer.before_failing()
+                    raise RuntimeError("verifier went away")
+                return session.step(committed_len, append_ids, draft_ids, top_k)
+
+            def close(self) -> None:
+                session.close()
+
+        return Failing()
+
+
+def test_a_verifier_failure_waits_for_the_drafter_call_in_flight() -> None:
+    source = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3
+
+    def slow(call: Call, record: Record) -> None:
+        if call.predraft:
+            time.sleep(0.05)
+
+    recording = RecordingDrafter(_drafter(0), hook=slow)
+
+    def draft_running() -> bool:  # the pool may start it late on a busy machine: wait, bounded
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            with recording.records[0].lock:
+                if recording.records[0].in_flight:
+                    return True
+            time.sleep(0.001)
+        return False
+
+    running: list[bool] = []
+    failing = _VerifierFailsAt(_verifier(0), 2, before_failing=lambda: running.append(draft_running()))
+    config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, preverify=True)
+    with pytest.raises(RuntimeError, match="verifier went away"):
+        decode(source, config, failing, recording)
+    (record,) = recording.records
+    assert running == [True], "a drafter call was under way when the verifier failed"
+    _assert_clean(record)
+
+
+def test_a_drafter_that_dies_during_a_pre_verified_draft_fails_like_a_plain_draft_and_ar_completes_it() -> None:
+    source = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3
+    dead = threading.Event()
+
+    def hook(call: Call, record: Record) -> None:
+        if call.predraft and len(record.on_predraft_thread()) == 3:
+            time.sleep(0.02)
+            dead.set()
+        if dead.is_set():
+            raise DrafterFailure(ConnectionError("drafter process died"))
+
+    recording = RecordingDrafter(_drafter(0), hook=hook)
+    config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, preverify=True)
+    committed: list[int] = []
+    with pytest.raises(DrafterFailure, match="drafter process died"):
+        decode(source, config, _verifier(0), recording, on_tokens=committed.extend)
+    (record,) = recording.records
+    _assert_clean(record)
+    greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=60), _verifier(0), None).output_ids
+    assert committed and committed == greedy[: len(committed)]
+    rest = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=60), _verifier(0), None, prefix=committed)
+    assert rest.output_ids == greedy
