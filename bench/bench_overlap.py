@@ -4,14 +4,16 @@
     python bench/bench_overlap.py --write           # also replaces "## Overlapped drafting" in BENCHMARKS.md
     python bench/bench_overlap.py --sentences 60    # a short check
 
-One `specdec serve all --processes` stack on the bundled models (ONNX Runtime, TCP loopback). For
-GAD k=10, GAD++ and MJSD the same UA-GEC test sentences go through the gateway one request in
-flight, plain, then with overlap (the per-request `overlap` field, so the same servers serve all),
-then with pre-verify (`preverify`; GAD and GAD++), over several interleaved rounds; the table gives
-ms per sentence (best round of each), the speed-ups, the pre-draft hit rate (pre-drafted blocks
-used / started: a hit needs the block accepted in full and the drafter's guess of the verifier's
-token right), pre-verify's share of blocks cut at their first token (never verified), and whether
-the outputs are identical to the plain loop's.
+The services on the bundled models (ONNX Runtime, TCP loopback), in two layouts (`--layouts`):
+`shared`, one `specdec serve all --processes` stack whose verifier and drafter each take every core,
+and `own-cores`, verifier and drafter each pinned to a core of its own with one thread, as on
+devices of their own. For GAD k=10, GAD++ and MJSD the same UA-GEC test sentences go through the
+gateway one request in flight, plain, then with overlap (the per-request `overlap` field, so the
+same servers serve all), then with pre-verify (`preverify`; GAD and GAD++), then with both, over
+several interleaved rounds; the table gives ms per sentence (best round of each), the speed-ups,
+the pre-draft hit rate (pre-drafted blocks used / started: a hit needs the block accepted in full
+and the drafter's guess of the verifier's token right), pre-verify's share of blocks cut at their
+first token (never verified), and whether the outputs are identical to the plain loop's.
 
 It also gives the most overlap could save at the hit rate it had: a used pre-draft takes one
 drafter call off the critical path, nothing more, so the ceiling is
@@ -24,6 +26,8 @@ cores stays below it, as each slows the other.
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,31 +56,88 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--write", action="store_true")
     p.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
+    p.add_argument("--layouts", default="shared,own-cores",
+                   help="comma-separated: shared (serve all --processes, every core for each model), own-cores "
+                        "(verifier and drafter each pinned to a core of its own, one thread: their own devices)")
     args = p.parse_args(argv)
     texts = ua_gec_texts(args.sentences, args.data_dir)
-    proc, address = start_services(Path(args.bundle), args.backend, extra_args=("--processes",))
-    try:
-        rows = _measure(address, texts, args)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-    table = _table(rows)
-    print(table)
+    tables = []
+    for layout in args.layouts.split(","):
+        procs, address = LAYOUTS[layout](Path(args.bundle), args.backend)
+        try:
+            rows = _measure(address, texts, args)
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                proc.wait(timeout=60)
+        tables.append(f"{LAYOUT_TITLES[layout]}:\n\n{_table(rows)}")
+        print(tables[-1], flush=True)
+    table = "\n\n".join(tables)
     if args.write:
         stamp = machine_stamp(f"backend {args.backend}")
         note = (f"Bundle: {Path(args.bundle).name}; the first {len(texts)} UA-GEC test sentences through "
-                f"`specdec serve all --processes` (TCP loopback), one Generate in flight, max_new_tokens "
+                f"the services (TCP loopback; the layouts below), one Generate in flight, max_new_tokens "
                 f"{args.max_new_tokens}; best of {args.rounds} interleaved rounds, plain, overlap and pre-verify in "
                 "each. Overlap: the next block drafted while the verifier verifies this one; hit rate: pre-drafted "
                 "blocks used / started. Pre-verify: the verifier's plain AR step for a block's first position "
                 "runs while the drafter drafts the block; a block whose first token fails there is never verified "
-                "(cut at the first token: their share). GAD's outputs are identical by construction (asserted). "
+                "(cut at the first token: their share). Both: overlap and pre-verify at once. GAD's outputs are "
+                "identical by construction (asserted). "
                 "Drafter and verifier ms / iteration: the gateway's stats of the plain run, round trips "
                 "included. "
                 "Ceiling: what overlap would give at its hit rate if it cost nothing, each used pre-draft taking "
                 "one drafter call off the critical path: off / (off - used pre-drafts x drafter ms / iteration).")
         write_section(args.output, SECTION, f"{stamp}\n\n{note}\n\n{table}")
     return 0
+
+
+def _shared(bundle: Path, backend: str) -> tuple[list[subprocess.Popen], str]:
+    proc, address = start_services(bundle, backend, extra_args=("--processes",))
+    return [proc], address
+
+
+def _own_cores(bundle: Path, backend: str) -> tuple[list[subprocess.Popen], str]:
+    """Verifier on CPU 0 and drafter on CPU 1, one intra-op thread each; the gateway and this client
+    on whatever the scheduler gives them. Drafter and verifier then work at the same time without
+    taking each other's cores, as on devices of their own (the gateway still shares them)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("own-cores needs two CPUs")
+    procs: list[subprocess.Popen] = []
+    try:
+        verifier = _serve(procs, bundle, backend, "verifier", cpus[0], "--verifier-threads", "1")
+        drafter = _serve(procs, bundle, backend, "drafter", cpus[1], "--drafter-threads", "1")
+        peers = ("--verifier-addr", verifier, "--drafter-addr", drafter)
+        gateway = _serve(procs, bundle, backend, "gateway", None, *peers)
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+        raise
+    return procs, gateway
+
+
+def _serve(procs: list[subprocess.Popen], bundle: Path, backend: str, role: str, cpu: int | None, *flags: str) -> str:
+    """`specdec serve <role>` on an ephemeral loopback port (pinned to `cpu`); its address once SERVING."""
+    cmd = [sys.executable, "-m", "specdec", "serve", role, "--bundle", str(bundle), "--backend", backend,
+           f"--{role}-addr", "127.0.0.1:0", *flags]
+    pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=pin,
+                            env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    procs.append(proc)
+    assert proc.stdout is not None
+    address = proc.stdout.readline().strip()  # printed once the service is SERVING
+    if not address:
+        raise RuntimeError(f"specdec serve {role} exited with {proc.wait()}")
+    return address
+
+
+LAYOUTS = {"shared": _shared, "own-cores": _own_cores}
+LAYOUT_TITLES = {
+    "shared": "`specdec serve all --processes`, verifier and drafter each on every core (the default threads)",
+    "own-cores": "Verifier and drafter each pinned to a core of its own, one thread each (their own devices, "
+                 "emulated); the gateway and the client unpinned",
+}
 
 
 def _measure(address: str, texts: list[str], args) -> list[dict]:
@@ -87,6 +148,7 @@ def _measure(address: str, texts: list[str], args) -> list[dict]:
             variants = {"off": {}, "overlap": {"overlap": True}}
             if overrides["mode"] in PREVERIFY_MODES:
                 variants["preverify"] = {"preverify": True}
+                variants["both"] = {"overlap": True, "preverify": True}
             best: dict[str, float] = {}
             replies: dict[str, list] = {}
             for _ in range(args.rounds):
@@ -120,6 +182,7 @@ def _measure(address: str, texts: list[str], args) -> list[dict]:
                 row["pre_ms"] = 1000 * best["preverify"] / len(texts)
                 checked = max(1, sum(r.stats.preverified for r in pre))
                 row["cut_rate"] = sum(r.stats.preverify_cuts for r in pre) / checked
+                row["both_ms"] = 1000 * best["both"] / len(texts)
             rows.append(row)
     return rows
 
@@ -127,11 +190,12 @@ def _measure(address: str, texts: list[str], args) -> list[dict]:
 def _table(rows: list[dict]) -> str:
     lines = ["| mode | iterations / sentence | off ms / sentence | overlap ms / sentence | overlap speed-up | "
              "pre-draft hit rate | ceiling at this hit rate | pre-verify ms / sentence | pre-verify speed-up | "
-             "blocks cut at the first token | identical outputs | drafter ms / iteration | verifier ms / iteration |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "blocks cut at the first token | both ms / sentence | both speed-up | identical outputs | "
+             "drafter ms / iteration | verifier ms / iteration |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        pre = (f"{r['pre_ms']:.1f} | {r['off_ms'] / r['pre_ms']:.2f}x | {100 * r['cut_rate']:.0f}%" if "pre_ms" in r
-               else "- | - | -")
+        pre = (f"{r['pre_ms']:.1f} | {r['off_ms'] / r['pre_ms']:.2f}x | {100 * r['cut_rate']:.0f}% | "
+               f"{r['both_ms']:.1f} | {r['off_ms'] / r['both_ms']:.2f}x" if "pre_ms" in r else "- | - | - | - | -")
         lines.append(f"| {r['mode']} | {r['iterations']:.1f} | {r['off_ms']:.1f} | {r['on_ms']:.1f} | "
                      f"{r['off_ms'] / r['on_ms']:.2f}x | {100 * r['hit_rate']:.0f}% | {r['ceiling']:.2f}x | {pre} | "
                      f"{100 * r['identical']:.1f}% | {r['drafter_ms']:.1f} | {r['verifier_ms']:.1f} |")

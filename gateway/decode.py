@@ -83,7 +83,7 @@ def _decode(
         sync: DrafterSync | None = None
         overlap: OverlappedSync | None = None
         preverify = _preverify(config, spec)
-        if drafter_session is not None and config.overlap and spec.overlap and preverify is None:
+        if drafter_session is not None and config.overlap and spec.overlap:
             sync = overlap = OverlappedSync(drafter_session, stats, verifier.eos_id)
         elif drafter_session is not None:
             sync = DrafterSync(drafter_session)
@@ -105,8 +105,7 @@ def _decode(
 
 def _preverify(config: DecodingConfig, spec: ModeSpec) -> PreVerify | None:
     """Pre-verify for this request, if it asked for it and its mode has a rule at one position.
-    It takes the place of overlapped drafting (both would draft during the verifier's step), and
-    adaptive speculation, which chooses each block's length before drafting it, goes without."""
+    Adaptive speculation, which chooses each block's length before drafting it, goes without."""
     if not config.preverify or spec.preverify is None or config.adaptive:
         return None
     return PreVerify(spec.preverify(config), predraft_executor())

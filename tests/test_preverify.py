@@ -67,15 +67,18 @@ class _CountingVerifier:
         return Counting()
 
 
-def _pair(trio: int, source: list[int], **params) -> tuple[DecodeResult, DecodeResult, Record, Record, list[int]]:
-    """The plain loop's and the pre-verified loop's results, each one's drafter record, and the
-    draft lengths of the pre-verified loop's verifier steps."""
+def _pair(
+    trio: int, source: list[int], overlap: bool = False, **params
+) -> tuple[DecodeResult, DecodeResult, Record, Record, list[int]]:
+    """The plain loop's and the pre-verified loop's (with `overlap` too, if asked) results, each
+    one's drafter record, and the draft lengths of the pre-verified loop's verifier steps."""
     runs, records = [], []
     counting = _CountingVerifier(_verifier(trio))
     for preverify in (False, True):
         recording = RecordingDrafter(_drafter(trio))
         verifier = counting if preverify else _verifier(trio)
-        runs.append(decode(source, DecodingConfig(preverify=preverify, **params), verifier, recording))
+        config = DecodingConfig(preverify=preverify, overlap=overlap and preverify, **params)
+        runs.append(decode(source, config, verifier, recording))
         records.extend(recording.records)
     return runs[0], runs[1], records[0], records[1], counting.blocks
 
@@ -89,6 +92,7 @@ def _assert_same_decode(plain: DecodeResult, preverified: DecodeResult) -> None:
     assert b.accepted_per_position == a.accepted_per_position
     assert b.steps_per_draft_length == a.steps_per_draft_length
     assert a.preverified == a.preverify_cuts == 0  # off: no step ahead of the draft
+    assert a.predrafts == 0
 
 
 def _assert_clean(record: Record) -> None:
@@ -155,12 +159,37 @@ def test_modes_without_a_rule_at_one_position_and_adaptive_requests_never_pre_ve
     assert decode(source, adaptive, _verifier(0), _drafter(0)).stats.preverified == 0
 
 
-def test_pre_verify_takes_the_place_of_overlapped_drafting() -> None:
-    source = [5, 6, 7, 8, 9, 10, 11, 12] * 3
-    config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=40, preverify=True, overlap=True)
-    result = decode(source, config, _verifier(0), _drafter(0))
-    assert result.stats.preverified == result.stats.iterations > 0
-    assert result.stats.predrafts == 0
+@PROPERTY
+@given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1), params=_configs())
+def test_pre_verify_with_overlap_equals_the_plain_loop(trio, source, max_new, params):
+    """Both at once: a block drafted ahead and known to be the next one is verified at once (no
+    pre-verify step); any other iteration is pre-verified, its draft claiming a pre-draft if one holds."""
+    plain, both, plain_record, record, blocks = _pair(trio, source, overlap=True, max_new_tokens=max_new, **params)
+    _assert_same_decode(plain, both)
+    _assert_clean(record)
+    s = both.stats
+    assert 0 <= s.preverify_cuts <= s.preverified <= s.iterations
+    assert 0 <= s.predrafts_used <= s.predrafts <= s.iterations
+    # Zero-draft steps: pre-verify's, and those of iterations with no room for a draft.
+    assert len(blocks) - blocks.count(0) == s.iterations - s.preverify_cuts - (blocks.count(0) - s.preverified)
+    # Every drafter call of the plain loop is made, or taken from a pre-draft (a guess and a draft each).
+    assert len(record.calls) - 2 * s.predrafts <= len(plain_record.calls) - s.predrafts_used
+
+
+def test_trained_models_pre_verify_and_use_pre_drafts_together() -> None:
+    """On the well-trained trio, with both on: blocks drafted ahead are used and verified at once
+    (not every iteration is pre-verified), and pre-verify cuts blocks too."""
+    gen = torch.Generator().manual_seed(5)
+    used = preverified = iterations = 0
+    for _ in range(20):
+        source = random_source(gen, 24)
+        plain, both, _, record, _ = _pair(0, source, overlap=True, mode=Mode.GAD, k=4, max_new_tokens=60)
+        _assert_same_decode(plain, both)
+        _assert_clean(record)
+        used += both.stats.predrafts_used
+        preverified += both.stats.preverified
+        iterations += both.stats.iterations
+    assert used > 0 and preverified < iterations, (used, preverified, iterations)
 
 
 # --- failures while the drafter's call is in flight ---------------------------------------------

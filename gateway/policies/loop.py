@@ -29,6 +29,9 @@ class Overlap(Protocol):
         """`draft_ids` goes to the verifier now: draft what would follow its full acceptance,
         `room` being the loop's room after it."""
 
+    def holds(self, output: list[int]) -> bool:
+        """Whether the next draft after `output` is known to be one already drafted ahead."""
+
     def settle(self) -> None:
         """The loop ends: wait for drafting in flight (its outcome is moot)."""
 
@@ -155,7 +158,8 @@ def draft_verify_loop(
             # A block commits at most len(draft) + 1 tokens: never draft past max_new_tokens.
             room = max_new_tokens - len(out) - 1
             t0 = time.perf_counter()
-            if preverify is not None and room > 0:
+            # A block already drafted ahead (overlap) is verified at once: nothing to pre-verify beside.
+            if preverify is not None and room > 0 and not (overlap is not None and overlap.holds(out)):
                 draft, first = preverify.draft_and_first(propose, out, room, session, sync, top_k, stats)
                 ids = draft.ids[:room]
                 stats.preverified += 1

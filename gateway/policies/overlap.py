@@ -106,6 +106,16 @@ class OverlappedSync(DrafterSync):
         self._pending = pending
         self.stats.predrafts += 1
 
+    def holds(self, output: list[int]) -> bool:
+        """Whether the next draft after `output` is known to be the pending pre-draft (its block was
+        accepted in full and its guess of the verifier's token came true), without waiting for it:
+        pre-verify then has nothing to overlap and the loop verifies the block at once."""
+        pending = self._pending
+        if pending is None or not pending.guessed():
+            return False
+        n = len(pending.base)
+        return len(output) == n + 1 and output[:n] == pending.base and output[n] == pending.guess
+
     def settle(self) -> None:
         """Collect a pre-draft in flight (the loop is ending: its result and its failure are moot)."""
         pending, self._pending = self._pending, None
@@ -137,6 +147,10 @@ class _Predraft:
         finally:
             self._guessed.set()
         return self.owner.call(self.kind, [*self.base, self.guess], self.size)
+
+    def guessed(self) -> bool:
+        """The guess is final (`guess`; None when nothing is drafted after it)."""
+        return self._guessed.is_set()
 
     def claim(self, kind: DraftKind, output: list[int], room: int) -> Draft | None:
         """The pre-draft if the loop's call is the one pre-drafted, else None after collecting it.

@@ -22,6 +22,10 @@ It pays when the drafter and the verifier really work at the same time (their ow
 round trips that overlap) and the service is lightly loaded; under load the second verifier call
 of a block whose first token passes costs a turn of the batch (BENCHMARKS.md, "Overlapped
 drafting"). Not with adaptive speculation, which picks a block length before drafting.
+
+With overlapped drafting (`gateway.policies.overlap`) as well, each covers the other's case: a block
+drafted ahead that is known to hold (the block before accepted in full, the verifier's token
+guessed right) is verified at once, with no AR step beside it; any other iteration is pre-verified.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Overlapped drafting and pre-verify over gRPC, through real services on loopback (the tiny random bundle).
 
 Through the gateway, the overlapped loop equals the plain loop token for token, step for step, for
-GAD, GAD++ and MJSD, and so does the pre-verified loop for GAD and GAD++; their counts reach the
-response's stats and the gateway's Prometheus counters. Driven directly over `gateway.remote`'s
-sessions (the gateway's own path), the drafter stream never has a call in flight at its close."""
+GAD, GAD++ and MJSD, and so does the pre-verified loop (with overlap or without) for GAD and GAD++;
+their counts reach the response's stats and the gateway's Prometheus counters. Driven directly over
+`gateway.remote`'s sessions (the gateway's own path), the drafter stream never has a call in flight
+at its close."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def test_remote_sessions_never_overlap_calls_on_the_drafter_stream(stack):
         for mode, params in ((Mode.GAD, {"k": 1}), (Mode.GAD_PLUS_PLUS, {"k": 2, "beta": 8, "tau": 100.0}),
                              (Mode.MJSD, {"gamma": 2, "threshold": 0.01})):
             outputs = []
-            for ahead in ({}, {"overlap": True}, {"preverify": True}):
+            for ahead in ({}, {"overlap": True}, {"preverify": True}, {"overlap": True, "preverify": True}):
                 recording = RecordingDrafter(drafter)
                 config = DecodingConfig(mode=mode, max_new_tokens=40, **params, **ahead)
                 result = decode(ids, config, verifier, recording)
@@ -92,7 +93,7 @@ def test_remote_sessions_never_overlap_calls_on_the_drafter_stream(stack):
                 assert record.calls_after_close == 0
                 pooled = result.stats.predrafts > 0 or result.stats.preverified > 0
                 assert bool(record.on_predraft_thread()) == (bool(ahead) and pooled)
-            assert outputs[0] == outputs[1] == outputs[2]
+            assert all(output == outputs[0] for output in outputs)
 
 
 def _preverify_params() -> st.SearchStrategy[dict]:
@@ -105,10 +106,10 @@ def _preverify_params() -> st.SearchStrategy[dict]:
 
 @REMOTE
 @given(ids=st.lists(st.integers(FIRST_WORD, VOCAB - 1), min_size=1, max_size=40),
-       max_new=st.integers(1, 48), params=_preverify_params())
-def test_preverified_generate_equals_plain_generate(gateway, ids, max_new, params):
+       max_new=st.integers(1, 48), params=_preverify_params(), overlap=st.booleans())
+def test_preverified_generate_equals_plain_generate(gateway, ids, max_new, params, overlap):
     plain = _generate(gateway, ids, {**params, "max_new_tokens": max_new, "preverify": False})
-    pre = _generate(gateway, ids, {**params, "max_new_tokens": max_new, "preverify": True})
+    pre = _generate(gateway, ids, {**params, "max_new_tokens": max_new, "preverify": True, "overlap": overlap})
     assert list(pre.output_ids) == list(plain.output_ids)
     a, b = plain.stats, pre.stats
     assert not a.degraded and not b.degraded
@@ -118,6 +119,7 @@ def test_preverified_generate_equals_plain_generate(gateway, ids, max_new, param
     assert list(b.accepted_per_position) == list(a.accepted_per_position)
     assert a.preverified == a.preverify_cuts == 0
     assert 0 <= b.preverify_cuts <= b.preverified <= b.iterations
+    assert 0 <= b.predrafts_used <= b.predrafts <= (b.iterations if overlap else 0)
 
 
 def test_preverify_is_off_by_default_and_when_asked_for_its_counts_reach_the_metrics(stack, gateway):
