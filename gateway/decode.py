@@ -15,7 +15,7 @@ from core.interfaces import Drafter, DrafterSession, Verifier
 from gateway.decoding_config import DecodingConfig
 from gateway.modes import MODES, PolicyInputs
 from gateway.modes.mode_spec import ModeSpec
-from gateway.policies.adaptive import load_model
+from gateway.policies.adaptive import LoadModel, load_model
 from gateway.policies.drafter_sync import DrafterSync, LazyDrafterSession
 from gateway.policies.greedy import greedy_loop
 from gateway.policies.loop import DecodeResult, DecodeStats, OnTokens, draft_verify_loop
@@ -38,8 +38,9 @@ def decode(
     includes it."""
     # Every request counts in its verifier's load while it decodes, whatever its mode: adaptive
     # speculation reads the load from there (gateway.policies.adaptive, "rows").
-    with load_model(verifier).decoding():
-        return _decode(source_ids, config, verifier, drafter, on_tokens, rng, prefix)
+    load = load_model(verifier)
+    with load.decoding():
+        return _decode(source_ids, config, verifier, drafter, on_tokens, rng, prefix, load)
 
 
 def _decode(
@@ -50,6 +51,7 @@ def _decode(
     on_tokens: OnTokens | None,
     rng: np.random.Generator | None,
     prefix: list[int] | None,
+    load: LoadModel,
 ) -> DecodeResult:
     # The in-process edge: what a caller controls is checked here; the sessions below trust it.
     check_source_ids(source_ids, verifier.vocab_size, verifier.max_source_len, what="input", ids_name="input_ids")
@@ -94,13 +96,24 @@ def _decode(
             return DecodeResult(out, stats)
         out = draft_verify_loop(
             session, propose, accept, top_k, config.max_new_tokens, verifier.eos_id, stats, on_tokens, prefix,
-            overlap, preverify if drafter_session is not None else None,
+            overlap, preverify if drafter_session is not None else None, partial(_alone, load),
         )
         return DecodeResult(out, stats)
     finally:
         session.close()
         if drafter_session is not None:
             drafter_session.close()
+
+
+# Drafting ahead (overlap, pre-verify) spends drafter and verifier work on guesses to cut one
+# request's latency. Through the services, GAD k=10 with both ran 1.18x with one request in flight,
+# but 0.93x with four (BENCHMARKS.md, "Overlapped drafting"): it runs only while no more than this
+# many requests decode on the verifier, and the loop asks again every iteration.
+AHEAD_MAX_IN_FLIGHT = 1
+
+
+def _alone(load: LoadModel) -> bool:
+    return load.in_flight <= AHEAD_MAX_IN_FLIGHT
 
 
 def _preverify(config: DecodingConfig, spec: ModeSpec) -> PreVerify | None:

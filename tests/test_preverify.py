@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from drafter_service.session import LocalDrafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
+from gateway.policies.adaptive import load_model
 from gateway.policies.loop import DecodeResult
 from gateway.remote import DrafterFailure
 from tests.recording import Call, Record, RecordingDrafter
@@ -271,3 +272,17 @@ def test_a_drafter_that_dies_during_a_pre_verified_draft_fails_like_a_plain_draf
     assert committed and committed == greedy[: len(committed)]
     rest = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=60), _verifier(0), None, prefix=committed)
     assert rest.output_ids == greedy
+
+
+def test_drafting_ahead_is_held_back_while_other_requests_decode_on_the_verifier() -> None:
+    """Overlap and pre-verify spend work on guesses: with another request decoding on the same
+    verifier (AHEAD_MAX_IN_FLIGHT = 1) neither runs, and the output is the same."""
+    verifier = LocalVerifier(model_pool()[0].verifier)  # a verifier of its own: its own load
+    source = [5, 6, 7, 8, 9, 10, 11, 12] * 3
+    config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=40, overlap=True, preverify=True)
+    with load_model(verifier).decoding():  # another request, decoding meanwhile
+        busy = decode(source, config, verifier, _drafter(0))
+    alone = decode(source, config, verifier, _drafter(0))
+    assert busy.output_ids == alone.output_ids
+    assert busy.stats.preverified == busy.stats.predrafts == 0
+    assert alone.stats.preverified > 0 and alone.stats.predrafts > 0

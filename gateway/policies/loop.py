@@ -144,13 +144,15 @@ def draft_verify_loop(
     prefix: list[int] | None = None,
     overlap: Overlap | None = None,
     preverify: PreVerifyStep | None = None,
+    ahead: Callable[[], bool] | None = None,
 ) -> list[int]:
     """Decode until EOS or max_new_tokens. A `prefix` is output already committed (it is sent to
     the verifier with the first step and counts towards max_new_tokens; `on_tokens` does not see it).
     With `overlap`, the next block is drafted while the verifier verifies this one; however the
     loop ends, it waits for that drafting before it returns (the caller closes the sessions next).
     With `preverify`, the verifier checks each block's first position while the drafter drafts it,
-    and a block cut there is never verified."""
+    and a block cut there is never verified. `ahead()`, asked every iteration, may hold both back
+    (the load is too high for work spent on guesses); None: always on."""
     try:
         out: list[int] = list(prefix or [])
         sync = PrefixSync()
@@ -158,8 +160,9 @@ def draft_verify_loop(
             # A block commits at most len(draft) + 1 tokens: never draft past max_new_tokens.
             room = max_new_tokens - len(out) - 1
             t0 = time.perf_counter()
+            now = ahead is None or ahead()
             # A block already drafted ahead (overlap) is verified at once: nothing to pre-verify beside.
-            if preverify is not None and room > 0 and not (overlap is not None and overlap.holds(out)):
+            if preverify is not None and now and room > 0 and not (overlap is not None and overlap.holds(out)):
                 draft, first = preverify.draft_and_first(propose, out, room, session, sync, top_k, stats)
                 ids = draft.ids[:room]
                 stats.preverified += 1
@@ -175,7 +178,7 @@ def draft_verify_loop(
             else:
                 draft = propose(out, room) if room > 0 else Draft(ids=[])
                 ids = draft.ids[:room] if room > 0 else []
-            if overlap is not None:
+            if overlap is not None and now:
                 # The room after this block, if it is accepted in full with the verifier's token.
                 overlap.predraft(out, ids, room - len(ids) - 1)
             t1 = time.perf_counter()
