@@ -77,17 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         stamp = machine_stamp(f"backend {args.backend}")
         note = (f"Bundle: {Path(args.bundle).name}; the first {len(texts)} UA-GEC test sentences through "
-                f"the services (TCP loopback; the layouts below), one Generate in flight, max_new_tokens "
-                f"{args.max_new_tokens}; best of {args.rounds} interleaved rounds, plain, overlap and pre-verify in "
-                "each. Overlap: the next block drafted while the verifier verifies this one; hit rate: pre-drafted "
-                "blocks used / started. Pre-verify: the verifier's plain AR step for a block's first position "
-                "runs while the drafter drafts the block; a block whose first token fails there is never verified "
-                "(cut at the first token: their share). Both: overlap and pre-verify at once. GAD's outputs are "
-                "identical by construction (asserted). "
-                "Drafter and verifier ms / iteration: the gateway's stats of the plain run, round trips "
-                "included. "
-                "Ceiling: what overlap would give at its hit rate if it cost nothing, each used pre-draft taking "
-                "one drafter call off the critical path: off / (off - used pre-drafts x drafter ms / iteration).")
+                "the services (TCP loopback; the layouts below), one Generate in flight, max_new_tokens "
+                f"{args.max_new_tokens}; "
+                f"best of {args.rounds} interleaved rounds, plain, overlap, pre-verify and both in each. Overlap: the "
+                "next block drafted while the verifier verifies this one; hit rate: pre-drafted blocks used / "
+                "started. Pre-verify: the verifier's plain AR step for a block's first position runs while the "
+                "drafter drafts the block; a block whose first token fails there is never verified (cut at the "
+                "first token: their share). Both: overlap and pre-verify at once. GAD's outputs are identical by"
+                " construction (asserted). Drafter and verifier ms / iteration: the gateway's stats of the plain"
+                " run, round trips included. Ceiling: what overlap would give at its hit rate if it cost "
+                "nothing, each used pre-draft taking one drafter call off the critical path: off / (off - used "
+                "pre-drafts x drafter ms / iteration).")
         write_section(args.output, SECTION, f"{stamp}\n\n{note}\n\n{table}")
     return 0
 
@@ -145,9 +145,10 @@ def _measure(address: str, texts: list[str], args) -> list[dict]:
     with grpc.insecure_channel(address) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         for name, overrides in MODES.items():
-            variants = {"off": {}, "overlap": {"overlap": True}}
+            # Every flag set: both are on by default.
+            variants = {"off": {"overlap": False, "preverify": False}, "overlap": {"overlap": True, "preverify": False}}
             if overrides["mode"] in PREVERIFY_MODES:
-                variants["preverify"] = {"preverify": True}
+                variants["preverify"] = {"overlap": False, "preverify": True}
                 variants["both"] = {"overlap": True, "preverify": True}
             best: dict[str, float] = {}
             replies: dict[str, list] = {}

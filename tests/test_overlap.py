@@ -61,7 +61,8 @@ def _pair(trio: int, source: list[int], **params) -> tuple[DecodeResult, DecodeR
     runs, records = [], []
     for overlap in (False, True):
         recording = RecordingDrafter(_drafter(trio))
-        runs.append(decode(source, DecodingConfig(overlap=overlap, **params), _verifier(trio), recording))
+        config = DecodingConfig(overlap=overlap, preverify=False, **params)
+        runs.append(decode(source, config, _verifier(trio), recording))
         records.extend(recording.records)
     return runs[0], runs[1], records[0], records[1]
 
@@ -107,7 +108,7 @@ def test_adaptive_overlapped_loop_equals_the_adaptive_plain_loop(trio, source, m
     for overlap in (False, True):
         verifier = LocalVerifier(model_pool()[trio].verifier)
         install_load_model(verifier, _Lengths(seed))
-        config = DecodingConfig(mode=mode, k=k, max_new_tokens=max_new, adaptive=True, overlap=overlap)
+        config = DecodingConfig(mode=mode, k=k, max_new_tokens=max_new, adaptive=True, overlap=overlap, preverify=False)
         recording = RecordingDrafter(_drafter(trio))
         result = decode(source, config, verifier, recording)
         results.append(result)
@@ -151,7 +152,8 @@ def test_speculative_sampling_and_drafterless_modes_never_pre_draft() -> None:
     source = [5, 6, 7, 8, 9, 10, 11, 12]
     for mode in (Mode.SPECULATIVE, Mode.IAD, Mode.AR):
         recording = RecordingDrafter(_drafter(0))
-        result = decode(source, DecodingConfig(mode=mode, max_new_tokens=30, overlap=True), _verifier(0), recording)
+        config = DecodingConfig(mode=mode, max_new_tokens=30, overlap=True, preverify=False)
+        result = decode(source, config, _verifier(0), recording)
         assert result.stats.predrafts == 0
         assert not any(c.predraft for r in recording.records for c in r.calls)
 
@@ -200,7 +202,7 @@ class _VerifierFailsAt:
 def test_a_verifier_failure_waits_for_the_pre_draft_in_flight() -> None:
     source = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3
     recording = RecordingDrafter(_drafter(0), hook=_slow_predrafts(0.05))
-    config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, overlap=True)
+    config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, overlap=True, preverify=False)
 
     def predraft_running() -> bool:  # the pool may start it late on a busy machine: wait, bounded
         deadline = time.monotonic() + 10.0
@@ -234,7 +236,7 @@ def test_a_drafter_that_dies_during_a_pre_draft_fails_like_a_plain_draft_and_ar_
             raise DrafterFailure(ConnectionError("drafter process died"))
 
     recording = RecordingDrafter(_drafter(0), hook=hook)
-    config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, overlap=True)
+    config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, overlap=True, preverify=False)
     committed: list[int] = []
     with pytest.raises(DrafterFailure, match="drafter process died"):
         decode(source, config, _verifier(0), recording, on_tokens=committed.extend)
@@ -250,6 +252,7 @@ def test_a_drafter_that_dies_during_a_pre_draft_fails_like_a_plain_draft_and_ar_
 def test_pre_draft_threads_are_a_bounded_pool_not_one_per_step() -> None:
     source = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3
     for _ in range(5):
-        decode(source, DecodingConfig(mode=Mode.GAD, k=2, max_new_tokens=60, overlap=True), _verifier(0), _drafter(0))
+        config = DecodingConfig(mode=Mode.GAD, k=2, max_new_tokens=60, overlap=True, preverify=False)
+        decode(source, config, _verifier(0), _drafter(0))
     names = [t.name for t in threading.enumerate() if t.name.startswith("specdec-predraft")]
     assert 1 <= len(names) <= PREDRAFT_THREADS

@@ -152,11 +152,11 @@ def test_modes_without_a_rule_at_one_position_and_adaptive_requests_never_pre_ve
     source = [5, 6, 7, 8, 9, 10, 11, 12]
     for mode in (Mode.MJSD, Mode.SPECULATIVE, Mode.IAD, Mode.AR):
         recording = RecordingDrafter(_drafter(0))
-        config = DecodingConfig(mode=mode, max_new_tokens=30, preverify=True)
+        config = DecodingConfig(mode=mode, max_new_tokens=30, preverify=True, overlap=False)
         result = decode(source, config, _verifier(0), recording)
         assert result.stats.preverified == 0
         assert not any(c.predraft for r in recording.records for c in r.calls)
-    adaptive = DecodingConfig(mode=Mode.GAD, k=4, max_new_tokens=30, preverify=True, adaptive=True)
+    adaptive = DecodingConfig(mode=Mode.GAD, k=4, max_new_tokens=30, preverify=True, overlap=False, adaptive=True)
     assert decode(source, adaptive, _verifier(0), _drafter(0)).stats.preverified == 0
 
 
@@ -242,7 +242,7 @@ def test_a_verifier_failure_waits_for_the_drafter_call_in_flight() -> None:
 
     running: list[bool] = []
     failing = _VerifierFailsAt(_verifier(0), 2, before_failing=lambda: running.append(draft_running()))
-    config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, preverify=True)
+    config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, preverify=True, overlap=False)
     with pytest.raises(RuntimeError, match="verifier went away"):
         decode(source, config, failing, recording)
     (record,) = recording.records
@@ -262,7 +262,7 @@ def test_a_drafter_that_dies_during_a_pre_verified_draft_fails_like_a_plain_draf
             raise DrafterFailure(ConnectionError("drafter process died"))
 
     recording = RecordingDrafter(_drafter(0), hook=hook)
-    config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, preverify=True)
+    config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, preverify=True, overlap=False)
     committed: list[int] = []
     with pytest.raises(DrafterFailure, match="drafter process died"):
         decode(source, config, _verifier(0), recording, on_tokens=committed.extend)

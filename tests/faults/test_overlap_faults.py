@@ -34,8 +34,8 @@ from tests.recording import Call, Record, RecordingDrafter
 from tests.services.conftest import LOOPBACK, scrape, wait_until
 
 SOURCE = list(range(5, 35))
-CONFIG = DecodingConfig(mode=Mode.GAD, k=1, max_new_tokens=60, overlap=True)
-PREVERIFIED = DecodingConfig(mode=Mode.GAD, k=1, max_new_tokens=60, preverify=True)
+CONFIG = DecodingConfig(mode=Mode.GAD, k=1, max_new_tokens=60, overlap=True, preverify=False)
+PREVERIFIED = DecodingConfig(mode=Mode.GAD, k=1, max_new_tokens=60, overlap=False, preverify=True)
 AHEAD = pytest.mark.parametrize("config", [CONFIG, PREVERIFIED], ids=["overlap", "preverify"])
 
 

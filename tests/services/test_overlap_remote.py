@@ -46,8 +46,8 @@ def _generate(gateway, ids: list[int], overrides: dict) -> gateway_pb2.GenerateR
 @given(ids=st.lists(st.integers(FIRST_WORD, VOCAB - 1), min_size=1, max_size=40),
        max_new=st.integers(1, 48), params=_params())
 def test_overlapped_generate_equals_plain_generate(gateway, ids, max_new, params):
-    plain = _generate(gateway, ids, {**params, "max_new_tokens": max_new, "overlap": False})
-    overlapped = _generate(gateway, ids, {**params, "max_new_tokens": max_new, "overlap": True})
+    plain = _generate(gateway, ids, {**params, "max_new_tokens": max_new, "overlap": False, "preverify": False})
+    overlapped = _generate(gateway, ids, {**params, "max_new_tokens": max_new, "overlap": True, "preverify": False})
     assert list(overlapped.output_ids) == list(plain.output_ids)
     a, b = plain.stats, overlapped.stats
     assert not a.degraded and not b.degraded
@@ -59,15 +59,16 @@ def test_overlapped_generate_equals_plain_generate(gateway, ids, max_new, params
     assert 0 <= b.predrafts_used <= b.predrafts <= b.iterations
 
 
-def test_overlap_is_off_by_default_and_when_asked_for_its_counts_reach_the_metrics(stack, gateway):
+def test_overlap_is_on_by_default_off_when_asked_and_its_counts_reach_the_metrics(stack, gateway):
     port = stack.running.gateway.host.metrics_port
     key = 'specdec_gateway_predrafts_total{mode="gad"}'
     used_key = 'specdec_gateway_predrafts_used_total{mode="gad"}'
-    before = scrape(port)
     ids = list(range(FIRST_WORD, FIRST_WORD + 30))
-    unset = _generate(gateway, ids, {"mode": "gad", "k": 1, "max_new_tokens": 40})
-    assert unset.stats.predrafts == 0
-    response = _generate(gateway, ids, {"mode": "gad", "k": 1, "max_new_tokens": 40, "overlap": True})
+    off = _generate(gateway, ids, {"mode": "gad", "k": 1, "max_new_tokens": 40, "overlap": False})
+    assert off.stats.predrafts == 0
+    before = scrape(port)
+    # Overlap unset (the default); pre-verify off, as this bundle's blocks would all be cut before it.
+    response = _generate(gateway, ids, {"mode": "gad", "k": 1, "max_new_tokens": 40, "preverify": False})
     assert response.stats.predrafts > 0
     after = scrape(port)
     assert after[key] - before.get(key, 0.0) == response.stats.predrafts
@@ -83,7 +84,8 @@ def test_remote_sessions_never_overlap_calls_on_the_drafter_stream(stack):
         for mode, params in ((Mode.GAD, {"k": 1}), (Mode.GAD_PLUS_PLUS, {"k": 2, "beta": 8, "tau": 100.0}),
                              (Mode.MJSD, {"gamma": 2, "threshold": 0.01})):
             outputs = []
-            for ahead in ({}, {"overlap": True}, {"preverify": True}, {"overlap": True, "preverify": True}):
+            for ahead in ({"overlap": False, "preverify": False}, {"overlap": True, "preverify": False},
+                          {"overlap": False, "preverify": True}, {"overlap": True, "preverify": True}):
                 recording = RecordingDrafter(drafter)
                 config = DecodingConfig(mode=mode, max_new_tokens=40, **params, **ahead)
                 result = decode(ids, config, verifier, recording)
@@ -92,7 +94,7 @@ def test_remote_sessions_never_overlap_calls_on_the_drafter_stream(stack):
                 assert record.most_in_flight == 1 and record.in_flight_at_close == 0
                 assert record.calls_after_close == 0
                 pooled = result.stats.predrafts > 0 or result.stats.preverified > 0
-                assert bool(record.on_predraft_thread()) == (bool(ahead) and pooled)
+                assert bool(record.on_predraft_thread()) == pooled
             assert all(output == outputs[0] for output in outputs)
 
 
@@ -108,7 +110,7 @@ def _preverify_params() -> st.SearchStrategy[dict]:
 @given(ids=st.lists(st.integers(FIRST_WORD, VOCAB - 1), min_size=1, max_size=40),
        max_new=st.integers(1, 48), params=_preverify_params(), overlap=st.booleans())
 def test_preverified_generate_equals_plain_generate(gateway, ids, max_new, params, overlap):
-    plain = _generate(gateway, ids, {**params, "max_new_tokens": max_new, "preverify": False})
+    plain = _generate(gateway, ids, {**params, "max_new_tokens": max_new, "preverify": False, "overlap": False})
     pre = _generate(gateway, ids, {**params, "max_new_tokens": max_new, "preverify": True, "overlap": overlap})
     assert list(pre.output_ids) == list(plain.output_ids)
     a, b = plain.stats, pre.stats
@@ -122,15 +124,15 @@ def test_preverified_generate_equals_plain_generate(gateway, ids, max_new, param
     assert 0 <= b.predrafts_used <= b.predrafts <= (b.iterations if overlap else 0)
 
 
-def test_preverify_is_off_by_default_and_when_asked_for_its_counts_reach_the_metrics(stack, gateway):
+def test_preverify_is_on_by_default_off_when_asked_and_its_counts_reach_the_metrics(stack, gateway):
     port = stack.running.gateway.host.metrics_port
     key = 'specdec_gateway_preverified_total{mode="gad"}'
     cuts_key = 'specdec_gateway_preverify_cuts_total{mode="gad"}'
-    before = scrape(port)
     ids = list(range(FIRST_WORD, FIRST_WORD + 30))
-    unset = _generate(gateway, ids, {"mode": "gad", "k": 4, "max_new_tokens": 40})
-    assert unset.stats.preverified == 0
-    response = _generate(gateway, ids, {"mode": "gad", "k": 4, "max_new_tokens": 40, "preverify": True})
+    off = _generate(gateway, ids, {"mode": "gad", "k": 4, "max_new_tokens": 40, "preverify": False})
+    assert off.stats.preverified == 0
+    before = scrape(port)
+    response = _generate(gateway, ids, {"mode": "gad", "k": 4, "max_new_tokens": 40})  # unset: the default
     # The tiny random bundle's drafter is rarely right: most blocks are cut at their first token.
     assert response.stats.preverified > 0 and response.stats.preverify_cuts > 0
     after = scrape(port)
