@@ -96,7 +96,7 @@ def _decode(
             return DecodeResult(out, stats)
         out = draft_verify_loop(
             session, propose, accept, top_k, config.max_new_tokens, verifier.eos_id, stats, on_tokens, prefix,
-            overlap, preverify if drafter_session is not None else None, partial(_alone, load),
+            overlap, preverify, partial(_alone, load),
         )
         return DecodeResult(out, stats)
     finally:
@@ -106,9 +106,10 @@ def _decode(
 
 
 # Drafting ahead (overlap, pre-verify) spends drafter and verifier work on guesses to cut one
-# request's latency. Through the services, GAD k=10 with both ran 1.18x with one request in flight,
-# but 0.93x with four (BENCHMARKS.md, "Overlapped drafting"): it runs only while no more than this
-# many requests decode on the verifier, and the loop asks again every iteration.
+# request's latency. Through the services, GAD k=10 with both ran 1.18x with one request in flight
+# (BENCHMARKS.md, "Overlapped drafting"), but 0.93x with four clients (README, "Against CTranslate2,
+# overlap, ..."): it runs only while no more than this many requests decode on the verifier, and
+# the loop asks again every iteration.
 AHEAD_MAX_IN_FLIGHT = 1
 
 

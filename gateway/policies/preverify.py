@@ -18,9 +18,10 @@ one-token step, the shape the AR baseline runs). The rule at one position must d
 position alone (GAD's exact match, GAD++'s top-beta and tau; not MJSD's joint ratio, which a later
 position can rescue): `ModeSpec.preverify`.
 
-It pays when the drafter and the verifier really work at the same time (their own devices, or
-round trips that overlap) and the service is lightly loaded; under load the second verifier call
-of a block whose first token passes costs a turn of the batch (BENCHMARKS.md, "Overlapped
+It pays when the drafter and the verifier work at the same time and the request is alone on its
+verifier (the loop holds it back otherwise: gateway.decode.AHEAD_MAX_IN_FLIGHT); under load the
+second verifier call of a block whose first token passes costs a turn of the batch. Alone, on two
+shared cores, it gained little; with overlap, GAD k=10 ran 1.18x (BENCHMARKS.md, "Overlapped
 drafting"). Not with adaptive speculation, which picks a block length before drafting.
 
 With overlapped drafting (`gateway.policies.overlap`) as well, each covers the other's case: a block
