@@ -12,9 +12,7 @@ from __future__ import annotations
 import functools
 import random
 import threading
-import time
 
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,8 +23,12 @@ from gateway.decoding_config import DecodingConfig, Mode
 from gateway.policies.adaptive import LoadModel, install_load_model
 from gateway.policies.loop import DecodeResult
 from gateway.policies.overlap import PREDRAFT_THREADS
-from gateway.remote import DrafterFailure
-from tests.recording import Call, Record, RecordingDrafter
+from tests.recording import (
+    Record,
+    RecordingDrafter,
+    assert_a_drafter_death_fails_over_to_ar,
+    assert_a_verifier_failure_waits_for_the_pool_call,
+)
 from tests.zoo import MAX_LEN, model_pool, random_source
 from tests.zoo import sources as zoo_sources
 from verifier_service.session import LocalVerifier
@@ -161,92 +163,19 @@ def test_speculative_sampling_and_drafterless_modes_never_pre_draft() -> None:
 # --- failures while a pre-draft is in flight ----------------------------------------------------
 
 
-def _slow_predrafts(seconds: float):
-    def hook(call: Call, record: Record) -> None:
-        if call.predraft:
-            time.sleep(seconds)
-
-    return hook
-
-
-class _VerifierFailsAt:
-    """The real verifier, whose session fails at its `n`-th step (a verifier outage mid-request),
-    after `before_failing()` (e.g. waiting until a pre-draft is under way)."""
-
-    def __init__(self, inner: LocalVerifier, n: int, before_failing=lambda: None) -> None:
-        self.inner = inner
-        self.n = n
-        self.before_failing = before_failing
-        for name in ("vocab_size", "bos_id", "eos_id", "max_source_len", "max_target_len"):
-            setattr(self, name, getattr(inner, name))
-
-    def open(self, source_ids: list[int]):
-        session = self.inner.open(source_ids)
-        steps = [0]
-        outer = self
-
-        class Failing:
-            def step(self, committed_len, append_ids, draft_ids, top_k):
-                steps[0] += 1
-                if steps[0] == outer.n:
-                    outer.before_failing()
-                    raise RuntimeError("verifier went away")
-                return session.step(committed_len, append_ids, draft_ids, top_k)
-
-            def close(self) -> None:
-                session.close()
-
-        return Failing()
-
-
 def test_a_verifier_failure_waits_for_the_pre_draft_in_flight() -> None:
     source = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3
-    recording = RecordingDrafter(_drafter(0), hook=_slow_predrafts(0.05))
     config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, overlap=True, preverify=False)
-
-    def predraft_running() -> bool:  # the pool may start it late on a busy machine: wait, bounded
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:
-            with recording.records[0].lock:
-                if recording.records[0].in_flight:
-                    return True
-            time.sleep(0.001)
-        return False
-
-    running: list[bool] = []
-    failing = _VerifierFailsAt(_verifier(0), 3, before_failing=lambda: running.append(predraft_running()))
-    with pytest.raises(RuntimeError, match="verifier went away"):
-        decode(source, config, failing, recording)
-    (record,) = recording.records
-    assert running == [True], "a pre-draft was under way when the verifier failed"
-    assert record.on_predraft_thread()
+    record = assert_a_verifier_failure_waits_for_the_pool_call(
+        source, config, _verifier(0), _drafter(0), fails=lambda lengths: len(lengths) == 3
+    )
     _assert_clean(record)
 
 
 def test_a_drafter_that_dies_during_a_pre_draft_fails_like_a_plain_draft_and_ar_completes_it() -> None:
     source = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3
-    dead = threading.Event()
-
-    def hook(call: Call, record: Record) -> None:
-        # The drafter dies during the third pre-draft call; every call after it fails too.
-        if call.predraft and len(record.on_predraft_thread()) == 3:
-            time.sleep(0.02)
-            dead.set()
-        if dead.is_set():
-            raise DrafterFailure(ConnectionError("drafter process died"))
-
-    recording = RecordingDrafter(_drafter(0), hook=hook)
     config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, overlap=True, preverify=False)
-    committed: list[int] = []
-    with pytest.raises(DrafterFailure, match="drafter process died"):
-        decode(source, config, _verifier(0), recording, on_tokens=committed.extend)
-    (record,) = recording.records
-    _assert_clean(record)
-    greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=60), _verifier(0), None).output_ids
-    assert committed and committed == greedy[: len(committed)]
-    # The gateway's fallback: plain AR from what was committed gives the greedy output.
-    rest = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=60), _verifier(0), None, prefix=committed)
-    assert rest.output_ids == greedy
+    _assert_clean(assert_a_drafter_death_fails_over_to_ar(source, config, _verifier(0), _drafter(0)))
 
 
 def test_pre_draft_threads_are_a_bounded_pool_not_one_per_step() -> None:

@@ -12,10 +12,7 @@ prefix completes the greedy output).
 from __future__ import annotations
 
 import functools
-import threading
-import time
 
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,8 +22,12 @@ from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.policies.adaptive import load_model
 from gateway.policies.loop import DecodeResult
-from gateway.remote import DrafterFailure
-from tests.recording import Call, Record, RecordingDrafter
+from tests.recording import (
+    Record,
+    RecordingDrafter,
+    assert_a_drafter_death_fails_over_to_ar,
+    assert_a_verifier_failure_waits_for_the_pool_call,
+)
 from tests.zoo import MAX_LEN, model_pool, random_source
 from tests.zoo import sources as zoo_sources
 from verifier_service.session import LocalVerifier
@@ -196,82 +197,20 @@ def test_trained_models_pre_verify_and_use_pre_drafts_together() -> None:
 # --- failures while the drafter's call is in flight ---------------------------------------------
 
 
-class _VerifierFailsAt(_CountingVerifier):
-    """The real verifier, whose session fails at its `n`-th plain AR step (pre-verify's, which runs
-    while the drafter drafts), after `before_failing()`."""
-
-    def __init__(self, inner: LocalVerifier, n: int, before_failing) -> None:
-        super().__init__(inner)
-        self.n = n
-        self.before_failing = before_failing
-
-    def open(self, source_ids: list[int]):
-        session = super().open(source_ids)
-        outer = self
-
-        class Failing:
-            def step(self, committed_len, append_ids, draft_ids, top_k):
-                if not draft_ids and outer.blocks.count(0) + 1 == outer.n:
-                    outer.before_failing()
-                    raise RuntimeError("verifier went away")
-                return session.step(committed_len, append_ids, draft_ids, top_k)
-
-            def close(self) -> None:
-                session.close()
-
-        return Failing()
-
-
 def test_a_verifier_failure_waits_for_the_drafter_call_in_flight() -> None:
     source = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3
-
-    def slow(call: Call, record: Record) -> None:
-        if call.predraft:
-            time.sleep(0.05)
-
-    recording = RecordingDrafter(_drafter(0), hook=slow)
-
-    def draft_running() -> bool:  # the pool may start it late on a busy machine: wait, bounded
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:
-            with recording.records[0].lock:
-                if recording.records[0].in_flight:
-                    return True
-            time.sleep(0.001)
-        return False
-
-    running: list[bool] = []
-    failing = _VerifierFailsAt(_verifier(0), 2, before_failing=lambda: running.append(draft_running()))
     config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, preverify=True, overlap=False)
-    with pytest.raises(RuntimeError, match="verifier went away"):
-        decode(source, config, failing, recording)
-    (record,) = recording.records
-    assert running == [True], "a drafter call was under way when the verifier failed"
+    # Fails at the second plain AR step: pre-verify's, made while the drafter drafts the block.
+    record = assert_a_verifier_failure_waits_for_the_pool_call(
+        source, config, _verifier(0), _drafter(0), fails=lambda lengths: lengths[-1] == 0 and lengths.count(0) == 2
+    )
     _assert_clean(record)
 
 
 def test_a_drafter_that_dies_during_a_pre_verified_draft_fails_like_a_plain_draft_and_ar_completes_it() -> None:
     source = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3
-    dead = threading.Event()
-
-    def hook(call: Call, record: Record) -> None:
-        if call.predraft and len(record.on_predraft_thread()) == 3:
-            time.sleep(0.02)
-            dead.set()
-        if dead.is_set():
-            raise DrafterFailure(ConnectionError("drafter process died"))
-
-    recording = RecordingDrafter(_drafter(0), hook=hook)
     config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, preverify=True, overlap=False)
-    committed: list[int] = []
-    with pytest.raises(DrafterFailure, match="drafter process died"):
-        decode(source, config, _verifier(0), recording, on_tokens=committed.extend)
-    (record,) = recording.records
-    _assert_clean(record)
-    greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=60), _verifier(0), None).output_ids
-    assert committed and committed == greedy[: len(committed)]
-    rest = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=60), _verifier(0), None, prefix=committed)
-    assert rest.output_ids == greedy
+    _assert_clean(assert_a_drafter_death_fails_over_to_ar(source, config, _verifier(0), _drafter(0)))
 
 
 def test_drafting_ahead_is_held_back_while_other_requests_decode_on_the_verifier() -> None:

@@ -42,20 +42,27 @@ def _generate(gateway, ids: list[int], overrides: dict) -> gateway_pb2.GenerateR
     return gateway.Generate(request, timeout=60)
 
 
+def _assert_same_generate(plain: gateway_pb2.GenerateResponse, other: gateway_pb2.GenerateResponse):
+    """`other` decoded as the plain loop (nothing drafted ahead) did, token for token, step for step;
+    both responses' stats."""
+    assert list(other.output_ids) == list(plain.output_ids)
+    a, b = plain.stats, other.stats
+    assert not a.degraded and not b.degraded
+    assert (b.iterations, b.drafted_tokens, b.accepted_tokens, b.finish_reason) == (
+        a.iterations, a.drafted_tokens, a.accepted_tokens, a.finish_reason
+    )
+    assert list(b.accepted_per_position) == list(a.accepted_per_position)
+    assert a.predrafts == a.predrafts_used == a.preverified == a.preverify_cuts == 0
+    return a, b
+
+
 @REMOTE
 @given(ids=st.lists(st.integers(FIRST_WORD, VOCAB - 1), min_size=1, max_size=40),
        max_new=st.integers(1, 48), params=_params())
 def test_overlapped_generate_equals_plain_generate(gateway, ids, max_new, params):
     plain = _generate(gateway, ids, {**params, "max_new_tokens": max_new, "overlap": False, "preverify": False})
     overlapped = _generate(gateway, ids, {**params, "max_new_tokens": max_new, "overlap": True, "preverify": False})
-    assert list(overlapped.output_ids) == list(plain.output_ids)
-    a, b = plain.stats, overlapped.stats
-    assert not a.degraded and not b.degraded
-    assert (b.iterations, b.drafted_tokens, b.accepted_tokens, b.finish_reason) == (
-        a.iterations, a.drafted_tokens, a.accepted_tokens, a.finish_reason
-    )
-    assert list(b.accepted_per_position) == list(a.accepted_per_position)
-    assert a.predrafts == a.predrafts_used == 0
+    _a, b = _assert_same_generate(plain, overlapped)
     assert 0 <= b.predrafts_used <= b.predrafts <= b.iterations
 
 
@@ -112,14 +119,7 @@ def _preverify_params() -> st.SearchStrategy[dict]:
 def test_preverified_generate_equals_plain_generate(gateway, ids, max_new, params, overlap):
     plain = _generate(gateway, ids, {**params, "max_new_tokens": max_new, "preverify": False, "overlap": False})
     pre = _generate(gateway, ids, {**params, "max_new_tokens": max_new, "preverify": True, "overlap": overlap})
-    assert list(pre.output_ids) == list(plain.output_ids)
-    a, b = plain.stats, pre.stats
-    assert not a.degraded and not b.degraded
-    assert (b.iterations, b.drafted_tokens, b.accepted_tokens, b.finish_reason) == (
-        a.iterations, a.drafted_tokens, a.accepted_tokens, a.finish_reason
-    )
-    assert list(b.accepted_per_position) == list(a.accepted_per_position)
-    assert a.preverified == a.preverify_cuts == 0
+    _a, b = _assert_same_generate(plain, pre)
     assert 0 <= b.preverify_cuts <= b.preverified <= b.iterations
     assert 0 <= b.predrafts_used <= b.predrafts <= (b.iterations if overlap else 0)
 
