@@ -53,7 +53,7 @@ class DecodingConfig:
         default=False,
         metadata=about("choose the block length per step for the load, up to k (gad, gad++, iad)", wire="adaptive_k"),
     )
-    # On by default, with pre-verify: together they gave GAD k=10 1.18x through the services with one
+    # On by default, with pre-verify: together they gave GAD k=10 1.10-1.19x through the services with one
     # request in flight, on two shared cores and with each model on a core of its own, and they are
     # held back while other requests decode (gateway.decode.AHEAD_MAX_IN_FLIGHT), where they cost.
     overlap: bool = field(

@@ -21,7 +21,7 @@ position can rescue): `ModeSpec.preverify`.
 It pays when the drafter and the verifier work at the same time and the request is alone on its
 verifier (the loop holds it back otherwise: gateway.decode.AHEAD_MAX_IN_FLIGHT); under load the
 second verifier call of a block whose first token passes costs a turn of the batch. Alone, on two
-shared cores, it gained little; with overlap, GAD k=10 ran 1.18x (BENCHMARKS.md, "Overlapped
+shared cores, it gained little; with overlap, GAD k=10 ran 1.10-1.19x (BENCHMARKS.md, "Overlapped
 drafting"). Not with adaptive speculation, which picks a block length before drafting.
 
 With overlapped drafting (`gateway.policies.overlap`) as well, each covers the other's case: a block
