@@ -53,16 +53,17 @@ class DecodingConfig:
         default=False,
         metadata=about("choose the block length per step for the load, up to k (gad, gad++, iad)", wire="adaptive_k"),
     )
-    # On by default, with pre-verify: together they gave GAD k=10 1.10-1.19x through the services with one
-    # request in flight, on two shared cores and with each model on a core of its own, and they are
-    # held back while other requests decode (gateway.decode.AHEAD_MAX_IN_FLIGHT), where they cost.
+    # Overlap and pre-verify: off by default. Together they gave fixed-k GAD k=10 1.10-1.19x through the
+    # services with one request in flight, and they are held back while other requests decode
+    # (gateway.decode.AHEAD_MAX_IN_FLIGHT). But adaptive requests cannot pre-verify (they choose each
+    # block's length before drafting it): with both on by default, adaptive GAD at one client fell
+    # to 0.95x fixed-k GAD (issue 11 asks for at least that), from 1.05x with both off.
     overlap: bool = field(
-        default=True,
+        default=False,
         metadata=about("draft the next block while the verifier verifies this one (gad, gad++, mjsd)"),
     )
-    # On by default, as `overlap` (BENCHMARKS.md, "Overlapped drafting"); alone it gains little.
     preverify: bool = field(
-        default=True,
+        default=False,
         metadata=about("check each block's first position with the verifier while drafting it (gad, gad++)"),
     )
 

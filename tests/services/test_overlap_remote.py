@@ -66,16 +66,15 @@ def test_overlapped_generate_equals_plain_generate(gateway, ids, max_new, params
     assert 0 <= b.predrafts_used <= b.predrafts <= b.iterations
 
 
-def test_overlap_is_on_by_default_off_when_asked_and_its_counts_reach_the_metrics(stack, gateway):
+def test_overlap_is_off_by_default_and_when_asked_for_its_counts_reach_the_metrics(stack, gateway):
     port = stack.running.gateway.host.metrics_port
     key = 'specdec_gateway_predrafts_total{mode="gad"}'
     used_key = 'specdec_gateway_predrafts_used_total{mode="gad"}'
     ids = list(range(FIRST_WORD, FIRST_WORD + 30))
-    off = _generate(gateway, ids, {"mode": "gad", "k": 1, "max_new_tokens": 40, "overlap": False})
-    assert off.stats.predrafts == 0
+    unset = _generate(gateway, ids, {"mode": "gad", "k": 1, "max_new_tokens": 40})
+    assert unset.stats.predrafts == unset.stats.preverified == 0
     before = scrape(port)
-    # Overlap unset (the default); pre-verify off, as this bundle's blocks would all be cut before it.
-    response = _generate(gateway, ids, {"mode": "gad", "k": 1, "max_new_tokens": 40, "preverify": False})
+    response = _generate(gateway, ids, {"mode": "gad", "k": 1, "max_new_tokens": 40, "overlap": True})
     assert response.stats.predrafts > 0
     after = scrape(port)
     assert after[key] - before.get(key, 0.0) == response.stats.predrafts
@@ -124,15 +123,15 @@ def test_preverified_generate_equals_plain_generate(gateway, ids, max_new, param
     assert 0 <= b.predrafts_used <= b.predrafts <= (b.iterations if overlap else 0)
 
 
-def test_preverify_is_on_by_default_off_when_asked_and_its_counts_reach_the_metrics(stack, gateway):
+def test_preverify_is_off_by_default_and_when_asked_for_its_counts_reach_the_metrics(stack, gateway):
     port = stack.running.gateway.host.metrics_port
     key = 'specdec_gateway_preverified_total{mode="gad"}'
     cuts_key = 'specdec_gateway_preverify_cuts_total{mode="gad"}'
     ids = list(range(FIRST_WORD, FIRST_WORD + 30))
-    off = _generate(gateway, ids, {"mode": "gad", "k": 4, "max_new_tokens": 40, "preverify": False})
-    assert off.stats.preverified == 0
+    unset = _generate(gateway, ids, {"mode": "gad", "k": 4, "max_new_tokens": 40})
+    assert unset.stats.preverified == 0
     before = scrape(port)
-    response = _generate(gateway, ids, {"mode": "gad", "k": 4, "max_new_tokens": 40})  # unset: the default
+    response = _generate(gateway, ids, {"mode": "gad", "k": 4, "max_new_tokens": 40, "preverify": True})
     # The tiny random bundle's drafter is rarely right: most blocks are cut at their first token.
     assert response.stats.preverified > 0 and response.stats.preverify_cuts > 0
     after = scrape(port)
