@@ -105,31 +105,22 @@ def _own_cores(bundle: Path, backend: str) -> tuple[list[subprocess.Popen], str]
     if len(cpus) < 2:
         raise SystemExit("own-cores needs two CPUs")
     procs: list[subprocess.Popen] = []
+
+    def serve(role: str, cpu: int | None, *flags: str) -> str:
+        proc, address = start_services(bundle, backend, extra_args=flags, role=role,
+                                       cpus=None if cpu is None else {cpu})
+        procs.append(proc)
+        return address
+
     try:
-        verifier = _serve(procs, bundle, backend, "verifier", cpus[0], "--verifier-threads", "1")
-        drafter = _serve(procs, bundle, backend, "drafter", cpus[1], "--drafter-threads", "1")
-        peers = ("--verifier-addr", verifier, "--drafter-addr", drafter)
-        gateway = _serve(procs, bundle, backend, "gateway", None, *peers)
+        verifier = serve("verifier", cpus[0], "--verifier-threads", "1")
+        drafter = serve("drafter", cpus[1], "--drafter-threads", "1")
+        gateway = serve("gateway", None, "--verifier-addr", verifier, "--drafter-addr", drafter)
     except BaseException:
         for proc in procs:
             proc.kill()
         raise
     return procs, gateway
-
-
-def _serve(procs: list[subprocess.Popen], bundle: Path, backend: str, role: str, cpu: int | None, *flags: str) -> str:
-    """`specdec serve <role>` on an ephemeral loopback port (pinned to `cpu`); its address once SERVING."""
-    cmd = [sys.executable, "-m", "specdec", "serve", role, "--bundle", str(bundle), "--backend", backend,
-           f"--{role}-addr", "127.0.0.1:0", *flags]
-    pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=pin,
-                            env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    procs.append(proc)
-    assert proc.stdout is not None
-    address = proc.stdout.readline().strip()  # printed once the service is SERVING
-    if not address:
-        raise RuntimeError(f"specdec serve {role} exited with {proc.wait()}")
-    return address
 
 
 LAYOUTS = {"shared": _shared, "own-cores": _own_cores}

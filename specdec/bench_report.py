@@ -93,22 +93,25 @@ def write_section(path: Path, heading: str, body: str) -> None:
 
 def start_services(
     bundle_dir: Path, backend: str, threads: int | None = None, env: dict[str, str] | None = None,
-    extra_args: tuple[str, ...] = (), log: Path | None = None,
+    extra_args: tuple[str, ...] = (), log: Path | None = None, role: str = "all", cpus: set[int] | None = None,
 ) -> tuple[subprocess.Popen, str]:
-    """`specdec serve all` in its own process on ephemeral ports; returns it and the gateway address.
-    `env` adds to the environment (e.g. SPECDEC__GATEWAY__... keys), `extra_args` to the command (later
-    flags win, e.g. other addresses); `log` keeps the servers' stderr, whose tail a failed start shows."""
+    """`specdec serve all` (or `serve <role>`) in its own process on ephemeral ports; returns it and
+    the gateway's (the role's) address. `env` adds to the environment (e.g. SPECDEC__GATEWAY__...
+    keys), `extra_args` to the command (later flags win, e.g. other addresses); `log` keeps the
+    servers' stderr, whose tail a failed start shows; `cpus` pins the process to those CPUs."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    cmd = [sys.executable, "-m", "specdec", "serve", "all", "--bundle", str(bundle_dir), "--backend", backend,
-           "--gateway-addr", "127.0.0.1:0", "--verifier-addr", "127.0.0.1:0", "--drafter-addr", "127.0.0.1:0",
-           *extra_args]
+    roles = ("gateway", "verifier", "drafter") if role == "all" else (role,)
+    addresses = [flag for r in roles for flag in (f"--{r}-addr", "127.0.0.1:0")]
+    cmd = [sys.executable, "-m", "specdec", "serve", role, "--bundle", str(bundle_dir), "--backend", backend,
+           *addresses, *extra_args]
+    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
     with open(log, "w") if log is not None else open(os.devnull, "w") as err:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True, preexec_fn=pin)
     assert proc.stdout is not None
-    address = proc.stdout.readline().strip()  # printed once all three are SERVING
+    address = proc.stdout.readline().strip()  # printed once all it serves is SERVING
     if not address:
         tail = "\n".join(log.read_text().splitlines()[-5:]) if log is not None else ""
-        raise RuntimeError(f"specdec serve all exited with {proc.wait()}" + (f":\n{tail}" if tail else ""))
+        raise RuntimeError(f"specdec serve {role} exited with {proc.wait()}" + (f":\n{tail}" if tail else ""))
     return proc, address

@@ -1,24 +1,48 @@
-"""A real drafter seen through a recorder: which thread called which session method when, how many
-calls were in flight at once, and whether a call came after `close` (overlapped-drafting and
-pre-verify tests). Optional hooks run inside a call, before the real one, on the calling thread: to
-slow a call down, to wait for a test's signal, or to make it fail as a dead drafter does; and the
-check both test files run when the drafter dies during a call on the pool."""
+"""What the tests of drafting ahead (overlapped drafting, pre-verify) share.
+
+A real drafter seen through a recorder: which thread called which session method when, how many
+calls were in flight at once, and whether a call came after `close`. Optional hooks run inside a
+call, before the real one, on the calling thread: to slow a call down, to wait for a test's signal,
+or to make it fail as a dead drafter does. A real verifier seen likewise (`StepsVerifier`: the draft
+length of every step, and a failure where a test wants one). The checks both test files run: a
+decode equal to the plain loop's, a drafter session left clean, a drafter death, a verifier failure.
+"""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import strategies as st
 
 from core.interfaces import Draft
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
+from gateway.policies.loop import DecodeResult
 from gateway.remote import DrafterFailure
+from tests.zoo import model_pool
 
 PREDRAFT_THREAD = "specdec-predraft"  # gateway.policies.overlap's pool threads' name prefix
+
+
+@functools.cache
+def local_verifier(trio: int):
+    """The in-process verifier of the tiny float64 trio `trio` (tests.zoo), one per trio."""
+    from verifier_service.session import LocalVerifier
+
+    return LocalVerifier(model_pool()[trio].verifier)
+
+
+@functools.cache
+def local_drafter(trio: int):
+    """The in-process drafters of the tiny float64 trio `trio`, one per trio."""
+    from drafter_service.session import LocalDrafter
+
+    return LocalDrafter(model_pool()[trio].drafter_models())
 
 
 @dataclass
@@ -51,6 +75,10 @@ class Record:
 
     def on_decode_thread(self) -> list[Call]:
         return [c for c in self.calls if not c.predraft]
+
+    def assert_clean(self) -> None:
+        assert self.most_in_flight <= 1  # never a second call while one is in flight
+        assert self.closed and self.in_flight_at_close == 0 and self.calls_after_close == 0
 
 
 # hook(call, record): runs inside the call before the real one; may sleep, wait or raise.
@@ -127,10 +155,10 @@ def dies_at_pool_call(n: int) -> Hook:
     return hook
 
 
-def assert_a_drafter_death_fails_over_to_ar(source: list[int], config: DecodingConfig, verifier, drafter) -> Record:
+def assert_a_drafter_death_fails_over_to_ar(source: list[int], config: DecodingConfig, verifier, drafter) -> None:
     """Decode with a drafter that dies during its third call on the pool: the decode fails as the
     plain loop's draft would (`DrafterFailure`), what it committed is greedy's beginning, and the
-    gateway's fallback (plain AR from there) gives the greedy output. Returns the drafter's record."""
+    gateway's fallback (plain AR from there) gives the greedy output; the drafter session was left clean."""
     recording = RecordingDrafter(drafter, hook=dies_at_pool_call(3))
     committed: list[int] = []
     with pytest.raises(DrafterFailure, match="drafter process died"):
@@ -140,29 +168,32 @@ def assert_a_drafter_death_fails_over_to_ar(source: list[int], config: DecodingC
     assert committed and committed == greedy[: len(committed)]
     assert decode(source, ar, verifier, None, prefix=committed).output_ids == greedy
     (record,) = recording.records
-    return record
+    record.assert_clean()
 
 
-class FailingVerifier:
-    """The real verifier, whose session fails at the first step that `fails(draft lengths of the
-    steps so far, this one's last)` picks (a verifier outage mid-request), after `before_failing()`."""
+class StepsVerifier:
+    """The real verifier, keeping the draft length of every step of its sessions (`lengths`). With
+    `fails`, a step fails (a verifier outage mid-request) when `fails(lengths)` says so once its own
+    length is in, after `before_failing()`."""
 
-    def __init__(self, inner, fails: Callable[[list[int]], bool], before_failing: Callable[[], None]) -> None:
+    def __init__(
+        self, inner, fails: Callable[[list[int]], bool] | None = None, before_failing: Callable[[], None] = lambda: None
+    ) -> None:
         self.inner = inner
         self.fails = fails
         self.before_failing = before_failing
+        self.lengths: list[int] = []
         for name in ("vocab_size", "bos_id", "eos_id", "max_source_len", "max_target_len"):
             setattr(self, name, getattr(inner, name))
 
     def open(self, source_ids: list[int]):
         session = self.inner.open(source_ids)
-        lengths: list[int] = []
         outer = self
 
-        class Failing:
+        class Stepping:
             def step(self, committed_len, append_ids, draft_ids, top_k):
-                lengths.append(len(draft_ids))
-                if outer.fails(lengths):
+                outer.lengths.append(len(draft_ids))
+                if outer.fails is not None and outer.fails(outer.lengths):
                     outer.before_failing()
                     raise RuntimeError("verifier went away")
                 return session.step(committed_len, append_ids, draft_ids, top_k)
@@ -170,15 +201,15 @@ class FailingVerifier:
             def close(self) -> None:
                 session.close()
 
-        return Failing()
+        return Stepping()
 
 
 def assert_a_verifier_failure_waits_for_the_pool_call(
     source: list[int], config: DecodingConfig, verifier, drafter, fails: Callable[[list[int]], bool]
-) -> Record:
+) -> None:
     """Decode with slow drafter calls on the pool and a verifier that fails at the step `fails`
-    picks, once a drafter call is under way: the failure reaches the caller, and (the caller checks
-    on the returned record) no drafter call was left in flight at the session's close."""
+    picks, once a drafter call is under way: the failure reaches the caller, and no drafter call was
+    left in flight at the session's close."""
 
     def slow(call: Call, record: Record) -> None:
         if call.predraft:
@@ -196,10 +227,32 @@ def assert_a_verifier_failure_waits_for_the_pool_call(
         return False
 
     running: list[bool] = []
-    failing = FailingVerifier(verifier, fails, before_failing=lambda: running.append(pool_call_running()))
+    failing = StepsVerifier(verifier, fails, before_failing=lambda: running.append(pool_call_running()))
     with pytest.raises(RuntimeError, match="verifier went away"):
         decode(source, config, failing, recording)
     (record,) = recording.records
     assert running == [True], "a drafter call was under way on the pool when the verifier failed"
     assert record.on_predraft_thread()
-    return record
+    record.assert_clean()
+
+
+def block_mode_configs() -> st.SearchStrategy[dict]:
+    """Decoding parameters of the block-drafting modes, GAD and GAD++ (both overlap and pre-verify)."""
+    gad = st.fixed_dictionaries({"mode": st.just(Mode.GAD), "k": st.integers(1, 16)})
+    gad_pp = st.fixed_dictionaries({
+        "mode": st.just(Mode.GAD_PLUS_PLUS), "k": st.integers(1, 16), "beta": st.integers(1, 5),
+        "tau": st.sampled_from([0.0, 0.5, 1.0, 3.0, 100.0]),
+    })
+    return st.one_of(gad, gad_pp)
+
+
+def assert_same_decode(plain: DecodeResult, other: DecodeResult) -> None:
+    """`other` decoded as `plain` (nothing drafted ahead) did: the same output, step for step."""
+    assert other.output_ids == plain.output_ids
+    a, b = plain.stats, other.stats
+    assert (b.iterations, b.drafted_tokens, b.accepted_tokens, b.finish_reason) == (
+        a.iterations, a.drafted_tokens, a.accepted_tokens, a.finish_reason
+    )
+    assert b.accepted_per_position == a.accepted_per_position
+    assert b.steps_per_draft_length == a.steps_per_draft_length
+    assert a.predrafts == a.predrafts_used == a.preverified == a.preverify_cuts == 0  # plain: nothing ahead

@@ -9,7 +9,6 @@ loop's `DrafterFailure` would, and AR from the committed prefix completes the gr
 
 from __future__ import annotations
 
-import functools
 import random
 import threading
 
@@ -17,7 +16,6 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from drafter_service.session import LocalDrafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.policies.adaptive import LoadModel, install_load_model
@@ -28,6 +26,10 @@ from tests.recording import (
     RecordingDrafter,
     assert_a_drafter_death_fails_over_to_ar,
     assert_a_verifier_failure_waits_for_the_pool_call,
+    assert_same_decode,
+    block_mode_configs,
+    local_drafter,
+    local_verifier,
 )
 from tests.zoo import MAX_LEN, model_pool, random_source
 from tests.zoo import sources as zoo_sources
@@ -35,62 +37,31 @@ from verifier_service.session import LocalVerifier
 
 PROPERTY = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-@functools.cache
-def _verifier(trio: int) -> LocalVerifier:
-    return LocalVerifier(model_pool()[trio].verifier)
-
-
-@functools.cache
-def _drafter(trio: int) -> LocalDrafter:
-    return LocalDrafter(model_pool()[trio].drafter_models())
-
-
 def _configs() -> st.SearchStrategy[dict]:
-    gad = st.fixed_dictionaries({"mode": st.just(Mode.GAD), "k": st.integers(1, 16)})
-    gad_pp = st.fixed_dictionaries({
-        "mode": st.just(Mode.GAD_PLUS_PLUS), "k": st.integers(1, 16), "beta": st.integers(1, 5),
-        "tau": st.sampled_from([0.0, 0.5, 1.0, 3.0, 100.0]),
-    })
     mjsd = st.fixed_dictionaries({
         "mode": st.just(Mode.MJSD), "gamma": st.integers(1, 6), "num_beams": st.integers(1, 4),
         "threshold": st.sampled_from([0.01, 0.1, 0.5, 1.0]),
     })
-    return st.one_of(gad, gad_pp, mjsd)
+    return st.one_of(block_mode_configs(), mjsd)
 
 
 def _pair(trio: int, source: list[int], **params) -> tuple[DecodeResult, DecodeResult, Record, Record]:
     """The plain loop's and the overlapped loop's results, and what each did to its drafter session."""
     runs, records = [], []
     for overlap in (False, True):
-        recording = RecordingDrafter(_drafter(trio))
+        recording = RecordingDrafter(local_drafter(trio))
         config = DecodingConfig(overlap=overlap, preverify=False, **params)
-        runs.append(decode(source, config, _verifier(trio), recording))
+        runs.append(decode(source, config, local_verifier(trio), recording))
         records.extend(recording.records)
     return runs[0], runs[1], records[0], records[1]
-
-
-def _assert_same_decode(plain: DecodeResult, overlapped: DecodeResult) -> None:
-    assert overlapped.output_ids == plain.output_ids
-    a, b = plain.stats, overlapped.stats
-    assert (b.iterations, b.drafted_tokens, b.accepted_tokens, b.finish_reason) == (
-        a.iterations, a.drafted_tokens, a.accepted_tokens, a.finish_reason
-    )
-    assert b.accepted_per_position == a.accepted_per_position
-    assert b.steps_per_draft_length == a.steps_per_draft_length
-    assert a.predrafts == a.predrafts_used == 0  # off: nothing is drafted ahead
-
-
-def _assert_clean(record: Record) -> None:
-    assert record.most_in_flight <= 1  # never a second call while one is in flight
-    assert record.closed and record.in_flight_at_close == 0 and record.calls_after_close == 0
 
 
 @PROPERTY
 @given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1), params=_configs())
 def test_overlapped_loop_equals_the_plain_loop(trio, source, max_new, params):
     plain, overlapped, plain_record, record = _pair(trio, source, max_new_tokens=max_new, **params)
-    _assert_same_decode(plain, overlapped)
-    _assert_clean(record)
+    assert_same_decode(plain, overlapped)
+    record.assert_clean()
     s = overlapped.stats
     assert 0 <= s.predrafts_used <= s.predrafts <= s.iterations
     # A pre-draft is a guess and its draft: at most two calls each, on the pool's threads.
@@ -111,14 +82,14 @@ def test_adaptive_overlapped_loop_equals_the_adaptive_plain_loop(trio, source, m
         verifier = LocalVerifier(model_pool()[trio].verifier)
         install_load_model(verifier, _Lengths(seed))
         config = DecodingConfig(mode=mode, k=k, max_new_tokens=max_new, adaptive=True, overlap=overlap, preverify=False)
-        recording = RecordingDrafter(_drafter(trio))
+        recording = RecordingDrafter(local_drafter(trio))
         result = decode(source, config, verifier, recording)
         results.append(result)
         # An adaptive request opens its drafter session on its first draft (none: never opened).
         assert len(recording.records) == (1 if result.stats.drafted_tokens or result.stats.predrafts else 0)
         for record in recording.records:
-            _assert_clean(record)
-    _assert_same_decode(*results)
+            record.assert_clean()
+    assert_same_decode(*results)
 
 
 class _Lengths(LoadModel):
@@ -143,8 +114,8 @@ def test_trained_models_use_many_pre_drafts_with_gad() -> None:
     for _ in range(20):
         source = random_source(gen, 24)
         plain, overlapped, _, record = _pair(0, source, mode=Mode.GAD, k=4, max_new_tokens=60)
-        _assert_same_decode(plain, overlapped)
-        _assert_clean(record)
+        assert_same_decode(plain, overlapped)
+        record.assert_clean()
         used += overlapped.stats.predrafts_used
         made += overlapped.stats.predrafts
     assert made > 0 and used / made > 0.3, (used, made)  # 55 of 112 when written
@@ -153,9 +124,9 @@ def test_trained_models_use_many_pre_drafts_with_gad() -> None:
 def test_speculative_sampling_and_drafterless_modes_never_pre_draft() -> None:
     source = [5, 6, 7, 8, 9, 10, 11, 12]
     for mode in (Mode.SPECULATIVE, Mode.IAD, Mode.AR):
-        recording = RecordingDrafter(_drafter(0))
+        recording = RecordingDrafter(local_drafter(0))
         config = DecodingConfig(mode=mode, max_new_tokens=30, overlap=True, preverify=False)
-        result = decode(source, config, _verifier(0), recording)
+        result = decode(source, config, local_verifier(0), recording)
         assert result.stats.predrafts == 0
         assert not any(c.predraft for r in recording.records for c in r.calls)
 
@@ -166,22 +137,21 @@ def test_speculative_sampling_and_drafterless_modes_never_pre_draft() -> None:
 def test_a_verifier_failure_waits_for_the_pre_draft_in_flight() -> None:
     source = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3
     config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, overlap=True, preverify=False)
-    record = assert_a_verifier_failure_waits_for_the_pool_call(
-        source, config, _verifier(0), _drafter(0), fails=lambda lengths: len(lengths) == 3
+    assert_a_verifier_failure_waits_for_the_pool_call(
+        source, config, local_verifier(0), local_drafter(0), fails=lambda lengths: len(lengths) == 3
     )
-    _assert_clean(record)
 
 
 def test_a_drafter_that_dies_during_a_pre_draft_fails_like_a_plain_draft_and_ar_completes_it() -> None:
     source = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3
     config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, overlap=True, preverify=False)
-    _assert_clean(assert_a_drafter_death_fails_over_to_ar(source, config, _verifier(0), _drafter(0)))
+    assert_a_drafter_death_fails_over_to_ar(source, config, local_verifier(0), local_drafter(0))
 
 
 def test_pre_draft_threads_are_a_bounded_pool_not_one_per_step() -> None:
     source = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3
     for _ in range(5):
         config = DecodingConfig(mode=Mode.GAD, k=2, max_new_tokens=60, overlap=True, preverify=False)
-        decode(source, config, _verifier(0), _drafter(0))
+        decode(source, config, local_verifier(0), local_drafter(0))
     names = [t.name for t in threading.enumerate() if t.name.startswith("specdec-predraft")]
     assert 1 <= len(names) <= PREDRAFT_THREADS

@@ -11,13 +11,10 @@ prefix completes the greedy output).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from drafter_service.session import LocalDrafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.policies.adaptive import load_model
@@ -25,8 +22,13 @@ from gateway.policies.loop import DecodeResult
 from tests.recording import (
     Record,
     RecordingDrafter,
+    StepsVerifier,
     assert_a_drafter_death_fails_over_to_ar,
     assert_a_verifier_failure_waits_for_the_pool_call,
+    assert_same_decode,
+    block_mode_configs,
+    local_drafter,
+    local_verifier,
 )
 from tests.zoo import MAX_LEN, model_pool, random_source
 from tests.zoo import sources as zoo_sources
@@ -35,92 +37,32 @@ from verifier_service.session import LocalVerifier
 PROPERTY = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@functools.cache
-def _verifier(trio: int) -> LocalVerifier:
-    return LocalVerifier(model_pool()[trio].verifier)
-
-
-@functools.cache
-def _drafter(trio: int) -> LocalDrafter:
-    return LocalDrafter(model_pool()[trio].drafter_models())
-
-
-class _CountingVerifier:
-    """The real verifier, counting each session's steps by the draft tokens they scored."""
-
-    def __init__(self, inner: LocalVerifier) -> None:
-        self.inner = inner
-        self.blocks: list[int] = []  # draft length of every step, in order
-        for name in ("vocab_size", "bos_id", "eos_id", "max_source_len", "max_target_len"):
-            setattr(self, name, getattr(inner, name))
-
-    def open(self, source_ids: list[int]):
-        session = self.inner.open(source_ids)
-        blocks = self.blocks
-
-        class Counting:
-            def step(self, committed_len, append_ids, draft_ids, top_k):
-                blocks.append(len(draft_ids))
-                return session.step(committed_len, append_ids, draft_ids, top_k)
-
-            def close(self) -> None:
-                session.close()
-
-        return Counting()
-
-
 def _pair(
     trio: int, source: list[int], overlap: bool = False, **params
 ) -> tuple[DecodeResult, DecodeResult, Record, Record, list[int]]:
     """The plain loop's and the pre-verified loop's (with `overlap` too, if asked) results, each
     one's drafter record, and the draft lengths of the pre-verified loop's verifier steps."""
     runs, records = [], []
-    counting = _CountingVerifier(_verifier(trio))
+    counting = StepsVerifier(local_verifier(trio))
     for preverify in (False, True):
-        recording = RecordingDrafter(_drafter(trio))
-        verifier = counting if preverify else _verifier(trio)
+        recording = RecordingDrafter(local_drafter(trio))
+        verifier = counting if preverify else local_verifier(trio)
         config = DecodingConfig(preverify=preverify, overlap=overlap and preverify, **params)
         runs.append(decode(source, config, verifier, recording))
         records.extend(recording.records)
-    return runs[0], runs[1], records[0], records[1], counting.blocks
-
-
-def _assert_same_decode(plain: DecodeResult, preverified: DecodeResult) -> None:
-    assert preverified.output_ids == plain.output_ids
-    a, b = plain.stats, preverified.stats
-    assert (b.iterations, b.drafted_tokens, b.accepted_tokens, b.finish_reason) == (
-        a.iterations, a.drafted_tokens, a.accepted_tokens, a.finish_reason
-    )
-    assert b.accepted_per_position == a.accepted_per_position
-    assert b.steps_per_draft_length == a.steps_per_draft_length
-    assert a.preverified == a.preverify_cuts == 0  # off: no step ahead of the draft
-    assert a.predrafts == 0
-
-
-def _assert_clean(record: Record) -> None:
-    assert record.most_in_flight <= 1  # never a second call while one is in flight
-    assert record.closed and record.in_flight_at_close == 0 and record.calls_after_close == 0
+    return runs[0], runs[1], records[0], records[1], counting.lengths
 
 
 def _arguments(record: Record) -> list[tuple]:
     return [(c.method, c.committed_len, c.append_ids, c.size) for c in record.calls]
 
 
-def _configs() -> st.SearchStrategy[dict]:
-    gad = st.fixed_dictionaries({"mode": st.just(Mode.GAD), "k": st.integers(1, 16)})
-    gad_pp = st.fixed_dictionaries({
-        "mode": st.just(Mode.GAD_PLUS_PLUS), "k": st.integers(1, 16), "beta": st.integers(1, 5),
-        "tau": st.sampled_from([0.0, 0.5, 1.0, 3.0, 100.0]),
-    })
-    return st.one_of(gad, gad_pp)
-
-
 @PROPERTY
-@given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1), params=_configs())
+@given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1), params=block_mode_configs())
 def test_preverified_loop_equals_the_plain_loop(trio, source, max_new, params):
     plain, pre, plain_record, record, blocks = _pair(trio, source, max_new_tokens=max_new, **params)
-    _assert_same_decode(plain, pre)
-    _assert_clean(record)
+    assert_same_decode(plain, pre)
+    record.assert_clean()
     s = pre.stats
     assert 0 <= s.preverify_cuts <= s.preverified <= s.iterations
     # The same drafter calls, with the same arguments: the blocks drafted are the plain loop's.
@@ -129,7 +71,7 @@ def test_preverified_loop_equals_the_plain_loop(trio, source, max_new, params):
     assert blocks.count(0) == s.iterations  # the iterations not pre-verified had no room for a draft
     assert len(blocks) - blocks.count(0) == s.preverified - s.preverify_cuts
     if params["mode"] == Mode.GAD:  # lossless: the verifier's greedy output
-        greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=max_new), _verifier(trio), None)
+        greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=max_new), local_verifier(trio), None)
         assert pre.output_ids == greedy.output_ids
 
 
@@ -141,8 +83,8 @@ def test_blocks_cut_at_their_first_token_are_not_verified() -> None:
     for _ in range(10):
         source = random_source(gen, 24)
         plain, pre, _, record, blocks = _pair(3, source, mode=Mode.GAD, k=4, max_new_tokens=40)
-        _assert_same_decode(plain, pre)
-        _assert_clean(record)
+        assert_same_decode(plain, pre)
+        record.assert_clean()
         cuts += pre.stats.preverify_cuts
         scored += sum(blocks)
         scored_plain += plain.stats.drafted_tokens
@@ -152,23 +94,23 @@ def test_blocks_cut_at_their_first_token_are_not_verified() -> None:
 def test_modes_without_a_rule_at_one_position_and_adaptive_requests_never_pre_verify() -> None:
     source = [5, 6, 7, 8, 9, 10, 11, 12]
     for mode in (Mode.MJSD, Mode.SPECULATIVE, Mode.IAD, Mode.AR):
-        recording = RecordingDrafter(_drafter(0))
+        recording = RecordingDrafter(local_drafter(0))
         config = DecodingConfig(mode=mode, max_new_tokens=30, preverify=True, overlap=False)
-        result = decode(source, config, _verifier(0), recording)
+        result = decode(source, config, local_verifier(0), recording)
         assert result.stats.preverified == 0
         assert not any(c.predraft for r in recording.records for c in r.calls)
     adaptive = DecodingConfig(mode=Mode.GAD, k=4, max_new_tokens=30, preverify=True, overlap=False, adaptive=True)
-    assert decode(source, adaptive, _verifier(0), _drafter(0)).stats.preverified == 0
+    assert decode(source, adaptive, local_verifier(0), local_drafter(0)).stats.preverified == 0
 
 
 @PROPERTY
-@given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1), params=_configs())
+@given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1), params=block_mode_configs())
 def test_pre_verify_with_overlap_equals_the_plain_loop(trio, source, max_new, params):
     """Both at once: a block drafted ahead and known to be the next one is verified at once (no
     pre-verify step); any other iteration is pre-verified, its draft claiming a pre-draft if one holds."""
     plain, both, plain_record, record, blocks = _pair(trio, source, overlap=True, max_new_tokens=max_new, **params)
-    _assert_same_decode(plain, both)
-    _assert_clean(record)
+    assert_same_decode(plain, both)
+    record.assert_clean()
     s = both.stats
     assert 0 <= s.preverify_cuts <= s.preverified <= s.iterations
     assert 0 <= s.predrafts_used <= s.predrafts <= s.iterations
@@ -186,8 +128,8 @@ def test_trained_models_pre_verify_and_use_pre_drafts_together() -> None:
     for _ in range(20):
         source = random_source(gen, 24)
         plain, both, _, record, _ = _pair(0, source, overlap=True, mode=Mode.GAD, k=4, max_new_tokens=60)
-        _assert_same_decode(plain, both)
-        _assert_clean(record)
+        assert_same_decode(plain, both)
+        record.assert_clean()
         used += both.stats.predrafts_used
         preverified += both.stats.preverified
         iterations += both.stats.iterations
@@ -201,27 +143,29 @@ def test_a_verifier_failure_waits_for_the_drafter_call_in_flight() -> None:
     source = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3
     config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, preverify=True, overlap=False)
     # Fails at the second plain AR step: pre-verify's, made while the drafter drafts the block.
-    record = assert_a_verifier_failure_waits_for_the_pool_call(
-        source, config, _verifier(0), _drafter(0), fails=lambda lengths: lengths[-1] == 0 and lengths.count(0) == 2
+    def second_plain_step(lengths: list[int]) -> bool:
+        return lengths[-1] == 0 and lengths.count(0) == 2
+
+    assert_a_verifier_failure_waits_for_the_pool_call(
+        source, config, local_verifier(0), local_drafter(0), fails=second_plain_step
     )
-    _assert_clean(record)
 
 
 def test_a_drafter_that_dies_during_a_pre_verified_draft_fails_like_a_plain_draft_and_ar_completes_it() -> None:
     source = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3
     config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=60, preverify=True, overlap=False)
-    _assert_clean(assert_a_drafter_death_fails_over_to_ar(source, config, _verifier(0), _drafter(0)))
+    assert_a_drafter_death_fails_over_to_ar(source, config, local_verifier(0), local_drafter(0))
 
 
-def test_drafting_ahead_is_held_back_while_other_requests_decode_on_the_verifier() -> None:
+def test_drafting_ahead_is_held_back_while_other_requests_decode_on_thelocal_verifier() -> None:
     """Overlap and pre-verify spend work on guesses: with another request decoding on the same
     verifier (AHEAD_MAX_IN_FLIGHT = 1) neither runs, and the output is the same."""
     verifier = LocalVerifier(model_pool()[0].verifier)  # a verifier of its own: its own load
     source = [5, 6, 7, 8, 9, 10, 11, 12] * 3
     config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=40, overlap=True, preverify=True)
     with load_model(verifier).decoding():  # another request, decoding meanwhile
-        busy = decode(source, config, verifier, _drafter(0))
-    alone = decode(source, config, verifier, _drafter(0))
+        busy = decode(source, config, verifier, local_drafter(0))
+    alone = decode(source, config, verifier, local_drafter(0))
     assert busy.output_ids == alone.output_ids
     assert busy.stats.preverified == busy.stats.predrafts == 0
     assert alone.stats.preverified > 0 and alone.stats.predrafts > 0
