@@ -22,7 +22,9 @@ greedy, GAD k=10, IAD (k=32, as `specdec bench`) and beam 5, plus a `--waves` ro
 client count with batching on (a static batch: the next wave starts when its slowest sentence is
 done) and any `--extra-mode`. The first cell of each mode on each server is preceded by a few unmeasured
 requests (ONNX Runtime and the channels warm up). Mean batch rows come from the verifier's
-Prometheus endpoint (`*batch_rows` histograms) when it has one.
+Prometheus endpoint (`*batch_rows` histograms) when it has one, and "verifier busy" (the share of
+the cell's wall time its model worker spent in forwards) from its `*forward_seconds` histogram; the
+progress lines give the drafter's too.
 """
 
 from __future__ import annotations
@@ -101,10 +103,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def format_table(cells: list[Cell]) -> str:
     rows_col = any(c.report.mean_batch_rows for c in cells)
+    busy_col = any(_verifier_busy(c.report) is not None for c in cells)
     head = "| mode | batching | clients | requests/s | output tokens/s | p50 ms | p95 ms |"
     rule = "|---|---|---:|---:|---:|---:|---:|"
     if rows_col:
         head += " mean batch rows |"
+        rule += "---:|"
+    if busy_col:
+        head += " verifier busy |"
         rule += "---:|"
     head += " errors |"
     rule += "---:|"
@@ -118,6 +124,9 @@ def format_table(cells: list[Cell]) -> str:
         if rows_col:
             rows = _verifier_rows(r)
             line += f" {rows:.2f} |" if rows is not None else " - |"
+        if busy_col:
+            busy = _verifier_busy(r)
+            line += f" {100 * busy:.0f}% |" if busy is not None else " - |"
         errors = sum(r.errors.values())
         line += f" {errors} |" if not errors else f" {errors} ({', '.join(sorted(r.errors))}) |"
         lines.append(line)
@@ -267,7 +276,7 @@ def _run_interleaved(args, settings: list[Batching], modes: list[Mode], clients:
             config.write_text(_config_toml(batching, most, metrics, _extra_keys(args.set)))
             server, address = _start(args, config, Path(tmp) / f"serve-{batching.name}.log")
             stack.callback(_stop, server)
-            stacks.append((batching, address, [f"http://{metrics['verifier']}/metrics"]))
+            stacks.append((batching, address, [f"http://{metrics[s]}/metrics" for s in ("verifier", "drafter")]))
         cells = []
         for mode in modes:
             overrides = {**mode.overrides, "max_new_tokens": args.max_new_tokens}
@@ -287,6 +296,7 @@ def _run_interleaved(args, settings: list[Batching], modes: list[Mode], clients:
                           f"{report.requests_per_s:7.2f} requests/s {report.output_tokens_per_s:8.1f} tokens/s "
                           f"p50 {_ms((report.latency_ms or {}).get('p50')):>8} ms"
                           + (f" batch rows {rows:.2f}" if rows is not None else "")
+                          + _busy_text(report)
                           + (f" errors {report.errors}" if report.errors else ""), file=sys.stderr, flush=True)
     order = {b.name: i for i, b in enumerate(settings)}
     return sorted(cells, key=lambda c: order[c.batching])  # the table lists one setting after the other
@@ -343,6 +353,17 @@ def _free_port() -> int:
 def _verifier_rows(report: LoadReport) -> float | None:
     rows = [v for name, v in report.mean_batch_rows.items() if "verifier" in name]
     return rows[0] if rows else next(iter(report.mean_batch_rows.values()), None)
+
+
+def _busy_text(report: LoadReport) -> str:
+    """Each model worker's busy share and mean forward, for the progress line."""
+    return "".join(f" {name.split('_')[-3]} busy {100 * busy:.0f}% ({report.mean_forward_ms[name]:.1f} ms)"
+                   for name, busy in report.worker_busy.items())
+
+
+def _verifier_busy(report: LoadReport) -> float | None:
+    """The share of the cell's wall time the verifier's model worker spent in forwards."""
+    return next((v for name, v in report.worker_busy.items() if "verifier" in name), None)
 
 
 def _ms(value: float | None) -> str:

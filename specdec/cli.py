@@ -449,7 +449,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--client-id", help="send this x-client-id on every request (one client for the gateway's "
                    "fairness limit); default: one id per virtual client")
     p.add_argument("--metrics-url", action="append", help="a Prometheus endpoint (e.g. the verifier's "
-                   "http://HOST:PORT/metrics) whose *batch_rows histograms give the mean rows per forward; repeatable")
+                   "http://HOST:PORT/metrics) whose *batch_rows and *forward_seconds histograms give the mean rows per "
+                   "forward and the model worker's busy share; repeatable")
     p.add_argument("--json", action="store_true", help="print one JSON object (a sweep's runs under \"sweep\")")
     p.add_argument("--progress", action="store_true", help="show the progress line on stderr even when it is "
                    "not a terminal")

@@ -24,7 +24,9 @@ answer), latency and, for `GenerateStream`, time to the first message carrying t
 requests that succeeded; failures by gRPC status code. The mean rows per batched forward come from
 the servers: a `DecodingStats` field named `*batch_rows` when the gateway's wire has one, and the
 `*batch_rows` histograms of any Prometheus endpoint given in `metrics_urls` (sum and count read
-before and after the run).
+before and after the run). The same endpoints' `*forward_seconds` histograms give each model
+worker's busy share of the run's wall time and its mean forward: which side of a stack is the
+bottleneck (a worker near 100% busy is; one well below it waits on the others).
 
 Libraries: grpc.aio with one channel (or a few, `channels`) and one asyncio task per request in
 flight, no threads. Percentiles come from numpy (`numpy.percentile`, linear interpolation), which
@@ -140,6 +142,10 @@ class LoadReport:
     latency_ms: dict[str, float] | None
     ttft_ms: dict[str, float] | None
     mean_batch_rows: dict[str, float] = field(default_factory=dict)
+    # Per `*forward_seconds` histogram: the share of the wall time its worker spent in forwards,
+    # and the mean forward in ms.
+    worker_busy: dict[str, float] = field(default_factory=dict)
+    mean_forward_ms: dict[str, float] = field(default_factory=dict)
     # With LoadSpec.record: request index i (input i % len(inputs)) -> its output ids, successful requests only.
     outputs: dict[int, list[int]] = field(default_factory=dict)
 
@@ -170,6 +176,8 @@ class LoadReport:
             "latency_ms": self.latency_ms,
             "ttft_ms": self.ttft_ms,
             "mean_batch_rows": self.mean_batch_rows,
+            "worker_busy": self.worker_busy,
+            "mean_forward_ms": self.mean_forward_ms,
             **recorded,
         }
 
@@ -211,7 +219,7 @@ async def run_load_async(spec: LoadSpec, progress: TextIO | None = None) -> Load
                 await asyncio.gather(ticker, return_exceptions=True)
                 _print_progress(tally, progress, final=True)
         after = _scrape_all(spec.metrics_urls)
-    return _report(spec, tally, _batch_rows_delta(before, after))
+    return _report(spec, tally, before, after)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -235,6 +243,9 @@ def format_report(report: LoadReport) -> str:
         lines.append(f"  first token ms     {_percentiles_line(report.ttft_ms)}")
     for name, rows in report.mean_batch_rows.items():
         lines.append(f"  mean batch rows    {rows:.2f}  ({name})")
+    for name, busy in report.worker_busy.items():
+        forward_ms = report.mean_forward_ms[name]
+        lines.append(f"  worker busy        {100 * busy:.0f}%  (mean forward {forward_ms:.2f} ms; {name})")
     if report.errors:
         lines.append("  errors             " + ", ".join(f"{code} {n}" for code, n in sorted(report.errors.items())))
     else:
@@ -442,7 +453,8 @@ class _Client:
 # ----------------------------------------------------------------------------------------------
 
 
-def _report(spec: LoadSpec, tally: _Tally, server_rows: dict[str, float]) -> LoadReport:
+def _report(spec: LoadSpec, tally: _Tally, before: dict[str, tuple[float, float]],
+            after: dict[str, tuple[float, float]]) -> LoadReport:
     ok = [o for o in tally.outcomes if o.code == "OK"]
     errors = Counter(o.code for o in tally.outcomes if o.code != "OK")
     ttfts = [o.ttft_s for o in ok if o.ttft_s is not None]
@@ -451,7 +463,9 @@ def _report(spec: LoadSpec, tally: _Tally, server_rows: dict[str, float]) -> Loa
         values = [o.batch_rows[name] for o in ok if name in o.batch_rows and o.batch_rows[name] > 0]
         if values:  # 0: the gateway did not fill it in
             rows[f"gateway {name}"] = float(np.mean(values))
-    rows.update(server_rows)
+    rows.update(_batch_rows_delta(before, after))
+    wall_s = max(tally.t1 - tally.t0, 0.0)
+    busy, forward_ms = _busy_delta(before, after, wall_s)
     return LoadReport(
         address=spec.address,
         rpc="GenerateStream" if spec.stream else "Generate",
@@ -462,11 +476,13 @@ def _report(spec: LoadSpec, tally: _Tally, server_rows: dict[str, float]) -> Loa
         requests=len(tally.outcomes),
         ok=len(ok),
         errors=dict(sorted(errors.items())),
-        wall_s=max(tally.t1 - tally.t0, 0.0),
+        wall_s=wall_s,
         output_tokens=sum(o.output_tokens for o in ok),
         latency_ms=_percentiles([o.latency_s for o in ok]),
         ttft_ms=_percentiles(ttfts) if spec.stream else None,
         mean_batch_rows=rows,
+        worker_busy=busy,
+        mean_forward_ms=forward_ms,
         outputs=dict(sorted(tally.outputs.items())),
     )
 
@@ -505,12 +521,13 @@ def _print_progress(tally: _Tally, stream: TextIO, final: bool) -> None:
     stream.flush()
 
 
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*batch_rows)_(sum|count)(?:\{[^}]*\})?\s+(\S+)")
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*(?:batch_rows|forward_seconds))_(sum|count)(?:\{[^}]*\})?\s+(\S+)")
 
 
 def _scrape_all(urls: Sequence[str]) -> dict[str, tuple[float, float]]:
-    """(sum, count) of every `*batch_rows` histogram at the given Prometheus endpoints, summed over
-    label sets, keyed by the family's name; an unreachable endpoint is reported on stderr and skipped."""
+    """(sum, count) of every `*batch_rows` and `*forward_seconds` histogram at the given Prometheus
+    endpoints, summed over label sets, keyed by the family's name; an unreachable endpoint is
+    reported on stderr and skipped."""
     found: dict[str, tuple[float, float]] = {}
     for url in urls:
         try:
@@ -533,9 +550,22 @@ def _batch_rows_delta(before: dict[str, tuple[float, float]], after: dict[str, t
     out = {}
     for name, (s, c) in after.items():
         s0, c0 = before.get(name, (0.0, 0.0))
-        if c > c0:
+        if c > c0 and name.endswith("batch_rows"):
             out[name] = (s - s0) / (c - c0)
     return out
+
+
+def _busy_delta(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], wall_s: float
+                ) -> tuple[dict[str, float], dict[str, float]]:
+    """Per `*forward_seconds` histogram with forwards during the run: (its share of `wall_s`,
+    its mean forward in ms)."""
+    busy, mean_ms = {}, {}
+    for name, (s, c) in after.items():
+        s0, c0 = before.get(name, (0.0, 0.0))
+        if c > c0 and name.endswith("forward_seconds") and wall_s > 0:
+            busy[name] = (s - s0) / wall_s
+            mean_ms[name] = 1e3 * (s - s0) / (c - c0)
+    return busy, mean_ms
 
 
 def progress_stream(wanted: bool, stream: TextIO = sys.stderr) -> TextIO | None:
