@@ -1,7 +1,8 @@
 """Where GAD's blocks end on UA-GEC: how often a block is accepted in full, where the others are cut,
 and whether the drafter could have guessed the verifier's token there. It bounds what overlapped
 drafting can hit (gateway.policies.overlap): a pre-draft is used only when its block is accepted in
-full and the drafter's guess of the verifier's next token is right.
+full and the drafter's guess of the verifier's next token is right. A second table gives how a
+block ends by how the block before it ended: cuts come in runs, which is where pre-verify pays.
 
     python bench/bench_gad_verdicts.py                 # prints the tables
     python bench/bench_gad_verdicts.py --write         # also replaces its section of BENCHMARKS.md
@@ -47,13 +48,18 @@ def main(argv: list[str] | None = None) -> int:
     verifier, drafter = bundle.verifier.eval(), bundle.nar_drafter.eval()
     texts = ua_gec_texts(args.sentences, args.data_dir)
     counts: Counter[tuple[str, int]] = Counter()
+    follows: Counter[tuple[str, str]] = Counter()  # (the block before's group, this block's group)
     blocks = 0
     for text in texts:
         src = torch.tensor([[*bundle.tokenizer.encode(text), verifier.config.eos_id]])
+        before = "start"
         for verdict in _verdicts(verifier, drafter, src, args.k, args.max_new_tokens):
             blocks += 1
             counts[verdict] += 1
-    table = _table(counts, blocks, args.k) + "\n\n" + _bound(counts, blocks)
+            follows[(before, _group(verdict[0]))] += 1
+            before = _group(verdict[0])
+    table = (_table(counts, blocks, args.k) + "\n\n" + _bound(counts, blocks) + "\n\n"
+             + _follows_table(follows, args.k))
     print(table)
     if args.write:
         note = (f"Bundle: {Path(args.bundle).name}; the first {len(texts)} UA-GEC test sentences, GAD k={args.k}, "
@@ -140,6 +146,25 @@ def _bound(counts: Counter[tuple[str, int]], blocks: int) -> str:
             f"first token, {100 * far / blocks:.0f}% with the verifier's token outside the drafter's top {RANKS}; a "
             f"second pre-draft, on a cut at the first token with the drafter's runner-up there, would add "
             f"{100 * second / blocks:.1f}% of blocks, for a second drafter row every time.")
+
+
+def _group(kind: str) -> str:
+    return "full" if kind == "full" else "cut 0" if kind == "cut 0" else "cut later"
+
+
+def _follows_table(follows: Counter[tuple[str, str]], k: int) -> str:
+    """How the next block ends, by how the block before it ended (the first block: after "start").
+    Cuts come in runs, which is why pre-verify runs only after a cut block (gateway.policies.loop)."""
+    names = {"start": "none (a sentence's first block)", "full": "accepted in full",
+             "cut 0": f"cut after 0 of {k}", "cut later": f"cut after 1 to {k - 1} of {k}"}
+    lines = ["| block before | blocks | next accepted in full | next cut after 0 | next cut later |",
+             "|---|---:|---:|---:|---:|"]
+    for before, label in names.items():
+        total = sum(n for (b, _), n in follows.items() if b == before)
+        if total:
+            cells = " | ".join(f"{100 * follows[(before, g)] / total:.0f}%" for g in ("full", "cut 0", "cut later"))
+            lines.append(f"| {label} | {total} | {cells} |")
+    return "What follows a block:\n\n" + "\n".join(lines)
 
 
 def _row(label: str, by_rank: list[int], blocks: int) -> str:

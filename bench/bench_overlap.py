@@ -78,16 +78,16 @@ def main(argv: list[str] | None = None) -> int:
         stamp = machine_stamp(f"backend {args.backend}")
         note = (f"Bundle: {Path(args.bundle).name}; the first {len(texts)} UA-GEC test sentences through "
                 "the services (TCP loopback; the layouts below), one Generate in flight, max_new_tokens "
-                f"{args.max_new_tokens}; "
-                f"best of {args.rounds} interleaved rounds, plain, overlap, pre-verify and both in each. Overlap: the "
-                "next block drafted while the verifier verifies this one; hit rate: pre-drafted blocks used / "
-                "started. Pre-verify: the verifier's plain AR step for a block's first position runs while the "
-                "drafter drafts the block; a block whose first token fails there is never verified (cut at the "
-                "first token: their share). Both: overlap and pre-verify at once. GAD's outputs are identical by"
-                " construction (asserted). Drafter and verifier ms / iteration: the gateway's stats of the plain"
-                " run, round trips included. Ceiling: what overlap would give at its hit rate if it cost "
-                "nothing, each used pre-draft taking one drafter call off the critical path: off / (off - used "
-                "pre-drafts x drafter ms / iteration).")
+                f"{args.max_new_tokens}; best of {args.rounds} interleaved rounds, plain, overlap, pre-verify and "
+                "both in each. Overlap: the next block drafted while the verifier verifies this one; hit rate: "
+                "pre-drafted blocks used / started. Pre-verify: after a cut block, the verifier's plain AR step "
+                "for the next block's first position runs while the drafter drafts that block; a block whose "
+                "first token fails there is never verified (pre-verified blocks cut at the first token: their "
+                "share). Both: overlap and pre-verify at once. GAD's outputs are identical by construction "
+                "(asserted). Drafter and verifier ms / iteration: the gateway's stats of the plain run, round "
+                "trips included. Ceiling: what overlap would give at its hit rate if it cost nothing, each used "
+                "pre-draft taking one drafter call off the critical path: off / (off - used pre-drafts x drafter "
+                "ms / iteration).")
         write_section(args.output, SECTION, f"{stamp}\n\n{note}\n\n{table}")
     return 0
 
@@ -182,7 +182,7 @@ def _measure(address: str, texts: list[str], args) -> list[dict]:
 def _table(rows: list[dict]) -> str:
     lines = ["| mode | iterations / sentence | off ms / sentence | overlap ms / sentence | overlap speed-up | "
              "pre-draft hit rate | ceiling at this hit rate | pre-verify ms / sentence | pre-verify speed-up | "
-             "blocks cut at the first token | both ms / sentence | both speed-up | identical outputs | "
+             "pre-verified blocks cut at the first token | both ms / sentence | both speed-up | identical outputs | "
              "drafter ms / iteration | verifier ms / iteration |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:

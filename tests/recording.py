@@ -172,9 +172,10 @@ def assert_a_drafter_death_fails_over_to_ar(source: list[int], config: DecodingC
 
 
 class StepsVerifier:
-    """The real verifier, keeping the draft length of every step of its sessions (`lengths`). With
-    `fails`, a step fails (a verifier outage mid-request) when `fails(lengths)` says so once its own
-    length is in, after `before_failing()`."""
+    """The real verifier, keeping the draft length of every step of its sessions (`lengths`) and,
+    of every step answered, its draft and the verifier's top-1 tokens (`steps`). With `fails`, a
+    step fails (a verifier outage mid-request) when `fails(lengths)` says so once its own length is
+    in, after `before_failing()`."""
 
     def __init__(
         self, inner, fails: Callable[[list[int]], bool] | None = None, before_failing: Callable[[], None] = lambda: None
@@ -183,6 +184,7 @@ class StepsVerifier:
         self.fails = fails
         self.before_failing = before_failing
         self.lengths: list[int] = []
+        self.steps: list[tuple[list[int], list[int]]] = []
         for name in ("vocab_size", "bos_id", "eos_id", "max_source_len", "max_target_len"):
             setattr(self, name, getattr(inner, name))
 
@@ -196,7 +198,9 @@ class StepsVerifier:
                 if outer.fails is not None and outer.fails(outer.lengths):
                     outer.before_failing()
                     raise RuntimeError("verifier went away")
-                return session.step(committed_len, append_ids, draft_ids, top_k)
+                result = session.step(committed_len, append_ids, draft_ids, top_k)
+                outer.steps.append((list(draft_ids), list(result.top1)))
+                return result
 
             def close(self) -> None:
                 session.close()

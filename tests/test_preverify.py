@@ -1,8 +1,9 @@
 """Pre-verify in-process (gateway.policies.preverify), on the tiny float64 models.
 
 With pre-verify the loop equals the plain loop token for token, step for step, for GAD and GAD++
-(with the same drafter calls, made on the pool's threads), and for GAD the greedy output; a block
-cut at its first token is never sent to the verifier; modes without a rule at one position, and
+(with the same drafter calls, made on the pool's threads), and for GAD the greedy output; it
+pre-verifies exactly the iterations after a cut block; a block cut at its first token is never
+sent to the verifier; modes without a rule at one position, and
 adaptive requests, never pre-verify; the drafter session never has two calls at once and none when
 it closes, whether the decode ends, the verifier fails during the drafter's call, or the drafter
 dies (which reaches the caller as the plain loop's `DrafterFailure`, and AR from the committed
@@ -42,15 +43,33 @@ def _pair(
 ) -> tuple[DecodeResult, DecodeResult, Record, Record, list[int]]:
     """The plain loop's and the pre-verified loop's (with `overlap` too, if asked) results, each
     one's drafter record, and the draft lengths of the pre-verified loop's verifier steps."""
-    runs, records = [], []
-    counting = StepsVerifier(local_verifier(trio))
+    plain, pre, plain_record, record, _, counting = _pair_steps(trio, source, overlap, **params)
+    return plain, pre, plain_record, record, counting.lengths
+
+
+def _pair_steps(
+    trio: int, source: list[int], overlap: bool = False, **params
+) -> tuple[DecodeResult, DecodeResult, Record, Record, StepsVerifier, StepsVerifier]:
+    """`_pair`, with both loops' verifiers, which kept every step."""
+    runs, records, verifiers = [], [], []
     for preverify in (False, True):
         recording = RecordingDrafter(local_drafter(trio))
-        verifier = counting if preverify else local_verifier(trio)
+        verifiers.append(StepsVerifier(local_verifier(trio)))
         config = DecodingConfig(preverify=preverify, overlap=overlap and preverify, **params)
-        runs.append(decode(source, config, verifier, recording))
+        runs.append(decode(source, config, verifiers[-1], recording))
         records.extend(recording.records)
-    return runs[0], runs[1], records[0], records[1], counting.lengths
+    return runs[0], runs[1], records[0], records[1], verifiers[0], verifiers[1]
+
+
+def _cut_blocks(steps: list[tuple[list[int], list[int]]]) -> list[bool]:
+    """For each GAD block of a plain loop's verifier steps: whether it was cut short of its length."""
+    cut = []
+    for draft, top1 in steps:
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == top1[accepted]:
+            accepted += 1
+        cut.append(accepted < len(draft))
+    return cut
 
 
 def _arguments(record: Record) -> list[tuple]:
@@ -60,17 +79,21 @@ def _arguments(record: Record) -> list[tuple]:
 @PROPERTY
 @given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1), params=block_mode_configs())
 def test_preverified_loop_equals_the_plain_loop(trio, source, max_new, params):
-    plain, pre, plain_record, record, blocks = _pair(trio, source, max_new_tokens=max_new, **params)
+    plain, pre, plain_record, record, plain_steps, steps = _pair_steps(trio, source, max_new_tokens=max_new, **params)
     assert_same_decode(plain, pre)
     record.assert_clean()
     s = pre.stats
     assert 0 <= s.preverify_cuts <= s.preverified <= s.iterations
     # The same drafter calls, with the same arguments: the blocks drafted are the plain loop's.
     assert _arguments(record) == _arguments(plain_record)
-    # One plain AR step per pre-verified iteration, and a block verified only when its first token passed.
-    assert blocks.count(0) == s.iterations  # the iterations not pre-verified had no room for a draft
-    assert len(blocks) - blocks.count(0) == s.preverified - s.preverify_cuts
-    if params["mode"] == Mode.GAD:  # lossless: the verifier's greedy output
+    # A verifier step per iteration but those cut at pre-verify, plus one plain AR step per pre-verified one.
+    assert len(steps.lengths) == s.iterations - s.preverify_cuts + s.preverified
+    if params["mode"] == Mode.GAD:
+        # Pre-verified: exactly the iterations after a cut block (the plain loop's, step for step).
+        cut = _cut_blocks(plain_steps.steps)
+        after_cut = zip(cut[:-1], plain_steps.steps[1:], strict=True)
+        assert s.preverified == sum(after and bool(draft) for after, (draft, _) in after_cut)
+        # Lossless: the verifier's greedy output.
         greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=max_new), local_verifier(trio), None)
         assert pre.output_ids == greedy.output_ids
 
@@ -160,12 +183,12 @@ def test_a_drafter_that_dies_during_a_pre_verified_draft_fails_like_a_plain_draf
 def test_drafting_ahead_is_held_back_while_other_requests_decode_on_thelocal_verifier() -> None:
     """Overlap and pre-verify spend work on guesses: with another request decoding on the same
     verifier (AHEAD_MAX_IN_FLIGHT = 1) neither runs, and the output is the same."""
-    verifier = LocalVerifier(model_pool()[0].verifier)  # a verifier of its own: its own load
-    source = [5, 6, 7, 8, 9, 10, 11, 12] * 3
+    verifier = LocalVerifier(model_pool()[3].verifier)  # a verifier of its own: its own load
+    source = random_source(torch.Generator().manual_seed(7), 24)  # the worst-matched trio: blocks are cut
     config = DecodingConfig(mode=Mode.GAD, k=3, max_new_tokens=40, overlap=True, preverify=True)
     with load_model(verifier).decoding():  # another request, decoding meanwhile
-        busy = decode(source, config, verifier, local_drafter(0))
-    alone = decode(source, config, verifier, local_drafter(0))
+        busy = decode(source, config, verifier, local_drafter(3))
+    alone = decode(source, config, verifier, local_drafter(3))
     assert busy.output_ids == alone.output_ids
     assert busy.stats.preverified == busy.stats.predrafts == 0
     assert alone.stats.preverified > 0 and alone.stats.predrafts > 0

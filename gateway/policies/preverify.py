@@ -2,15 +2,23 @@
 
 In the spirit of PEARL's pre-verify. Half of GAD's blocks on UA-GEC are cut at their first token
 (BENCHMARKS.md, "GAD verdicts"): the verifier scores k+1 positions to keep one token of its own.
-With pre-verify, each iteration sends the drafter its call and, at the same time, the verifier a
-plain AR step after the output so far, whose top-1 is the verifier's token at the block's first
-position. When the draft comes back:
+With pre-verify, an iteration that follows a cut block sends the drafter its call and, at the same
+time, the verifier a plain AR step after the output so far, whose top-1 is the verifier's token at
+the block's first position. When the draft comes back:
 
 - its first token fails the mode's rule at that position (`FirstPasses`): the block would have
   been cut there and the verifier's token is already known. It is committed and the block is never
   verified: the iteration cost the longer of the two calls instead of both one after the other,
   and a one-token verifier step instead of a block of k+1;
 - it passes: the block is verified as without pre-verify (the AR step was spent).
+
+Only after a cut block (the loop decides, `gateway.policies.loop`): cuts come in runs. On UA-GEC,
+GAD k=10's block after one cut at its first token is cut there too 96% of the time, after one
+accepted in full 2%, and a sentence's first block 1% (BENCHMARKS.md, "GAD verdicts"). A block whose
+first token passes pays for the AR step on top of its verify, and on a CPU that step costs over
+half an 11-token verify (a batch-1 step reads every weight once either way), so pre-verifying
+every block gained GAD k=10 at most 1.09x; after cut blocks only, 1.10x on two shared cores and
+1.23x with verifier and drafter on a core each (BENCHMARKS.md, "Overlapped drafting").
 
 The blocks drafted, and which of their tokens are kept, are those of the plain loop, so the output
 is the plain loop's, token for token (the first token of a cut block comes from the same verifier's
@@ -20,13 +28,14 @@ position can rescue): `ModeSpec.preverify`.
 
 It pays when the drafter and the verifier work at the same time and the request is alone on its
 verifier (the loop holds it back otherwise: gateway.decode.AHEAD_MAX_IN_FLIGHT); under load the
-second verifier call of a block whose first token passes costs a turn of the batch. Alone, on two
-shared cores, it gained little; with overlap, GAD k=10 ran 1.10-1.19x (BENCHMARKS.md, "Overlapped
-drafting"). Not with adaptive speculation, which picks a block length before drafting.
+second verifier call of a block whose first token passes costs a turn of the batch. With overlap,
+GAD k=10 ran 1.25x on two shared cores and 1.32x on a core each. Not with adaptive speculation,
+which picks a block length before drafting.
 
 With overlapped drafting (`gateway.policies.overlap`) as well, each covers the other's case: a block
 drafted ahead that is known to hold (the block before accepted in full, the verifier's token
-guessed right) is verified at once, with no AR step beside it; any other iteration is pre-verified.
+guessed right) is verified at once, with no AR step beside it; any other iteration after a cut
+block is pre-verified.
 """
 
 from __future__ import annotations
