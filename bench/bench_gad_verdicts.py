@@ -8,7 +8,8 @@ block ends by how the block before it ended: cuts come in runs, which is where p
     python bench/bench_gad_verdicts.py --write         # also replaces its section of BENCHMARKS.md
 
 In-process on eager torch (the bundle's verifier and NAR drafter, float32): each sentence's greedy
-output (which GAD's equals), then GAD k's blocks over it, as the gateway's loop would draft them.
+output (which GAD's equals), then GAD k's blocks over it, each drafted after the whole output (as
+before realigned drafts, gateway.policies.drafter_sync: these tables are what showed the need).
 For each block that is not the last (the last ends at EOS or the length limit, and nothing is
 pre-drafted after it): the accepted length j, and the rank of the verifier's token at j among the
 drafter's scores there (rank 0: the drafter's own choice; for a block accepted in full, the
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.write:
         note = (f"Bundle: {Path(args.bundle).name}; the first {len(texts)} UA-GEC test sentences, GAD k={args.k}, "
-                f"max_new_tokens {args.max_new_tokens}, in process (eager torch, float32). Blocks: every block but "
+                f"max_new_tokens {args.max_new_tokens}, in process (eager torch, float32), every block drafted "
+                "after the whole output (no realigned drafts). Blocks: every block but "
                 "a sentence's last. Rank: of the verifier's token among the drafter's scores at the position "
                 "where the block was cut (0: the drafter's own choice; for a block accepted in full, the "
                 "pre-draft's guess of the token after it).")

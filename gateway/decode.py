@@ -86,9 +86,9 @@ def _decode(
         overlap: OverlappedSync | None = None
         preverify = _preverify(config, spec)
         if drafter_session is not None and config.overlap and spec.overlap:
-            sync = overlap = OverlappedSync(drafter_session, stats, verifier.eos_id)
+            sync = overlap = OverlappedSync(drafter_session, stats, verifier.eos_id, realign=spec.realign)
         elif drafter_session is not None:
-            sync = DrafterSync(drafter_session)
+            sync = DrafterSync(drafter_session, spec.realign)
         propose, accept = spec.build(PolicyInputs(config, source_ids, verifier, sync, rng))
         top_k = spec.top_k(config, verifier.vocab_size)
         if spec.greedy and getattr(session, "max_greedy_steps", 1) > 1:
@@ -96,7 +96,7 @@ def _decode(
             return DecodeResult(out, stats)
         out = draft_verify_loop(
             session, propose, accept, top_k, config.max_new_tokens, verifier.eos_id, stats, on_tokens, prefix,
-            overlap, preverify, partial(_alone, load),
+            overlap, preverify, partial(_alone, load), None if sync is None else sync.observe,
         )
         return DecodeResult(out, stats)
     finally:
@@ -106,7 +106,7 @@ def _decode(
 
 
 # Drafting ahead (overlap, pre-verify) spends drafter and verifier work on guesses to cut one
-# request's latency. Through the services, GAD k=10 with both ran 1.25-1.32x with one request in flight
+# request's latency. Through the services, GAD k=10 with both ran 1.14-1.17x with one request in flight
 # (BENCHMARKS.md, "Overlapped drafting"), but 0.93x with four clients (README, "Against CTranslate2,
 # overlap, ..."): it runs only while no more than this many requests decode on the verifier, and
 # the loop asks again every iteration.

@@ -8,8 +8,10 @@ both unique and ambiguous n-grams.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from core.multirow import has_rows
 from drafter_service.session import LocalDrafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
+from gateway.modes import MODES
 from gateway.policies.loop import DecodeResult, DecodeStats
 from tests.zoo import MAX_LEN, VOCAB, model_pool, random_source
 from tests.zoo import sources as zoo_sources
@@ -113,11 +116,15 @@ def test_gad_equals_greedy(trio, source, max_new, k):
     ),
 )
 def test_gad_plus_plus_with_beta_1_or_tau_0_equals_gad(trio, source, max_new, k, beta_tau):
+    """Step for step against GAD's rule on the same drafts: GAD with its drafts unshifted (GAD++ does
+    not realign them, gateway.policies.drafter_sync), and GAD as it runs gives the same output."""
     beta, tau = beta_tau
     gad = _run(trio, source, mode=Mode.GAD, max_new_tokens=max_new, k=k)
+    with patch.dict(MODES, {Mode.GAD: dataclasses.replace(MODES[Mode.GAD], realign=False)}):
+        unshifted = _run(trio, source, mode=Mode.GAD, max_new_tokens=max_new, k=k)
     gadpp = _run(trio, source, mode=Mode.GAD_PLUS_PLUS, max_new_tokens=max_new, k=k, beta=beta, tau=tau)
-    assert gadpp.output_ids == gad.output_ids
-    assert gadpp.stats.iterations == gad.stats.iterations
+    assert gadpp.output_ids == unshifted.output_ids == gad.output_ids
+    assert gadpp.stats.iterations == unshifted.stats.iterations
 
 
 @PROPERTY

@@ -18,4 +18,4 @@ def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:
 
 
 SPEC = ModeSpec(Mode.GAD, wire="MODE_GAD", lossless=True, drafter=DrafterMethod.BLOCK, build=build, overlap=True,
-                preverify=lambda config: first_exact)
+                preverify=lambda config: first_exact, realign=True)

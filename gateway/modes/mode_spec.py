@@ -76,6 +76,10 @@ class ModeSpec:
     # Pre-verify may check a block's first position during its drafting (gateway.policies.preverify):
     # for a block-drafting mode whose accept rule decides each position alone, that rule at one.
     preverify: FirstRule | None = None
+    # Block drafts may come after the output less its last token (gateway.policies.drafter_sync,
+    # `realign`): only where any draft gives the same output (a lossless mode); other modes' outputs
+    # depend on their drafts.
+    realign: bool = False
     # Every step is a plain AR step (an empty draft, exact accept): a verifier session that runs
     # several per call (core.interfaces.GreedySession) may take them a run at a time.
     greedy: bool = False

@@ -145,6 +145,7 @@ def draft_verify_loop(
     overlap: Overlap | None = None,
     preverify: PreVerifyStep | None = None,
     ahead: Callable[[], bool] | None = None,
+    on_verdict: Callable[[int, int], None] | None = None,
 ) -> list[int]:
     """Decode until EOS or max_new_tokens. A `prefix` is output already committed (it is sent to
     the verifier with the first step and counts towards max_new_tokens; `on_tokens` does not see it).
@@ -152,7 +153,8 @@ def draft_verify_loop(
     loop ends, it waits for that drafting before it returns (the caller closes the sessions next).
     With `preverify`, after a block that was cut the verifier checks the next block's first position
     while the drafter drafts it, and a block cut there is never verified. `ahead()`, asked every
-    iteration, may hold both back (the load is too high for work spent on guesses); None: always on."""
+    iteration, may hold both back (the load is too high for work spent on guesses); None: always on.
+    `on_verdict(drafted, accepted)` hears every block's verdict, pre-verify's cuts included."""
     try:
         out: list[int] = list(prefix or [])
         sync = PrefixSync()
@@ -176,6 +178,8 @@ def draft_verify_loop(
                     stats.iterations += 1
                     stats.record_accepts(len(ids), 0)
                     stats.preverify_cuts += 1
+                    if on_verdict is not None:
+                        on_verdict(len(ids), 0)
                     if commit([first.top1[0]], out, eos_id, max_new_tokens, stats, on_tokens):
                         return out
                     continue
@@ -206,6 +210,8 @@ def draft_verify_loop(
             after_cut = accepted < len(ids)
             stats.iterations += 1
             stats.record_accepts(len(ids), accepted)
+            if on_verdict is not None:
+                on_verdict(len(ids), accepted)
             if commit([*ids[:accepted], token], out, eos_id, max_new_tokens, stats, on_tokens):
                 return out
     finally:

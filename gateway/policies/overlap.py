@@ -69,8 +69,9 @@ class OverlappedSync(DrafterSync):
         stats: DecodeStats,
         eos_id: int,
         executor: ThreadPoolExecutor | None = None,
+        realign: bool = False,
     ) -> None:
-        super().__init__(session)
+        super().__init__(session, realign)
         self.stats = stats
         self.eos_id = eos_id
         self.executor = executor or predraft_executor()
@@ -101,7 +102,7 @@ class OverlappedSync(DrafterSync):
         size = min(asked, room)
         if size <= 0 or self.eos_id in draft_ids:
             return  # the guessed block ends the output: nothing to draft after it
-        pending = _Predraft(self, kind, [*output, *draft_ids], size)
+        pending = _Predraft(self, kind, [*output, *draft_ids], size, self.shift)
         pending.future = self.executor.submit(pending.work)
         self._pending = pending
         self.stats.predrafts += 1
@@ -126,11 +127,14 @@ class OverlappedSync(DrafterSync):
 class _Predraft:
     """One pre-draft: the guess, then the draft after it, on a pool thread."""
 
-    def __init__(self, owner: OverlappedSync, kind: DraftKind, base: list[int], size: int) -> None:
+    def __init__(self, owner: OverlappedSync, kind: DraftKind, base: list[int], size: int, shift: int) -> None:
         self.owner = owner
         self.kind = kind
         self.base = base  # output + the draft sent for verification
         self.size = size  # the room the pre-draft asks for
+        # The sync's shift when the block went to the verifier: a full acceptance leaves it as it
+        # is, and any other verdict discards the pre-draft (the loop may flip it meanwhile).
+        self.shift = shift
         self.future: Future[Draft | None] | None = None
         self.guess: int | None = None
         self._guessed = threading.Event()  # set once `guess` is final (None: no pre-draft)
@@ -139,14 +143,14 @@ class _Predraft:
 
     def work(self) -> Draft | None:
         try:
-            guess = self.owner.call(self.kind, self.base, 1).ids
+            guess = self.owner.call(self.kind, self.base, 1, self.shift).ids
             with self._lock:
                 if self._abandoned or not guess or guess[0] == self.owner.eos_id:
                     return None  # the guess ends the output, or the verdict came first and missed
                 self.guess = guess[0]
         finally:
             self._guessed.set()
-        return self.owner.call(self.kind, [*self.base, self.guess], self.size)
+        return self.owner.call(self.kind, [*self.base, self.guess], self.size, self.shift)
 
     def guessed(self) -> bool:
         """The guess is final (`guess`; None when nothing is drafted after it)."""

@@ -1,0 +1,88 @@
+"""GAD with realigned block drafts against GAD with every block drafted after the whole output.
+
+    python bench/bench_realign.py                  # prints the table
+    python bench/bench_realign.py --write          # also replaces its section of BENCHMARKS.md
+
+In process, the shipped bundle's verifier on the default backend and its NAR drafter (the library's
+`decode`, as `specdec bench` runs it), GAD k=10 on the first `--sentences` UA-GEC test sentences,
+one sentence at a time; the two variants interleaved per round, best of `--rounds`. "Unshifted" is
+GAD's mode spec with `realign` off (gateway.policies.drafter_sync: after a block cut at its first
+token, the next blocks are drafted after the output less its last token). Both give the verifier's
+greedy output (asserted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from unittest.mock import patch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from core.backends import DEFAULT_BACKEND
+from drafter_service.session import LocalDrafter
+from gateway.decode import decode
+from gateway.decoding_config import DecodingConfig, Mode
+from gateway.modes import MODES
+from seq2seq_models.bundle import load_bundle
+from specdec.bench_report import machine_stamp, write_section
+from specdec.loadtest import ua_gec_texts
+from verifier_service.session import make_verifier
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTION = "## Realigned drafts (GAD)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bundle", default=str(ROOT / "bundles" / "ua-gec"))
+    p.add_argument("--data-dir", help="prepared data dir whose test.text.jsonl to use (default: ua-gec)")
+    p.add_argument("--sentences", type=int, default=300)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--write", action="store_true")
+    p.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
+    args = p.parse_args(argv)
+    bundle = load_bundle(args.bundle)
+    verifier = make_verifier(bundle, DEFAULT_BACKEND)
+    drafter = LocalDrafter({"nar_drafter": bundle.nar_drafter, "ar_drafter": bundle.ar_drafter})
+    sources = [bundle.tokenizer.encode(t) for t in ua_gec_texts(args.sentences, args.data_dir)]
+    ar = DecodingConfig(mode=Mode.AR, max_new_tokens=args.max_new_tokens)
+    greedy = [decode(s, ar, verifier, None).output_ids for s in sources]
+    gad = DecodingConfig(mode=Mode.GAD, k=args.k, max_new_tokens=args.max_new_tokens, overlap=False, preverify=False)
+    unshifted = {Mode.GAD: dataclasses.replace(MODES[Mode.GAD], realign=False)}
+    best: dict[str, float] = {}
+    iterations: dict[str, int] = {}
+    for _ in range(args.rounds):
+        for name in ("realigned", "unshifted"):
+            with patch.dict(MODES, unshifted if name == "unshifted" else {}):
+                t0 = time.perf_counter()
+                results = [decode(s, gad, verifier, drafter) for s in sources]
+                best[name] = min(best.get(name, float("inf")), time.perf_counter() - t0)
+            if [r.output_ids for r in results] != greedy:
+                raise AssertionError(f"{name} GAD differs from greedy")
+            iterations[name] = sum(r.stats.iterations for r in results)
+    n = len(sources)
+    lines = ["| GAD k=10 drafts | iterations / sentence | ms / sentence | speed-up | identical to greedy |",
+             "|---|---:|---:|---:|---:|"]
+    for name in ("unshifted", "realigned"):
+        lines.append(f"| {name} | {iterations[name] / n:.2f} | {1000 * best[name] / n:.1f} | "
+                     f"{best['unshifted'] / best[name]:.2f}x | 100% |")
+    table = "\n".join(lines)
+    print(table)
+    if args.write:
+        note = (f"Bundle: {Path(args.bundle).name}; the first {n} UA-GEC test sentences, GAD k={args.k}, "
+                f"max_new_tokens {args.max_new_tokens}, in process (verifier backend {DEFAULT_BACKEND}, NAR "
+                f"drafter on torch), one sentence at a time; best of {args.rounds} interleaved rounds. Unshifted: "
+                "every block drafted after the whole output; realigned: after a block cut at its first token, "
+                "the next blocks drafted after the output less its last token, until the next such cut.")
+        write_section(args.output, SECTION, f"{machine_stamp()}\n\n{note}\n\n{table}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

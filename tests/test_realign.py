@@ -1,0 +1,139 @@
+"""Realigned block drafts (gateway.policies.drafter_sync, `realign`).
+
+After a block cut at its first token, GAD's next blocks are drafted after the output less its last
+token, until the next such cut flips it back; other drafts, and syncs without `realign`, never
+shift. On the tiny float64 models GAD stays the verifier's greedy output, with and without overlap
+and pre-verify; on the shipped bundle, whose NAR drafter runs one token ahead after the verifier
+inserts one, realigned GAD gives greedy's output in fewer iterations than unshifted drafts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from drafter_service.session import LocalDrafter
+from gateway.decode import decode
+from gateway.decoding_config import DecodingConfig, Mode
+from gateway.modes import MODES
+from gateway.policies.drafter_sync import BeamDraft, DrafterSync
+from seq2seq_models.bundle import load_bundle
+from specdec.cli import DEFAULT_BUNDLE_DIR
+from specdec.loadtest import ua_gec_texts
+from tests.recording import RecordingDrafter, local_drafter, local_verifier
+from tests.zoo import MAX_LEN, random_source
+from tests.zoo import sources as zoo_sources
+from verifier_service.session import LocalVerifier
+
+PROPERTY = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+OUTPUTS = [[9, 10, 11, *range(4, 4 + n)] for n in range(8)]  # the output at each call: one token more each
+
+
+def _drafted_after(realign: bool, verdicts: list[tuple[int, int]], kind=None) -> list[list[int]]:
+    """The output each drafter call drafted after, for drafts after OUTPUTS[0], OUTPUTS[1], ... with
+    the sync told `verdicts` in between (block drafts of 4 unless `kind`)."""
+    recording = RecordingDrafter(local_drafter(0))
+    sync = DrafterSync(recording.open([5, 6, 7, 8]), realign)
+    seen: list[int] = []
+    after = []
+    for i, verdict in enumerate([None, *verdicts]):
+        if verdict is not None:
+            sync.observe(*verdict)
+        if kind is None:
+            sync.block(OUTPUTS[i], room=8, k=4)
+        else:
+            sync.draft(kind, OUTPUTS[i], room=8)
+        call = recording.records[0].calls[-1]
+        seen = [*seen[: call.committed_len], *call.append_ids]
+        after.append(list(seen))
+    return after
+
+
+def test_a_block_cut_at_its_first_token_shifts_the_next_drafts_by_one_until_the_next_such_cut() -> None:
+    after = _drafted_after(True, [(4, 0), (4, 2), (4, 4), (4, 0), (4, 3)])
+    assert after == [
+        OUTPUTS[0],  # the first block: after the whole output
+        OUTPUTS[1][:-1],  # after a block cut at its first token: the output less its last token
+        OUTPUTS[2][:-1],  # after one that kept 2: still shifted
+        OUTPUTS[3][:-1],  # kept all: still shifted
+        OUTPUTS[4],  # cut at its first token again: after the whole output
+        OUTPUTS[5],
+    ]
+
+
+def test_without_realign_or_for_other_drafts_nothing_shifts() -> None:
+    cuts = [(4, 0), (4, 0), (4, 0)]
+    assert _drafted_after(False, cuts) == OUTPUTS[:4]
+    assert _drafted_after(True, [(0, 0)] * 3) == OUTPUTS[:4]  # a plain AR step (no draft) is no cut
+    assert _drafted_after(True, cuts, BeamDraft(gamma=3, num_beams=2)) == OUTPUTS[:4]
+
+
+@PROPERTY
+@given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1), k=st.integers(1, 16),
+       overlap=st.booleans(), preverify=st.booleans())
+def test_realigned_gad_is_the_verifier_greedy_output(trio, source, max_new, k, overlap, preverify):
+    config = DecodingConfig(mode=Mode.GAD, k=k, max_new_tokens=max_new, overlap=overlap, preverify=preverify)
+    gad = decode(source, config, local_verifier(trio), local_drafter(trio))
+    greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=max_new), local_verifier(trio), None)
+    assert gad.output_ids == greedy.output_ids
+
+
+def test_decode_shifts_the_drafts_after_cuts_on_the_worst_matched_trio() -> None:
+    """Through `decode`: every block is drafted after a prefix of the output, and some right after a
+    block cut at its first token come after the same prefix as that block (the output grew by the
+    verifier's one token, the draft is shifted by one); the outputs stay greedy's."""
+    gen = torch.Generator().manual_seed(3)
+    repeats = 0
+    for _ in range(6):
+        source = random_source(gen, 20)
+        recording = RecordingDrafter(local_drafter(3))
+        config = DecodingConfig(mode=Mode.GAD, k=4, max_new_tokens=40, overlap=False, preverify=False)
+        gad = decode(source, config, local_verifier(3), recording)
+        greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=40), local_verifier(3), None)
+        assert gad.output_ids == greedy.output_ids
+        seen: list[int] = []
+        lengths = []
+        for call in recording.records[0].calls:
+            seen = [*seen[: call.committed_len], *call.append_ids]
+            assert seen == gad.output_ids[: len(seen)]
+            lengths.append(len(seen))
+        # Unshifted, each block comes after a longer output than the one before.
+        repeats += sum(a == b for a, b in itertools.pairwise(lengths))
+    assert repeats > 0
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    bundle = load_bundle(DEFAULT_BUNDLE_DIR)
+    verifier = LocalVerifier(bundle.verifier)
+    drafter = LocalDrafter({"nar_drafter": bundle.nar_drafter, "ar_drafter": bundle.ar_drafter})
+    return bundle, verifier, drafter
+
+
+def test_on_the_shipped_bundle_realigned_gad_needs_fewer_iterations(shipped, monkeypatch):
+    """UA-GEC sentences whose correction inserts tokens: realigned GAD is greedy's output in fewer
+    verifier iterations than GAD with every block drafted after the whole output."""
+    bundle, verifier, drafter = shipped
+    config = DecodingConfig(mode=Mode.GAD, k=10, max_new_tokens=200, overlap=False, preverify=False)
+    ar = DecodingConfig(mode=Mode.AR, max_new_tokens=200)
+    sources, greedy = [], []
+    for text in ua_gec_texts(40):  # those whose correction is longer than the input: it inserted tokens
+        ids = bundle.tokenizer.encode(text)
+        out = decode(ids, ar, verifier, None).output_ids
+        if len(out) > len(ids) and len(sources) < 5:
+            sources.append(ids)
+            greedy.append(out)
+    assert len(sources) == 5
+    realigned = [decode(s, config, verifier, drafter) for s in sources]
+    monkeypatch.setitem(MODES, Mode.GAD, dataclasses.replace(MODES[Mode.GAD], realign=False))
+    unshifted = [decode(s, config, verifier, drafter) for s in sources]
+    assert [r.output_ids for r in realigned] == greedy == [r.output_ids for r in unshifted]
+    iterations = sum(r.stats.iterations for r in realigned)
+    assert iterations < 0.85 * sum(r.stats.iterations for r in unshifted), iterations
