@@ -156,7 +156,8 @@ def _group(kind: str) -> str:
 
 def _follows_table(follows: Counter[tuple[str, str]], k: int) -> str:
     """How the next block ends, by how the block before it ended (the first block: after "start").
-    Cuts come in runs, which is why pre-verify runs only after a cut block (gateway.policies.loop)."""
+    Cuts come in runs: why pre-verify runs only after a cut block (gateway.policies.loop), and why
+    GAD's drafts are realigned after one (gateway.policies.drafter_sync)."""
     names = {"start": "none (a sentence's first block)", "full": "accepted in full",
              "cut 0": f"cut after 0 of {k}", "cut later": f"cut after 1 to {k - 1} of {k}"}
     lines = ["| block before | blocks | next accepted in full | next cut after 0 | next cut later |",

@@ -13,8 +13,9 @@ the block's first position. When the draft comes back:
 - it passes: the block is verified as without pre-verify (the AR step was spent).
 
 Only after a cut block (the loop decides, `gateway.policies.loop`): cuts come in runs. On UA-GEC,
-GAD k=10's block after one cut at its first token is cut there too 96% of the time, after one
-accepted in full 2%, and a sentence's first block 1% (BENCHMARKS.md, "GAD verdicts"). A block whose
+with GAD k=10's drafts unshifted, the block after one cut at its first token is cut there too 95%
+of the time, after one accepted in full 3%, and a sentence's first block never (BENCHMARKS.md, "GAD
+verdicts"); with realigned drafts 83% of the pre-verified blocks are still cut there. A block whose
 first token passes pays for the AR step on top of its verify, and on a CPU that step costs over
 half an 11-token verify (a batch-1 step reads every weight once either way), so pre-verifying
 every block gained GAD k=10 at most 1.09x; after cut blocks only, 1.10x on two shared cores and
