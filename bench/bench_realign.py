@@ -3,7 +3,7 @@
     python bench/bench_realign.py                  # prints the table
     python bench/bench_realign.py --write          # also replaces its section of BENCHMARKS.md
 
-In process, the shipped bundle's verifier on the default backend and its NAR drafter (the library's
+In process, the shipped bundle's verifier and NAR drafter on the default backend (the library's
 `decode`, as `specdec bench` runs it), GAD k=10 on the first `--sentences` UA-GEC test sentences,
 one sentence at a time; the two variants interleaved per round, best of `--rounds`. "Unshifted" is
 GAD's mode spec with `realign` off (gateway.policies.drafter_sync: after a block cut at its first
@@ -23,7 +23,7 @@ from unittest.mock import patch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from core.backends import DEFAULT_BACKEND
-from drafter_service.session import LocalDrafter
+from drafter_service.session import make_drafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.modes import MODES
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     bundle = load_bundle(args.bundle)
     verifier = make_verifier(bundle, DEFAULT_BACKEND)
-    drafter = LocalDrafter({"nar_drafter": bundle.nar_drafter, "ar_drafter": bundle.ar_drafter})
+    drafter = make_drafter(bundle, DEFAULT_BACKEND)
     sources = [bundle.tokenizer.encode(t) for t in ua_gec_texts(args.sentences, args.data_dir)]
     ar = DecodingConfig(mode=Mode.AR, max_new_tokens=args.max_new_tokens)
     greedy = [decode(s, ar, verifier, None).output_ids for s in sources]
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.write:
         note = (f"Bundle: {Path(args.bundle).name}; the first {n} UA-GEC test sentences, GAD k={args.k}, "
-                f"max_new_tokens {args.max_new_tokens}, in process (verifier backend {DEFAULT_BACKEND}, NAR "
-                f"drafter on torch), one sentence at a time; best of {args.rounds} interleaved rounds. Unshifted: "
+                f"max_new_tokens {args.max_new_tokens}, in process (backend {DEFAULT_BACKEND}), one "
+                f"sentence at a time; best of {args.rounds} interleaved rounds. Unshifted: "
                 "every block drafted after the whole output; realigned: after a block cut at its first token, "
                 "the next blocks drafted after the output less its last token, until the next such cut.")
         write_section(args.output, SECTION, f"{machine_stamp()}\n\n{note}\n\n{table}")

@@ -96,7 +96,8 @@ def _decode(
             return DecodeResult(out, stats)
         out = draft_verify_loop(
             session, propose, accept, top_k, config.max_new_tokens, verifier.eos_id, stats, on_tokens, prefix,
-            overlap, preverify, partial(_alone, load), None if sync is None else sync.observe,
+            overlap, preverify, partial(_alone, load) if overlap or preverify else None,
+            None if sync is None else sync.observe,
         )
         return DecodeResult(out, stats)
     finally:

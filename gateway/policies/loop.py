@@ -164,10 +164,8 @@ def draft_verify_loop(
             room = max_new_tokens - len(out) - 1
             t0 = time.perf_counter()
             now = ahead is None or ahead()
-            # Pre-verify only after a cut block: cuts come in runs (on UA-GEC, drafts unshifted, a
-            # block after one cut at its first token is cut there too 95% of the time, after one
-            # accepted in full 3%; with realigned drafts 83% of pre-verified blocks are still cut),
-            # and a block whose first token passes pays for the AR step on top of its verify. A
+            # Pre-verify only after a cut block: cuts come in runs, and a block whose first token
+            # passes pays for the AR step on top of its verify (gateway.policies.preverify). A
             # block already drafted ahead (overlap) is verified at once: nothing to pre-verify beside.
             if (preverify is not None and now and room > 0 and after_cut
                     and not (overlap is not None and overlap.holds(out))):
