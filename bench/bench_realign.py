@@ -7,8 +7,9 @@ In process, the shipped bundle's verifier and NAR drafter on the default backend
 `decode`, as `specdec bench` runs it), GAD k=10 on the first `--sentences` UA-GEC test sentences,
 one sentence at a time; the two variants interleaved per round, best of `--rounds`. "Unshifted" is
 GAD's mode spec with `realign` off (gateway.policies.drafter_sync: after a block cut at its first
-token, the next blocks are drafted after the output less its last token). Both give the verifier's
-greedy output (asserted).
+token, the next blocks are drafted after the output less its last token; after a block whose
+verifier token is the draft's next one, they skip one drafted position more). Both give the
+verifier's greedy output (asserted).
 """
 
 from __future__ import annotations
@@ -79,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"max_new_tokens {args.max_new_tokens}, in process (backend {DEFAULT_BACKEND}), one "
                 f"sentence at a time; best of {args.rounds} interleaved rounds. Unshifted: "
                 "every block drafted after the whole output; realigned: after a block cut at its first token, "
-                "the next blocks drafted after the output less its last token, until the next such cut.")
+                "the next blocks drafted after the output less its last token, until the next such cut; after "
+                "a block whose verifier token is the draft's next one (the correction dropped a drafted token), "
+                "one drafted position further on.")
         write_section(args.output, SECTION, f"{machine_stamp()}\n\n{note}\n\n{table}")
     return 0
 

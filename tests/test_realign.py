@@ -1,10 +1,12 @@
 """Realigned block drafts (gateway.policies.drafter_sync, `realign`).
 
 After a block cut at its first token, GAD's next blocks are drafted after the output less its last
-token, until the next such cut flips it back; other drafts, and syncs without `realign`, never
-shift. On the tiny float64 models GAD stays the verifier's greedy output, with and without overlap
-and pre-verify; on the shipped bundle, whose NAR drafter runs one token ahead after the verifier
-inserts one, realigned GAD gives greedy's output in fewer iterations than unshifted drafts.
+token, until the next such cut flips it back; after a block whose verifier token is the draft's
+next one (the output dropped a drafted token), they skip one drafted position more, within k. Other
+drafts, and syncs without `realign`, never shift. On the tiny float64 models GAD stays the
+verifier's greedy output, with and without overlap and pre-verify; on the shipped bundle, whose NAR
+drafter runs one token ahead after the verifier inserts one and one behind after it deletes one,
+realigned GAD gives greedy's output in fewer iterations than unshifted drafts.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from drafter_service.session import LocalDrafter
+from core.backends import DEFAULT_BACKEND
+from drafter_service.session import make_drafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.modes import MODES
@@ -28,7 +31,7 @@ from specdec.loadtest import ua_gec_texts
 from tests.recording import RecordingDrafter, local_drafter, local_verifier
 from tests.zoo import MAX_LEN, random_source
 from tests.zoo import sources as zoo_sources
-from verifier_service.session import LocalVerifier
+from verifier_service.session import make_verifier
 
 PROPERTY = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -36,7 +39,15 @@ PROPERTY = settings(max_examples=80, deadline=None, suppress_health_check=[Healt
 OUTPUTS = [[9, 10, 11, *range(4, 4 + n)] for n in range(8)]  # the output at each call: one token more each
 
 
-def _drafted_after(realign: bool, verdicts: list[tuple[int, int]], kind=None) -> list[list[int]]:
+BLOCK = [20, 21, 22, 23]  # the block every verdict below is about
+
+
+def _verdict(drafted: int, accepted: int, token: int = 99) -> tuple[list[int], int, int]:
+    """`accepted` of BLOCK's first `drafted` tokens kept, then the verifier's `token` (99: none of BLOCK's)."""
+    return BLOCK[:drafted], accepted, token
+
+
+def _drafted_after(realign: bool, verdicts: list[tuple[list[int], int, int]], kind=None) -> list[list[int]]:
     """The output each drafter call drafted after, for drafts after OUTPUTS[0], OUTPUTS[1], ... with
     the sync told `verdicts` in between (block drafts of 4 unless `kind`)."""
     recording = RecordingDrafter(local_drafter(0))
@@ -57,7 +68,7 @@ def _drafted_after(realign: bool, verdicts: list[tuple[int, int]], kind=None) ->
 
 
 def test_a_block_cut_at_its_first_token_shifts_the_next_drafts_by_one_until_the_next_such_cut() -> None:
-    after = _drafted_after(True, [(4, 0), (4, 2), (4, 4), (4, 0), (4, 3)])
+    after = _drafted_after(True, [_verdict(4, 0), _verdict(4, 2), _verdict(4, 4), _verdict(4, 0), _verdict(4, 3)])
     assert after == [
         OUTPUTS[0],  # the first block: after the whole output
         OUTPUTS[1][:-1],  # after a block cut at its first token: the output less its last token
@@ -69,10 +80,33 @@ def test_a_block_cut_at_its_first_token_shifts_the_next_drafts_by_one_until_the_
 
 
 def test_without_realign_or_for_other_drafts_nothing_shifts() -> None:
-    cuts = [(4, 0), (4, 0), (4, 0)]
+    cuts = [_verdict(4, 0), _verdict(4, 0, token=BLOCK[1]), _verdict(4, 0)]
     assert _drafted_after(False, cuts) == OUTPUTS[:4]
-    assert _drafted_after(True, [(0, 0)] * 3) == OUTPUTS[:4]  # a plain AR step (no draft) is no cut
+    assert _drafted_after(True, [_verdict(0, 0)] * 3) == OUTPUTS[:4]  # a plain AR step (no draft) is no cut
     assert _drafted_after(True, cuts, BeamDraft(gamma=3, num_beams=2)) == OUTPUTS[:4]
+
+
+def test_a_dropped_drafted_token_makes_the_next_blocks_skip_one_position() -> None:
+    """The verifier's token is the draft's next one (cut at 2 with BLOCK[3] there): the next blocks
+    are drafted after the whole output with one position more and their first token dropped, still
+    k tokens asked; an unexplained cut at the first token then goes back to drafting after it."""
+    recording = RecordingDrafter(local_drafter(0))
+    sync = DrafterSync(recording.open([5, 6, 7, 8]), realign=True)
+    full = sync.block(OUTPUTS[0], room=8, k=4)
+    sync.observe(BLOCK, 2, BLOCK[3])
+    skipped = sync.block(OUTPUTS[0], room=8, k=4)  # the same output: the same block, less its first token
+    assert skipped.ids == full.ids[1:]
+    sync.observe(BLOCK, 0, BLOCK[1])  # and again: two positions
+    assert sync.block(OUTPUTS[0], room=8, k=4).ids == full.ids[2:]
+    sync.observe(BLOCK, 0, 99)  # cut there for no reason the block shows: one position back
+    assert sync.block(OUTPUTS[0], room=8, k=4).ids == full.ids[1:]
+    assert sync.block(OUTPUTS[0], room=1, k=4).ids == full.ids[:1]  # no room to skip: after the whole output
+    calls = recording.records[0].calls
+    assert [c.size for c in calls] == [4, 4, 4, 4, 1]  # never more than k (or the room) asked
+    seen: list[int] = []
+    for call in calls:
+        seen = [*seen[: call.committed_len], *call.append_ids]
+        assert seen == OUTPUTS[0]
 
 
 @PROPERTY
@@ -111,29 +145,31 @@ def test_decode_shifts_the_drafts_after_cuts_on_the_worst_matched_trio() -> None
 
 @pytest.fixture(scope="module")
 def shipped():
-    bundle = load_bundle(DEFAULT_BUNDLE_DIR)
-    verifier = LocalVerifier(bundle.verifier)
-    drafter = LocalDrafter({"nar_drafter": bundle.nar_drafter, "ar_drafter": bundle.ar_drafter})
-    return bundle, verifier, drafter
+    bundle = load_bundle(DEFAULT_BUNDLE_DIR)  # on the default backend, as `specdec decode` runs it
+    return bundle, make_verifier(bundle, DEFAULT_BACKEND), make_drafter(bundle, DEFAULT_BACKEND)
 
 
 def test_on_the_shipped_bundle_realigned_gad_needs_fewer_iterations(shipped, monkeypatch):
-    """UA-GEC sentences whose correction inserts tokens: realigned GAD is greedy's output in fewer
-    verifier iterations than GAD with every block drafted after the whole output."""
+    """UA-GEC sentences whose correction inserts tokens, and those whose correction deletes some:
+    for each, realigned GAD is greedy's output in fewer verifier iterations than GAD with every
+    block drafted after the whole output."""
     bundle, verifier, drafter = shipped
     config = DecodingConfig(mode=Mode.GAD, k=10, max_new_tokens=200, overlap=False, preverify=False)
     ar = DecodingConfig(mode=Mode.AR, max_new_tokens=200)
-    sources, greedy = [], []
-    for text in ua_gec_texts(40):  # those whose correction is longer than the input: it inserted tokens
+    edits: dict[str, list[tuple[list[int], list[int]]]] = {"inserts": [], "deletes": []}
+    for text in ua_gec_texts(120):  # the first 8 whose correction is longer (shorter) than the input
         ids = bundle.tokenizer.encode(text)
         out = decode(ids, ar, verifier, None).output_ids
-        if len(out) > len(ids) and len(sources) < 5:
-            sources.append(ids)
-            greedy.append(out)
-    assert len(sources) == 5
-    realigned = [decode(s, config, verifier, drafter) for s in sources]
-    monkeypatch.setitem(MODES, Mode.GAD, dataclasses.replace(MODES[Mode.GAD], realign=False))
-    unshifted = [decode(s, config, verifier, drafter) for s in sources]
-    assert [r.output_ids for r in realigned] == greedy == [r.output_ids for r in unshifted]
-    iterations = sum(r.stats.iterations for r in realigned)
-    assert iterations < 0.85 * sum(r.stats.iterations for r in unshifted), iterations
+        edit = "inserts" if len(out) > len(ids) else "deletes" if len(out) < len(ids) else None
+        if edit is not None and len(edits[edit]) < 8:
+            edits[edit].append((ids, out))
+    for edit, pairs in edits.items():
+        assert len(pairs) == 8, edit
+        sources, greedy = [ids for ids, _ in pairs], [out for _, out in pairs]
+        realigned = [decode(s, config, verifier, drafter) for s in sources]
+        with monkeypatch.context() as m:
+            m.setitem(MODES, Mode.GAD, dataclasses.replace(MODES[Mode.GAD], realign=False))
+            unshifted = [decode(s, config, verifier, drafter) for s in sources]
+        assert [r.output_ids for r in realigned] == greedy == [r.output_ids for r in unshifted], edit
+        iterations = [sum(r.stats.iterations for r in results) for results in (realigned, unshifted)]
+        assert iterations[0] < 0.85 * iterations[1], (edit, iterations)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,31 +83,53 @@ class LazyDrafterSession:
 DraftKind = BlockDraft | BeamDraft | SampleDraft
 
 
+# How many drafted positions a block may skip (drafter behind the output after deletions).
+MAX_LEAD = 3
+
+
 class DrafterSync:
     """Sends the drafter only the delta of the committed output at every step; one method per
     DrafterMethod, each capped at the room left before max_new_tokens. A later call with a shorter
     common prefix is the rollback (the session protocol's `committed_len`).
 
-    With `realign`, block drafts may be drafted after the output less its last token (`shift`),
-    standing for the positions after the whole output. Why: the NAR drafter aligns its output with
-    the source by position, so after the verifier inserts a token (a comma, a word) every block it
-    drafts is one token ahead of the output, and GAD's blocks are cut at their first token until the
-    sentence ends (on UA-GEC 95% of the blocks after one cut at its first token were cut there too,
-    half of all blocks). Drafted after one token less, those blocks kept 5.6 tokens on average
-    instead of 0.08. The shift flips at every block cut at its first token (`observe`): the
-    drafter's guess of the position was wrong, whichever it was. Any draft is verified, so the
-    output is the same either way."""
+    With `realign`, block drafts may be drafted after the output less its last token (`shift` 1),
+    or skip drafted positions after the whole output (`shift` below 0), standing for the positions
+    after the whole output. Why: the NAR drafter aligns its output with the source by position, so
+    after the verifier inserts a token (a comma, a word) every block it drafts is one token ahead of
+    the output, and after it deletes one (a stray quote, a letter) one token behind; GAD's blocks
+    are then cut at their first token until the sentence ends (on UA-GEC 95% of the blocks after one
+    cut at its first token were cut there too, half of all blocks). `observe` reads each verdict:
+
+    - the verifier's token is the draft's next one (the correction dropped the drafted token): the
+      next blocks skip one drafted position more;
+    - any other cut at the first token: the drafter's guess of the position was wrong; from shift 0
+      or below, guess an insertion (one more), and from an insertion guess, take it back.
+
+    On UA-GEC GAD k=10 took 5.03 iterations a sentence unshifted, 4.32 with insertions realigned and
+    3.5 with deletions too (BENCHMARKS.md, "Realigned drafts (GAD)"). A skip is drafted within the
+    block's own k (k + skip asked, skip dropped, would exceed what the caller allowed): a block of
+    k - skip tokens. Any draft is verified, so the output is the same either way."""
 
     def __init__(self, session: DrafterSession, realign: bool = False) -> None:
         self.session = session
         self.sync = PrefixSync()
         self.realign = realign
-        self.shift = 0  # block drafts come after the output less this many tokens (0 or 1)
+        # Block drafts come after the output less this many tokens; below 0, they skip as many
+        # drafted positions after the whole output.
+        self.shift = 0
 
-    def observe(self, drafted: int, accepted: int) -> None:
-        """A block's verdict: `accepted` of its `drafted` tokens kept."""
-        if self.realign and drafted and accepted == 0:
-            self.shift = 1 - self.shift
+    def observe(self, ids: list[int], accepted: int, token: int) -> None:
+        """A block's verdict: `accepted` of the drafted `ids` kept, then the verifier's `token`."""
+        if not self.realign or not ids:
+            return
+        if accepted + 1 < len(ids) and token == ids[accepted + 1]:
+            # The verifier's token is the draft's next one: the output dropped a drafted token and
+            # the drafter's positions are one behind it from here on.
+            self.shift = max(self.shift - 1, -MAX_LEAD)
+        elif accepted == 0:
+            # Cut at the first token for no reason the block shows: guess the verifier inserted a
+            # token (one more), and once that guess is cut there too, take it back.
+            self.shift = 0 if self.shift == 1 else self.shift + 1
 
     def block(self, output: list[int], room: int, k: int) -> Draft:
         return self.draft(BlockDraft(k), output, room)
@@ -124,8 +147,13 @@ class DrafterSync:
     def call(self, kind: DraftKind, output: list[int], room: int, shift: int | None = None) -> Draft:
         """One drafter call, now, on the calling thread: a block drafted after `output` less `shift`
         tokens (None: this sync's `shift`), which stands for the positions after `output`."""
-        if isinstance(kind, BlockDraft):
-            output = output[: len(output) - min(self.shift if shift is None else shift, len(output))]
+        shift = self.shift if shift is None else shift
+        if isinstance(kind, BlockDraft) and shift > 0:
+            output = output[: len(output) - min(shift, len(output))]
         committed, append = self.sync.delta(output)
         self.sync.seen = list(output)
+        if isinstance(kind, BlockDraft) and shift < 0 and min(kind.k, room) > -shift:
+            # Positions -shift further on: draft that many more after the output and drop them.
+            draft = self.session.draft_block(committed, append, min(kind.k, room))
+            return dataclasses.replace(draft, ids=draft.ids[-shift:])
         return kind.run(self.session, committed, append, room)

@@ -145,7 +145,7 @@ def draft_verify_loop(
     overlap: Overlap | None = None,
     preverify: PreVerifyStep | None = None,
     ahead: Callable[[], bool] | None = None,
-    on_verdict: Callable[[int, int], None] | None = None,
+    on_verdict: Callable[[list[int], int, int], None] | None = None,
 ) -> list[int]:
     """Decode until EOS or max_new_tokens. A `prefix` is output already committed (it is sent to
     the verifier with the first step and counts towards max_new_tokens; `on_tokens` does not see it).
@@ -154,7 +154,8 @@ def draft_verify_loop(
     With `preverify`, after a block that was cut the verifier checks the next block's first position
     while the drafter drafts it, and a block cut there is never verified. `ahead()`, asked every
     iteration, may hold both back (the load is too high for work spent on guesses); None: always on.
-    `on_verdict(drafted, accepted)` hears every block's verdict, pre-verify's cuts included."""
+    `on_verdict(ids, accepted, token)` hears every block's verdict (of the drafted `ids`, `accepted`
+    kept, then the verifier's `token`), pre-verify's cuts included."""
     try:
         out: list[int] = list(prefix or [])
         sync = PrefixSync()
@@ -178,7 +179,7 @@ def draft_verify_loop(
                     stats.record_accepts(len(ids), 0)
                     stats.preverify_cuts += 1
                     if on_verdict is not None:
-                        on_verdict(len(ids), 0)
+                        on_verdict(ids, 0, first.top1[0])
                     if commit([first.top1[0]], out, eos_id, max_new_tokens, stats, on_tokens):
                         return out
                     continue
@@ -210,7 +211,7 @@ def draft_verify_loop(
             stats.iterations += 1
             stats.record_accepts(len(ids), accepted)
             if on_verdict is not None:
-                on_verdict(len(ids), accepted)
+                on_verdict(ids, accepted, token)
             if commit([*ids[:accepted], token], out, eos_id, max_new_tokens, stats, on_tokens):
                 return out
     finally:
