@@ -106,7 +106,7 @@ class DrafterSync:
       or below, guess an insertion (one more), and from an insertion guess, take it back.
 
     On UA-GEC GAD k=10 took 5.03 iterations a sentence unshifted, 4.32 with insertions realigned and
-    3.5 with deletions too (BENCHMARKS.md, "Realigned drafts (GAD)"). A skip is drafted within the
+    3.53 with deletions too (BENCHMARKS.md, "Realigned drafts (GAD)"). A skip is drafted within the
     block's own k (k + skip asked, skip dropped, would exceed what the caller allowed): a block of
     k - skip tokens. Any draft is verified, so the output is the same either way."""
 
