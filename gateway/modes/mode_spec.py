@@ -76,7 +76,7 @@ class ModeSpec:
     # Pre-verify may check a block's first position during its drafting (gateway.policies.preverify):
     # for a block-drafting mode whose accept rule decides each position alone, that rule at one.
     preverify: FirstRule | None = None
-    # Block drafts may come after the output less its last token (gateway.policies.drafter_sync,
+    # Block drafts follow the verifier's insertions and deletions (gateway.policies.drafter_sync,
     # `realign`): only where any draft gives the same output (a lossless mode); other modes' outputs
     # depend on their drafts.
     realign: bool = False

@@ -133,7 +133,7 @@ class _Predraft:
         self.base = base  # output + the draft sent for verification
         self.size = size  # the room the pre-draft asks for
         # The sync's shift when the block went to the verifier: a full acceptance leaves it as it
-        # is, and any other verdict discards the pre-draft (the loop may flip it meanwhile).
+        # is, and any other verdict discards the pre-draft (the loop may move it meanwhile).
         self.shift = shift
         self.future: Future[Draft | None] | None = None
         self.guess: int | None = None
