@@ -103,6 +103,10 @@ class Draft:
     batch_rows: int = 1
     batch_tokens: int = 0
     forward_s: float = 0.0
+    # The drafter's token for the position after `ids`, when the block was drafted one position
+    # longer than it is verified (GAD, gateway.policies.drafter_sync): overlapped drafting's guess
+    # of the verifier's token after the block is accepted in full. None: not drafted.
+    lookahead: int | None = None
 
 
 class VerifierSession(Protocol):

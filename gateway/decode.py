@@ -85,10 +85,13 @@ def _decode(
         sync: DrafterSync | None = None
         overlap: OverlappedSync | None = None
         preverify = _preverify(config, spec)
-        if drafter_session is not None and config.overlap and spec.overlap:
-            sync = overlap = OverlappedSync(drafter_session, stats, verifier.eos_id, realign=spec.realign)
-        elif drafter_session is not None:
-            sync = DrafterSync(drafter_session, spec.realign)
+        if drafter_session is not None:
+            max_block = getattr(drafter, "max_draft_len", None)  # a remote drafter's limit
+            if config.overlap and spec.overlap:
+                sync = overlap = OverlappedSync(drafter_session, stats, verifier.eos_id, spec.realign, spec.lookahead,
+                                                max_block)
+            else:
+                sync = DrafterSync(drafter_session, spec.realign, spec.lookahead, max_block)
         propose, accept = spec.build(PolicyInputs(config, source_ids, verifier, sync, rng))
         top_k = spec.top_k(config, verifier.vocab_size)
         if spec.greedy and getattr(session, "max_greedy_steps", 1) > 1:

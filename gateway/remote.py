@@ -207,6 +207,8 @@ class RemoteDrafter:
         self.options = options or CallOptions()
         self.timeout_cap = timeout_cap
         self.vocab_size = info.vocab_size
+        # Tokens one drafter call may ask for (None: not reported).
+        self.max_draft_len = info.max_draft_len or None
 
     def open(self, source_ids: list[int], seed: int = 0) -> RemoteDrafterSession:
         first = drafter_pb2.DraftRequest(open=drafter_pb2.DraftOpen(source_ids=source_ids, seed=seed))

@@ -171,9 +171,9 @@ def test_the_policy_learns_the_batch_from_the_verifiers_answer() -> None:
     load = LoadModel()
     calls: list[int] = []
 
-    def propose(output: list[int], room: int) -> Draft:
-        calls.append(room)
-        return Draft(ids=[7] * room)
+    def propose(output: list[int], room: int, k: int) -> Draft:
+        calls.append(k)
+        return Draft(ids=[7] * k)
 
     load.verifier_cost.observe(1, 1, 9.0)  # an estimator's first observation (a lazy start) is ignored
     blocks = AdaptiveBlocks(load, "gad", 6, propose, exact)
@@ -194,9 +194,9 @@ def test_plain_ar_steps_call_no_drafter_and_the_gateway_probes_with_a_growing_in
     load = _PaysAbove(0.9)  # plain AR at the rates this request shows, drafting for drafts that good
     calls: list[int] = []
 
-    def propose(output: list[int], room: int) -> Draft:
-        calls.append(room)
-        return Draft(ids=[9] * room)
+    def propose(output: list[int], room: int, k: int) -> Draft:
+        calls.append(k)
+        return Draft(ids=[9] * k)
 
     blocks = AdaptiveBlocks(load, "gad", 10, propose, exact)
     loop = _Loop(blocks)
@@ -313,7 +313,7 @@ def test_a_requests_first_draft_is_not_a_sample_of_the_drafters_cost() -> None:
     samples: list[tuple] = []
     load.drafter_cost("gad").observe = lambda rows, tokens, seconds: samples.append((rows, tokens))
     for _ in range(2):  # two requests, three drafts of 4 each
-        loop = _Loop(AdaptiveBlocks(load, "gad", 4, lambda output, k: Draft(ids=[7] * k), exact))
+        loop = _Loop(AdaptiveBlocks(load, "gad", 4, lambda output, room, k: Draft(ids=[7] * k), exact))
         for _ in range(3):
             loop.step([7] * 5)
     assert samples == [(1, 5)] * 4  # one row: the verifier's token and 4 masks
@@ -326,7 +326,7 @@ def test_a_drafter_that_reports_its_forwards_is_learnt_from_them_and_its_fixed_c
     load = _KMax()
     drafts = iter([Draft(ids=[7] * 4, batch_rows=rows, batch_tokens=5 * rows, forward_s=(3 + rows) * MS)
                    for rows in (8, 1, 16, 32)])
-    loop = _Loop(AdaptiveBlocks(load, "gad", 4, lambda output, k: next(drafts), exact))
+    loop = _Loop(AdaptiveBlocks(load, "gad", 4, lambda output, room, k: next(drafts), exact))
     for _ in range(4):
         loop.step([7] * 5)
     est = load.drafter_cost("gad")
@@ -446,7 +446,7 @@ def test_a_choice_takes_the_requests_in_flight_as_its_rows() -> None:
     drafter), so the load is read from the requests in flight when they are more than the last
     forward's rows; the rows when more (other gateways on the same verifier)."""
     load = _InFlight(parties=1)
-    blocks = AdaptiveBlocks(load, "gad", 10, lambda output, k: Draft(ids=[7] * k), exact)
+    blocks = AdaptiveBlocks(load, "gad", 10, lambda output, room, k: Draft(ids=[7] * k), exact)
     loop = _Loop(blocks)
     with load.decoding(), load.decoding(), load.decoding():
         loop.step([7] * 11)
@@ -486,10 +486,10 @@ def test_under_load_a_plain_choice_runs_longer() -> None:
     from contextlib import ExitStack
 
     load = _PaysAbove(PROBE_CEILING)  # this request's prior rate (DEFAULT_RATE) is below it
-    blocks = AdaptiveBlocks(load, "gad", 10, lambda output, k: Draft(ids=[7] * k), exact)
+    blocks = AdaptiveBlocks(load, "gad", 10, lambda output, room, k: Draft(ids=[7] * k), exact)
     assert blocks.rate < PROBE_CEILING
     assert blocks.propose([], 100).ar_steps == adaptive.AR_RUN
-    blocks = AdaptiveBlocks(load, "gad", 10, lambda output, k: Draft(ids=[7] * k), exact)
+    blocks = AdaptiveBlocks(load, "gad", 10, lambda output, room, k: Draft(ids=[7] * k), exact)
     with ExitStack() as stack:
         for _ in range(32):
             stack.enter_context(load.decoding())
@@ -505,14 +505,14 @@ def test_where_no_draft_could_pay_a_plain_choice_runs_to_the_end() -> None:
 
     calls: list[int] = []
     never = _Fixed(Cost(0.0, 1 * MS), Cost(1.0, 0.0))  # a drafter call costs a second
-    blocks = AdaptiveBlocks(never, "gad", 10, lambda output, k: calls.append(k) or Draft(ids=[7] * k), exact)
+    blocks = AdaptiveBlocks(never, "gad", 10, lambda output, room, k: calls.append(k) or Draft(ids=[7] * k), exact)
     assert blocks.propose([], 100).ar_steps == 101
     with ExitStack() as stack:
         for _ in range(32):
             stack.enter_context(never.decoding())
         assert blocks.propose([], 500).ar_steps == 501
     light = _PaysAbove(PROBE_CEILING, max_rows=4)  # good drafts pay at up to 4 rows
-    blocks = AdaptiveBlocks(light, "gad", 10, lambda output, k: calls.append(k) or Draft(ids=[7] * k), exact)
+    blocks = AdaptiveBlocks(light, "gad", 10, lambda output, room, k: calls.append(k) or Draft(ids=[7] * k), exact)
     with ExitStack() as stack:
         for _ in range(8):
             stack.enter_context(light.decoding())
@@ -529,9 +529,9 @@ def test_no_probe_where_even_the_best_drafts_would_not_pay() -> None:
 
     calls: list[int] = []
 
-    def propose(output: list[int], room: int) -> Draft:
-        calls.append(room)
-        return Draft(ids=[9] * room)
+    def propose(output: list[int], room: int, k: int) -> Draft:
+        calls.append(k)
+        return Draft(ids=[9] * k)
 
     never = _Fixed(Cost(0.0, 1 * MS), Cost(1.0, 0.0))  # a drafter call costs a second
     loop = _Loop(AdaptiveBlocks(never, "gad", 10, propose, exact))

@@ -116,11 +116,12 @@ def test_gad_equals_greedy(trio, source, max_new, k):
     ),
 )
 def test_gad_plus_plus_with_beta_1_or_tau_0_equals_gad(trio, source, max_new, k, beta_tau):
-    """Step for step against GAD's rule on the same drafts: GAD with its drafts unshifted (GAD++ does
-    not realign them, gateway.policies.drafter_sync), and GAD as it runs gives the same output."""
+    """Step for step against GAD's rule on the same drafts: GAD with its drafts unshifted and without
+    the lookahead position (GAD++ drafts neither, gateway.policies.drafter_sync), and GAD as it runs
+    gives the same output."""
     beta, tau = beta_tau
     gad = _run(trio, source, mode=Mode.GAD, max_new_tokens=max_new, k=k)
-    with patch.dict(MODES, {Mode.GAD: dataclasses.replace(MODES[Mode.GAD], realign=False)}):
+    with patch.dict(MODES, {Mode.GAD: dataclasses.replace(MODES[Mode.GAD], realign=False, lookahead=False)}):
         unshifted = _run(trio, source, mode=Mode.GAD, max_new_tokens=max_new, k=k)
     gadpp = _run(trio, source, mode=Mode.GAD_PLUS_PLUS, max_new_tokens=max_new, k=k, beta=beta, tau=tau)
     assert gadpp.output_ids == unshifted.output_ids == gad.output_ids

@@ -102,11 +102,25 @@ def test_a_dropped_drafted_token_makes_the_next_blocks_skip_one_position() -> No
     assert sync.block(OUTPUTS[0], room=8, k=4).ids == full.ids[1:]
     assert sync.block(OUTPUTS[0], room=1, k=4).ids == full.ids[:1]  # no room to skip: after the whole output
     calls = recording.records[0].calls
-    assert [c.size for c in calls] == [4, 4, 4, 4, 1]  # never more than k (or the room) asked
+    # Never more than k (or the room) asked; the same call again is answered from memory.
+    assert [c.size for c in calls] == [4, 1]
     seen: list[int] = []
     for call in calls:
         seen = [*seen[: call.committed_len], *call.append_ids]
         assert seen == OUTPUTS[0]
+
+
+def test_lookahead_blocks_are_drafted_one_position_longer_within_the_room_and_the_drafters_limit() -> None:
+    """With `lookahead` a block of k asks the drafter for k + 1 and keeps the last token apart; not
+    when the room ends at the block, nor past the drafter's `max_block`."""
+    recording = RecordingDrafter(local_drafter(0))
+    plain = DrafterSync(recording.open([5, 6, 7, 8])).block(OUTPUTS[0], room=8, k=5)
+    sync = DrafterSync(recording.open([5, 6, 7, 8]), lookahead=True, max_block=5)
+    block = sync.block(OUTPUTS[0], room=8, k=4)
+    assert (block.ids, block.lookahead) == (plain.ids[:4], plain.ids[4])  # the same call as a block of 5
+    assert sync.block(OUTPUTS[1], room=4, k=4).lookahead is None  # the output ends with the block
+    assert sync.block(OUTPUTS[2], room=8, k=5).lookahead is None  # the drafter takes 5 at most
+    assert [c.size for c in recording.records[1].calls] == [5, 4, 5]
 
 
 @PROPERTY
@@ -122,9 +136,10 @@ def test_realigned_gad_is_the_verifier_greedy_output(trio, source, max_new, k, o
 def test_decode_shifts_the_drafts_after_cuts_on_the_worst_matched_trio() -> None:
     """Through `decode`: every block is drafted after a prefix of the output, and some right after a
     block cut at its first token come after the same prefix as that block (the output grew by the
-    verifier's one token, the draft is shifted by one); the outputs stay greedy's."""
+    verifier's one token, the draft is shifted by one): the drafter is not asked again, the block is
+    the one it drafted; the outputs stay greedy's."""
     gen = torch.Generator().manual_seed(3)
-    repeats = 0
+    repeats = reused = 0
     for _ in range(6):
         source = random_source(gen, 20)
         recording = RecordingDrafter(local_drafter(3))
@@ -140,7 +155,9 @@ def test_decode_shifts_the_drafts_after_cuts_on_the_worst_matched_trio() -> None
             lengths.append(len(seen))
         # Unshifted, each block comes after a longer output than the one before.
         repeats += sum(a == b for a, b in itertools.pairwise(lengths))
-    assert repeats > 0
+        # Iterations that verified a draft, against the drafter calls made: the rest reused a block.
+        reused += sum(gad.stats.steps_per_draft_length[1:]) - len(recording.records[0].calls)
+    assert repeats > 0 and reused > 0
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 from gateway.decoding_config import Mode
 from gateway.modes.mode_spec import DrafterMethod, ModeSpec, PolicyInputs
 from gateway.policies.accept import exact, first_exact
@@ -14,8 +12,8 @@ from gateway.policies.loop import Accept, Propose
 
 def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:
     assert inputs.drafter is not None
-    return maybe_adaptive(inputs.config, inputs.verifier, partial(inputs.drafter.block, k=inputs.config.k), exact)
+    return maybe_adaptive(inputs.config, inputs.verifier, inputs.drafter.block, exact)
 
 
 SPEC = ModeSpec(Mode.GAD, wire="MODE_GAD", lossless=True, drafter=DrafterMethod.BLOCK, build=build, overlap=True,
-                preverify=lambda config: first_exact, realign=True)
+                preverify=lambda config: first_exact, realign=True, lookahead=True)

@@ -13,7 +13,7 @@ from gateway.policies.loop import Accept, Propose
 def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:
     v = inputs.verifier
     copier = CopyDrafter(inputs.source_ids, v.bos_id, v.eos_id, cap=inputs.config.k)
-    return maybe_adaptive(inputs.config, v, copier.propose, exact)
+    return maybe_adaptive(inputs.config, v, lambda output, room, k: copier.propose(output, min(k, room)), exact)
 
 
 SPEC = ModeSpec(Mode.IAD, wire="MODE_IAD", lossless=True, drafter=DrafterMethod.NONE, build=build)

@@ -80,6 +80,10 @@ class ModeSpec:
     # `realign`): only where any draft gives the same output (a lossless mode); other modes' outputs
     # depend on their drafts.
     realign: bool = False
+    # Block drafts are drafted one position longer than they are verified; that last token is the
+    # guess overlapped drafting drafts ahead from (`Draft.lookahead`). A mode whose output depends
+    # on its drafts would change with it: only where any draft gives the same output.
+    lookahead: bool = False
     # Every step is a plain AR step (an empty draft, exact accept): a verifier session that runs
     # several per call (core.interfaces.GreedySession) may take them a run at a time.
     greedy: bool = False
@@ -93,6 +97,8 @@ class ModeSpec:
             raise TypeError(f"mode {self.mode.value}: only block and beam drafts are deterministic enough to overlap")
         if self.preverify is not None and self.drafter != DrafterMethod.BLOCK:
             raise TypeError(f"mode {self.mode.value}: pre-verify is for block drafts")
+        if (self.realign or self.lookahead) and not (self.lossless and self.drafter == DrafterMethod.BLOCK):
+            raise TypeError(f"mode {self.mode.value}: realigned and lookahead drafts are for lossless block modes")
 
     @property
     def needs_drafter(self) -> bool:

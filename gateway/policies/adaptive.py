@@ -114,13 +114,18 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from core.interfaces import Draft, VerifyResult
 from gateway.decoding_config import DecodingConfig
 from gateway.policies.forward_cost import FREE, Cost, CostEstimator
 from gateway.policies.loop import Accept, Propose
+
+# propose(output so far, most tokens worth drafting, block length k) -> a draft of at most k tokens
+# (and the room). Given the room apart from k, a drafter may use what lies past the block
+# (`Draft.lookahead`).
+SizedPropose = Callable[[list[int], int, int], Draft]
 
 DEFAULT_RATE = 0.8  # the prior acceptance rate before the mode has any pooled data
 PRIOR_WEIGHT = 4.0  # draft positions the prior is worth against a request's own blocks
@@ -142,11 +147,12 @@ PROBE_CEILING = 0.95  # the best acceptance rate a probe could find (module docs
 
 
 def maybe_adaptive(
-    config: DecodingConfig, verifier: object, propose: Propose, accept: Accept
+    config: DecodingConfig, verifier: object, propose: SizedPropose, accept: Accept
 ) -> tuple[Propose, Accept]:
-    """The (propose, accept) pair of a draft-verify mode, made adaptive when `config.adaptive`."""
+    """The (propose, accept) pair of a draft-verify mode, made adaptive when `config.adaptive`; else
+    every block asks for `config.k` tokens."""
     if not config.adaptive:
-        return propose, accept
+        return (lambda output, room: propose(output, room, config.k)), accept
     blocks = AdaptiveBlocks(load_model(verifier), config.mode.value, config.k, propose, accept)
     return blocks.propose, blocks.accept
 
@@ -320,7 +326,7 @@ class AdaptiveBlocks:
     the mode's own propose for at most k tokens (none at all for k = 0); `accept` applies the mode's
     rule, then learns from the step (acceptance, the verifier's forward, the drafter's call)."""
 
-    def __init__(self, load: LoadModel, mode: str, k_max: int, propose: Propose, accept: Accept) -> None:
+    def __init__(self, load: LoadModel, mode: str, k_max: int, propose: SizedPropose, accept: Accept) -> None:
         self.load = load
         self.mode = mode
         self.k_max = k_max
@@ -349,7 +355,7 @@ class AdaptiveBlocks:
         self.chosen.append(k)
         if k > 0:
             t0 = time.perf_counter()
-            draft = self._propose(output, k)
+            draft = self._propose(output, room, k)
             self.load.observe_draft(self.mode, k, draft, time.perf_counter() - t0, first=not self._drafted)
             self._drafted = True
         else:

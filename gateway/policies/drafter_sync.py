@@ -83,6 +83,9 @@ class LazyDrafterSession:
 DraftKind = BlockDraft | BeamDraft | SampleDraft
 
 
+# A block call (the output it drafted after, the tokens it asked for) and its draft; None: none yet.
+LastBlock = tuple[tuple[list[int], int], Draft] | None
+
 # How many drafted positions a block may skip (drafter behind the output after deletions).
 MAX_LEAD = 3
 
@@ -111,13 +114,22 @@ class DrafterSync:
     tokens (3.51 iterations a sentence with k + skip asked). Any draft is verified, so the output is
     the same either way."""
 
-    def __init__(self, session: DrafterSession, realign: bool = False) -> None:
+    def __init__(
+        self, session: DrafterSession, realign: bool = False, lookahead: bool = False, max_block: int | None = None,
+    ) -> None:
         self.session = session
         self.sync = PrefixSync()
         self.realign = realign
         # Block drafts come after the output less this many tokens; below 0, they skip as many
         # drafted positions after the whole output.
         self.shift = 0
+        # Blocks drafted one position longer than verified (`Draft.lookahead`), within the
+        # drafter's `max_block` tokens a call (None: no limit).
+        self.lookahead = lookahead
+        self.max_block = max_block
+        # The last block call made (what it drafted after, tokens asked) and its draft: after a
+        # guessed insertion (shift 1) the next call is often the very same one.
+        self.last_block: LastBlock = None
 
     def observe(self, ids: list[int], accepted: int, token: int) -> None:
         """A block's verdict: `accepted` of the drafted `ids` kept, then the verifier's `token`."""
@@ -149,13 +161,31 @@ class DrafterSync:
         """One drafter call, now, on the calling thread: a block drafted after `output` less `shift`
         tokens (None: this sync's `shift`), which stands for the positions after `output`."""
         shift = self.shift if shift is None else shift
-        if isinstance(kind, BlockDraft) and shift > 0:
+        if not isinstance(kind, BlockDraft):
+            return kind.run(self.session, *self._sent(output), room)
+        if shift > 0:
             output = output[: len(output) - min(shift, len(output))]
+        size = min(kind.k, room)
+        # Positions -shift further on: the block's k after the output, its first -shift dropped
+        # (a shorter block: asking for more could pass the drafter's max_draft_len).
+        skip = -shift if shift < 0 and size > -shift else 0
+        # One more position when the output may go on past the block (and the drafter allows it).
+        ask = size + 1 if self.lookahead and size < room and size < (self.max_block or size + 1) else size
+        if self.last_block is not None and self.last_block[0] == (output, ask):
+            # A cut at the block's first token guessed an insertion: the block is drafted after
+            # the same output again. The drafter would answer what it answered.
+            draft = self.last_block[1]
+        else:
+            draft = self.session.draft_block(*self._sent(output), ask)
+            if self.realign:
+                self.last_block = ((list(output), ask), draft)
+        if not skip and ask == size:
+            return draft
+        lookahead = draft.ids[size] if ask > size and len(draft.ids) > size else None
+        return dataclasses.replace(draft, ids=draft.ids[skip:size], lookahead=lookahead)
+
+    def _sent(self, output: list[int]) -> tuple[int, list[int]]:
+        """The delta of `output` against what the session has seen, which it sees next."""
         committed, append = self.sync.delta(output)
         self.sync.seen = list(output)
-        if isinstance(kind, BlockDraft) and shift < 0 and min(kind.k, room) > -shift:
-            # Positions -shift further on: the block's k after the output, its first -shift dropped
-            # (a shorter block: asking for more could pass the drafter's max_draft_len).
-            draft = self.session.draft_block(committed, append, min(kind.k, room))
-            return dataclasses.replace(draft, ids=draft.ids[-shift:])
-        return kind.run(self.session, committed, append, room)
+        return committed, append

@@ -4,10 +4,15 @@ In the spirit of PEARL's post-verify and AMUSD. Once the loop has block t's draf
 it sends it to the verifier, `OverlappedSync.predraft` hands the drafter session to one thread of
 a small shared pool, which
 
-1. guesses the verifier's bonus token: g = the drafter's own next token after `out + d` (a
-   1-token draft of the same kind), then
+1. guesses the verifier's bonus token: g = the drafter's own next token after `out + d`: the
+   block's lookahead token when it has one (GAD drafts each block one position longer than it
+   verifies, `Draft.lookahead`), else a 1-token draft of the same kind after `out + d`, then
 2. drafts `out + d + [g]` with the room the loop will give it: exactly the call the plain loop
    makes next when block t is accepted in full and the verifier's token is g.
+
+With the lookahead a pre-draft is one drafter call, as long as the plain loop's: on UA-GEC the
+lookahead guessed the verifier's token after 92% of GAD k=10's full blocks, the 1-token draft 88%
+(`bench/bench_overlap.py`).
 
 When the loop asks for its next draft, the pre-draft is used if that call is exactly the one
 pre-drafted (same kind, output and room): no drafter call on the critical path. Otherwise the
@@ -37,7 +42,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from core.interfaces import Draft, DrafterSession
-from gateway.policies.drafter_sync import DrafterSync, DraftKind
+from gateway.policies.drafter_sync import DrafterSync, DraftKind, LastBlock
 from gateway.policies.loop import DecodeStats
 
 # Pre-draft threads shared by every request of the process (a request has at most one pre-draft in
@@ -68,29 +73,34 @@ class OverlappedSync(DrafterSync):
         session: DrafterSession,
         stats: DecodeStats,
         eos_id: int,
-        executor: ThreadPoolExecutor | None = None,
         realign: bool = False,
+        lookahead: bool = False,
+        max_block: int | None = None,
+        executor: ThreadPoolExecutor | None = None,
     ) -> None:
-        super().__init__(session, realign)
+        super().__init__(session, realign, lookahead, max_block)
         self.stats = stats
         self.eos_id = eos_id
         self.executor = executor or predraft_executor()
         self._pending: _Predraft | None = None
-        self._last: tuple[DraftKind, int] | None = None  # this iteration's drafter call (kind, room)
+        # This iteration's draft: its kind, the room it was asked with, and its lookahead token.
+        self._last: tuple[DraftKind, int, int | None] | None = None
 
     def draft(self, kind: DraftKind, output: list[int], room: int) -> Draft:
         pending, self._pending = self._pending, None
-        self._last = (kind, room)
+        draft = None
         if pending is not None:
             t0 = time.perf_counter()
             try:
-                used = pending.claim(kind, output, room)
+                draft = pending.claim(kind, output, room)
             finally:
                 self.stats.predraft_wait_s += time.perf_counter() - t0
-            if used is not None:
+            if draft is not None:
                 self.stats.predrafts_used += 1
-                return used
-        return self.call(kind, output, room)
+        if draft is None:
+            draft = self.call(kind, output, room)
+        self._last = (kind, room, draft.lookahead)
+        return draft
 
     def predraft(self, output: list[int], draft_ids: list[int], room: int) -> None:
         """Start drafting what follows `output + draft_ids + [guess]`, the loop's next call when the
@@ -98,11 +108,11 @@ class OverlappedSync(DrafterSync):
         last, self._last = self._last, None
         if last is None or self._pending is not None:
             return  # no drafter call this iteration (adaptive chose a plain AR step)
-        kind, asked = last
+        kind, asked, lookahead = last
         size = min(asked, room)
-        if size <= 0 or self.eos_id in draft_ids:
+        if size <= 0 or self.eos_id in draft_ids or lookahead == self.eos_id:
             return  # the guessed block ends the output: nothing to draft after it
-        pending = _Predraft(self, kind, [*output, *draft_ids], size, self.shift)
+        pending = _Predraft(self, kind, [*output, *draft_ids], size, self.shift, lookahead)
         pending.future = self.executor.submit(pending.work)
         self._pending = pending
         self.stats.predrafts += 1
@@ -127,7 +137,9 @@ class OverlappedSync(DrafterSync):
 class _Predraft:
     """One pre-draft: the guess, then the draft after it, on a pool thread."""
 
-    def __init__(self, owner: OverlappedSync, kind: DraftKind, base: list[int], size: int, shift: int) -> None:
+    def __init__(
+        self, owner: OverlappedSync, kind: DraftKind, base: list[int], size: int, shift: int, guess: int | None,
+    ) -> None:
         self.owner = owner
         self.kind = kind
         self.base = base  # output + the draft sent for verification
@@ -136,12 +148,27 @@ class _Predraft:
         # is, and any other verdict discards the pre-draft (the loop may move it meanwhile).
         self.shift = shift
         self.future: Future[Draft | None] | None = None
-        self.guess: int | None = None
+        # The block's lookahead token, when it has one, is the guess: one drafter call, not two.
+        self.guess = guess
         self._guessed = threading.Event()  # set once `guess` is final (None: no pre-draft)
+        if guess is not None:
+            self._guessed.set()
         self._lock = threading.Lock()
         self._abandoned = False
+        self.made: LastBlock = None  # the last block call the work made
 
     def work(self) -> Draft | None:
+        # The sync repeats its last block call from memory (DrafterSync.call); a pre-draft's calls
+        # become the loop's only once it is used, so the plain loop's calls are made either way.
+        kept = self.owner.last_block
+        try:
+            return self._draft()
+        finally:
+            self.made, self.owner.last_block = self.owner.last_block, kept
+
+    def _draft(self) -> Draft | None:
+        if self.guess is not None:
+            return self.owner.call(self.kind, [*self.base, self.guess], self.size, self.shift)
         try:
             guess = self.owner.call(self.kind, self.base, 1, self.shift).ids
             with self._lock:
@@ -170,7 +197,9 @@ class _Predraft:
         if self.guess != output[n]:
             self.abandon(reraise=True)
             return None
-        return self.future.result()
+        draft = self.future.result()
+        self.owner.last_block = self.made
+        return draft
 
     def abandon(self, reraise: bool = False) -> None:
         """Stop the pre-draft where it can be stopped and wait for the rest: afterwards no call of
