@@ -46,3 +46,31 @@ def test_gad_equals_greedy_through_each_backend(bundle_dir, backend):
                 outputs[mode] = list(gateway.Generate(request, timeout=60).output_ids)
     assert outputs[Mode.GAD] == outputs[Mode.AR]
     assert len(outputs[Mode.AR]) > 0
+
+
+def test_gad_asks_the_drafter_for_no_more_than_its_max_draft_len(bundle_dir):
+    """GAD drafts a block one position longer than it verifies (the lookahead), except where the
+    drafter's `max_draft_len` (its ModelInfo) allows no more: k at that limit never has a draft
+    refused (a refusal would fall back to AR, `degraded`), with overlap and without."""
+    sections = {
+        "verifier": {"address": "127.0.0.1:0"},
+        "drafter": {"address": "127.0.0.1:0", "max_draft_len": 5},
+        "gateway": {"address": "127.0.0.1:0"},
+    }
+    with ServiceStack("all", bundle_dir, sections) as running, grpc.insecure_channel(
+        running.running.addresses["gateway"]
+    ) as channel:
+        gateway = gateway_pb2_grpc.GatewayServiceStub(channel)
+
+        def generate(**overrides) -> gateway_pb2.GenerateResponse:
+            config = overrides_to_wire({"max_new_tokens": 30, **overrides})
+            return gateway.Generate(gateway_pb2.GenerateRequest(text=TEXT, config=config), timeout=60)
+
+        greedy = list(generate(mode=Mode.AR.value).output_ids)
+        for overlap in (False, True):
+            gad = generate(mode=Mode.GAD.value, k=5, overlap=overlap)
+            assert list(gad.output_ids) == greedy
+            assert not gad.stats.degraded and gad.stats.drafted_tokens > 0, overlap
+        # What a refused draft does: a block of 6 is past the limit, the request falls back to AR.
+        refused = generate(mode=Mode.GAD.value, k=6)
+        assert list(refused.output_ids) == greedy and refused.stats.degraded
