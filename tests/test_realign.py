@@ -110,6 +110,19 @@ def test_a_dropped_drafted_token_makes_the_next_blocks_skip_one_position() -> No
         assert seen == OUTPUTS[0]
 
 
+def test_a_block_cut_at_its_first_token_is_drafted_again_from_memory() -> None:
+    """After a guessed insertion the next block call is the very call just made: the sync answers it
+    without the drafter; any other call goes to the drafter."""
+    recording = RecordingDrafter(local_drafter(0))
+    sync = DrafterSync(recording.open([5, 6, 7, 8]), realign=True, lookahead=True)
+    first = sync.block(OUTPUTS[0], room=8, k=4)
+    sync.observe(first.ids, 0, 99)  # cut at its first token: the next block comes after OUTPUTS[1][:-1]
+    assert sync.block(OUTPUTS[1], room=8, k=4) == first
+    assert len(recording.records[0].calls) == 1
+    sync.block(OUTPUTS[1], room=4, k=4)  # a block of 4 without its lookahead: another call
+    assert [c.size for c in recording.records[0].calls] == [5, 4]
+
+
 def test_lookahead_blocks_are_drafted_one_position_longer_within_the_room_and_the_drafters_limit() -> None:
     """With `lookahead` a block of k asks the drafter for k + 1 and keeps the last token apart; not
     when the room ends at the block, nor past the drafter's `max_block`."""

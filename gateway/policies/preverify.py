@@ -20,10 +20,10 @@ first token passes pays for the AR step on top of its verify, and on a CPU that 
 half an 11-token verify (a batch-1 step reads every weight once either way), so pre-verifying
 every block gained GAD k=10 at most 1.09x; after cut blocks only, 1.10x on two shared cores and
 1.23x with verifier and drafter on a core each, and 1.07x / 1.06x once GAD's drafts were realigned
-after insertions and deletions (gateway.policies.drafter_sync), which breaks most of those runs;
-1.02x / 1.04x once a block repeated after a guessed insertion came from the sync's memory, which
-left no drafter call to hide beside those blocks' AR steps (BENCHMARKS.md, "Overlapped drafting";
-README).
+after insertions and deletions (gateway.policies.drafter_sync), which breaks most of those runs,
+and 1.04x / 0.98x once a block repeated after a guessed insertion came from the sync's memory
+(BENCHMARKS.md, "Overlapped drafting"; README). Skipping pre-verify for such a block (no drafter
+call to run beside) was tried: no gain beyond the noise, not kept.
 
 The blocks drafted, and which of their tokens are kept, are those of the plain loop, so the output
 is the plain loop's, token for token (the first token of a cut block comes from the same verifier's
@@ -34,8 +34,8 @@ position can rescue): `ModeSpec.preverify`.
 It pays when the drafter and the verifier work at the same time and the request is alone on its
 verifier (the loop holds it back otherwise: gateway.decode.AHEAD_MAX_IN_FLIGHT); under load the
 second verifier call of a block whose first token passes costs a turn of the batch. With overlap,
-GAD k=10 ran 1.10x on two shared cores and 1.12x on a core each (1.25x and 1.32x before realigned
-drafts made the plain loop 1.30x faster; overlap alone, 1.15x on a core each, did better). Not with adaptive speculation, which picks a block length
+GAD k=10 ran 1.11x on two shared cores and 1.09x on a core each (1.25x and 1.32x before realigned
+drafts made the plain loop 1.30x faster). Not with adaptive speculation, which picks a block length
 before drafting.
 
 With overlapped drafting (`gateway.policies.overlap`) as well, each covers the other's case: a block
