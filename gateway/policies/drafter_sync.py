@@ -112,7 +112,12 @@ class DrafterSync:
     3.53 with deletions too (BENCHMARKS.md, "Realigned drafts (GAD)"). A skip is drafted within the
     block's own k (asking for k + skip could pass what the drafter allows): a block of k - skip
     tokens (3.51 iterations a sentence with k + skip asked). Any draft is verified, so the output is
-    the same either way."""
+    the same either way. A block call that repeats the last one (after a guessed insertion, the
+    same output and size) is answered from memory, not asked again.
+
+    With `lookahead`, a block is drafted one position longer than it is verified when the room and
+    the drafter's `max_block` allow: the extra token is `Draft.lookahead`, overlapped drafting's
+    guess of the verifier's token (gateway.policies.overlap)."""
 
     def __init__(
         self, session: DrafterSession, realign: bool = False, lookahead: bool = False, max_block: int | None = None,
