@@ -8,9 +8,10 @@ The services on the bundled models (ONNX Runtime, TCP loopback), in two layouts 
 `shared`, one `specdec serve all --processes` stack whose verifier and drafter each take every core,
 and `own-cores`, verifier and drafter each pinned to a core of its own with one thread, as on
 devices of their own. For GAD k=10, GAD++ and MJSD the same UA-GEC test sentences go through the
-gateway one request in flight, plain, then with overlap (the per-request `overlap` field, so the
-same servers serve all), then with pre-verify (`preverify`; GAD and GAD++), then with both, over
-several interleaved rounds; the table gives ms per sentence (best round of each), the speed-ups,
+gateway one request in flight, plain, with overlap (the per-request `overlap` field, so the same
+servers serve all), with pre-verify (`preverify`; GAD and GAD++) and with both: each sentence
+through every variant in turn, the order turning from one sentence to the next, over several
+rounds; the table gives ms per sentence (the sum of each sentence's best time), the speed-ups,
 the pre-draft hit rate (pre-drafted blocks used / started: a hit needs the block accepted in full
 and the drafter's guess of the verifier's token right), pre-verify's share of blocks cut at their
 first token (never verified), and whether the outputs are identical to the plain loop's.
@@ -80,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         stamp = machine_stamp(f"backend {args.backend}")
         note = (f"Bundle: {Path(args.bundle).name}; the first {len(texts)} UA-GEC test sentences through "
                 "the services (TCP loopback; the layouts below), one Generate in flight, max_new_tokens "
-                f"{args.max_new_tokens}; best of {args.rounds} interleaved rounds, plain, overlap, pre-verify and "
-                "both in each. Overlap: the next block drafted while the verifier verifies this one; hit rate: "
+                f"{args.max_new_tokens}; each sentence through plain, overlap, pre-verify and both in turn (the "
+                f"order turning sentence by sentence), {args.rounds} rounds, the sum of each sentence's best time. "
+                "Overlap: the next block drafted while the verifier verifies this one; hit rate: "
                 "pre-drafted blocks used / started. Pre-verify: after a cut block, the verifier's plain AR step "
                 "for the next block's first position runs while the drafter drafts that block; a block whose "
                 "first token fails there is never verified (pre-verified blocks cut at the first token: their "
@@ -144,16 +146,25 @@ def _measure(address: str, texts: list[str], args) -> list[dict]:
             if overrides["mode"] in PREVERIFY_MODES:
                 variants["preverify"] = {"overlap": False, "preverify": True}
                 variants["both"] = {"overlap": True, "preverify": True}
-            best: dict[str, float] = {}
-            replies: dict[str, list] = {}
-            for _ in range(args.rounds):
-                for variant, extra in variants.items():
-                    wire = overrides_to_wire({**overrides, "max_new_tokens": args.max_new_tokens, **extra})
-                    stub.Generate(gateway_pb2.GenerateRequest(text=texts[0], config=wire), timeout=120)  # warm
-                    t0 = time.perf_counter()
-                    replies[variant] = [stub.Generate(gateway_pb2.GenerateRequest(text=t, config=wire), timeout=120)
-                                        for t in texts]
-                    best[variant] = min(best.get(variant, float("inf")), time.perf_counter() - t0)
+            wires = {variant: overrides_to_wire({**overrides, "max_new_tokens": args.max_new_tokens, **extra})
+                     for variant, extra in variants.items()}
+            for wire in wires.values():  # warm
+                stub.Generate(gateway_pb2.GenerateRequest(text=texts[0], config=wire), timeout=120)
+            # Each sentence through every variant in turn (the order turning from one sentence to the
+            # next), its best time over the rounds: variants compared on the same moments of a host
+            # whose speed drifts, not on passes minutes apart.
+            fastest = {variant: [float("inf")] * len(texts) for variant in variants}
+            replies: dict[str, list] = {variant: [None] * len(texts) for variant in variants}
+            names = list(variants)
+            for round_ in range(args.rounds):
+                for i, text in enumerate(texts):
+                    turn = (i + round_) % len(names)
+                    for variant in names[turn:] + names[:turn]:
+                        t0 = time.perf_counter()
+                        replies[variant][i] = stub.Generate(
+                            gateway_pb2.GenerateRequest(text=text, config=wires[variant]), timeout=120)
+                        fastest[variant][i] = min(fastest[variant][i], time.perf_counter() - t0)
+            best = {variant: sum(times) for variant, times in fastest.items()}
             plain = replies["off"]
             same = sum(all(list(r[i].output_ids) == list(plain[i].output_ids) for r in replies.values())
                        for i in range(len(texts)))
