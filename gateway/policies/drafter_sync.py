@@ -175,7 +175,8 @@ class DrafterSync:
         # (a shorter block: asking for more could pass the drafter's max_draft_len).
         skip = -shift if shift < 0 and size > -shift else 0
         # One more position when the output may go on past the block (and the drafter allows it).
-        ask = size + 1 if self.lookahead and size < room and size < (self.max_block or size + 1) else size
+        more = self.lookahead and size < room and (self.max_block is None or size < self.max_block)
+        ask = size + 1 if more else size
         if self.last_block is not None and self.last_block[0] == (output, ask):
             # A cut at the block's first token guessed an insertion: the block is drafted after
             # the same output again. The drafter would answer what it answered.
