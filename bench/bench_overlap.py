@@ -3,12 +3,15 @@
     python bench/bench_overlap.py                   # prints the table
     python bench/bench_overlap.py --write           # also replaces "## Overlapped drafting" in BENCHMARKS.md
     python bench/bench_overlap.py --sentences 60    # a short check
+    python bench/bench_overlap.py --precision int8 --write   # int8 models: "## Overlapped drafting (int8)"
 
 The services on the bundled models (ONNX Runtime, TCP loopback), in two layouts (`--layouts`):
 `shared`, one `specdec serve all --processes` stack whose verifier and drafter each take every core,
 and `own-cores`, verifier and drafter each pinned to a core of its own with one thread, as on
-devices of their own. For GAD k=10, GAD++ and MJSD the same UA-GEC test sentences go through the
-gateway one request in flight, plain, with overlap (the per-request `overlap` field, so the same
+devices of their own. A machine with a GPU has a third, `gpu-verifier`: the verifier on CUDA
+(torch) and the drafter on four CPU cores of its own, two devices that really work at once (two
+services on one GPU take turns on it). For GAD k=10, GAD++ and MJSD the same UA-GEC test sentences
+go through the gateway one request in flight, plain, with overlap (the per-request `overlap` field, so the same
 servers serve all), with pre-verify (`preverify`; GAD and GAD++) and with both: each sentence
 through every variant in turn, the order turning from one sentence to the next, over several
 rounds; the table gives ms per sentence (the sum of each sentence's best time), the speed-ups,
@@ -33,6 +36,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -53,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bundle", default=str(ROOT / "bundles" / "ua-gec"))
     p.add_argument("--backend", default="onnxruntime", choices=BACKENDS)
+    p.add_argument("--precision", default="fp32", choices=("fp32", "int8"),
+                   help="the verifier's and the NAR drafter's precision (int8: ONNX Runtime only)")
     p.add_argument("--data-dir", help="prepared data dir whose test.text.jsonl to use (default: ua-gec)")
     p.add_argument("--sentences", type=int, default=300)
     p.add_argument("--rounds", type=int, default=3)
@@ -61,12 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
     p.add_argument("--layouts", default="shared,own-cores",
                    help="comma-separated: shared (serve all --processes, every core for each model), own-cores "
-                        "(verifier and drafter each pinned to a core of its own, one thread: their own devices)")
+                        "(verifier and drafter each pinned to a core of its own, one thread: their own devices), "
+                        "gpu-verifier (the verifier on CUDA, the drafter on four CPU cores of its own)")
     args = p.parse_args(argv)
     texts = ua_gec_texts(args.sentences, args.data_dir)
     tables = []
     for layout in args.layouts.split(","):
-        procs, address = LAYOUTS[layout](Path(args.bundle), args.backend)
+        procs, address = LAYOUTS[layout](Path(args.bundle), args.backend, ("--precision", args.precision))
         try:
             rows = _measure(address, texts, args)
         finally:
@@ -78,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         print(tables[-1], flush=True)
     table = "\n\n".join(tables)
     if args.write:
-        stamp = machine_stamp(f"backend {args.backend}")
+        stamp = machine_stamp(f"backend {args.backend}, {args.precision}")
         note = (f"Bundle: {Path(args.bundle).name}; the first {len(texts)} UA-GEC test sentences through "
                 "the services (TCP loopback; the layouts below), one Generate in flight, max_new_tokens "
                 f"{args.max_new_tokens}; each sentence through plain, overlap, pre-verify and both in turn (the "
@@ -93,34 +100,73 @@ def main(argv: list[str] | None = None) -> int:
                 "pre-draft taking one drafter call off the critical path: off / (off - used pre-drafts x drafter "
                 "ms / iteration); at every hit: every block but a sentence's first drafted ahead, "
                 "off / (off - (iterations - 1) x drafter ms / iteration).")
-        write_section(args.output, SECTION, f"{stamp}\n\n{note}\n\n{table}")
+        heading = SECTION if args.precision == "fp32" else f"{SECTION} ({args.precision})"
+        write_section(args.output, heading, f"{stamp}\n\n{note}\n\n{table}")
     return 0
 
 
-def _shared(bundle: Path, backend: str) -> tuple[list[subprocess.Popen], str]:
-    proc, address = start_services(bundle, backend, extra_args=("--processes",))
+def _shared(bundle: Path, backend: str, flags: tuple[str, ...]) -> tuple[list[subprocess.Popen], str]:
+    proc, address = start_services(bundle, backend, extra_args=("--processes", *flags))
     return [proc], address
 
 
-def _own_cores(bundle: Path, backend: str) -> tuple[list[subprocess.Popen], str]:
+def _own_cores(bundle: Path, backend: str, flags: tuple[str, ...]) -> tuple[list[subprocess.Popen], str]:
     """Verifier on CPU 0 and drafter on CPU 1, one intra-op thread each; the gateway and this client
     on whatever the scheduler gives them. Drafter and verifier then work at the same time without
     taking each other's cores, as on devices of their own (the gateway still shares them)."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         raise SystemExit("own-cores needs two CPUs")
+    return _separate(bundle, flags, _Place(backend, {cpus[0]}, 1), _Place(backend, {cpus[1]}, 1), None)
+
+
+def _gpu_verifier(bundle: Path, backend: str, flags: tuple[str, ...]) -> tuple[list[subprocess.Popen], str]:
+    """The verifier on the GPU (torch on CUDA, two cores to drive it) and the drafter on CPU cores of
+    its own (`backend`, four threads): the two models on devices of their own with one accelerator,
+    so their work overlaps for real (two processes on one GPU take turns on it). The gateway and
+    this client get the other cores."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu-verifier needs a CUDA device")
+    if "int8" in flags:
+        raise SystemExit("gpu-verifier runs the verifier on torch: fp32 only")
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 8:
+        raise SystemExit("gpu-verifier needs eight CPUs (two for the verifier, four for the drafter, the rest)")
+    verifier = _Place("torch", set(cpus[:2]), 2, {"SPECDEC__VERIFIER__DEVICE": "cuda"})
+    drafter = _Place(backend, set(cpus[2:6]), 4, {"SPECDEC__DRAFTER__DEVICE": "cpu"})
+    return _separate(bundle, flags, verifier, drafter, set(cpus[6:]))
+
+
+@dataclass
+class _Place:
+    """Where one model service runs: its backend, the CPUs it is pinned to, its intra-op threads."""
+
+    backend: str
+    cpus: set[int]
+    threads: int
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _separate(bundle: Path, flags: tuple[str, ...], verifier: _Place, drafter: _Place,
+              gateway_cpus: set[int] | None) -> tuple[list[subprocess.Popen], str]:
+    """Verifier, drafter and gateway as three `specdec serve` processes placed as given."""
     procs: list[subprocess.Popen] = []
 
-    def serve(role: str, cpu: int | None, *flags: str) -> str:
-        proc, address = start_services(bundle, backend, extra_args=flags, role=role,
-                                       cpus=None if cpu is None else {cpu})
+    def serve(role: str, place: _Place, *role_flags: str) -> str:
+        proc, address = start_services(bundle, place.backend, env=place.env,
+                                       extra_args=(f"--{role}-threads", str(place.threads), *role_flags, *flags),
+                                       role=role, cpus=place.cpus)
         procs.append(proc)
         return address
 
     try:
-        verifier = serve("verifier", cpus[0], "--verifier-threads", "1")
-        drafter = serve("drafter", cpus[1], "--drafter-threads", "1")
-        gateway = serve("gateway", None, "--verifier-addr", verifier, "--drafter-addr", drafter)
+        verifier_address = serve("verifier", verifier)
+        drafter_address = serve("drafter", drafter)
+        proc, gateway = start_services(bundle, drafter.backend, role="gateway", cpus=gateway_cpus, extra_args=(
+            "--verifier-addr", verifier_address, "--drafter-addr", drafter_address, *flags))
+        procs.append(proc)
     except BaseException:
         for proc in procs:
             proc.kill()
@@ -128,11 +174,13 @@ def _own_cores(bundle: Path, backend: str) -> tuple[list[subprocess.Popen], str]
     return procs, gateway
 
 
-LAYOUTS = {"shared": _shared, "own-cores": _own_cores}
+LAYOUTS = {"shared": _shared, "own-cores": _own_cores, "gpu-verifier": _gpu_verifier}
 LAYOUT_TITLES = {
     "shared": "`specdec serve all --processes`, verifier and drafter each on every core (the default threads)",
     "own-cores": "Verifier and drafter each pinned to a core of its own, one thread each (their own devices, "
                  "emulated); the gateway and the client unpinned",
+    "gpu-verifier": "Verifier on the GPU (torch, CUDA), drafter on four CPU cores of its own (four threads); "
+                    "the gateway and the client on the other cores",
 }
 
 
