@@ -19,14 +19,16 @@ the pre-draft hit rate (pre-drafted blocks used / started: a hit needs the block
 and the drafter's guess of the verifier's token right), pre-verify's share of blocks cut at their
 first token (never verified), and whether the outputs are identical to the plain loop's.
 
-It also gives the most overlap could save at the hit rate it had: a used pre-draft takes one
-drafter call off the critical path, nothing more, so the ceiling is
-off / (off - used pre-drafts x drafter ms per iteration), with the drafter's and the verifier's
-ms per iteration from the gateway's stats of the overlap-off run (its `drafter_time_ms` and
-`verifier_time_ms`, round trips included). Overlap that runs drafter and verifier on the same
+It also gives the most overlap could save at the hit rate it had: a used pre-draft ran beside a
+verifier call, so it takes the shorter of the two, a drafter call (GAD) or a verifier call (MJSD,
+whose beam drafts cost more), off the critical path, nothing more; the ceiling is
+off / (off - used pre-drafts x min(drafter, verifier) ms per iteration), with the drafter's and the
+verifier's ms per iteration from the gateway's stats of the overlap-off run (its `drafter_time_ms`
+and `verifier_time_ms`, round trips included). Overlap that runs drafter and verifier on the same
 cores stays below it, as each slows the other. And the most it could save at all: every block but
-a sentence's first drafted ahead and used (the first is drafted while the verifier encodes),
-off / (off - (iterations - 1) x drafter ms per iteration) a sentence.
+a sentence's first drafted ahead and used (nothing is verified yet beside the first, which includes
+the drafter's encoder run), off / (off - (iterations - 1) x min(drafter, verifier) ms per
+iteration) a sentence.
 """
 
 from __future__ import annotations
@@ -97,9 +99,10 @@ def main(argv: list[str] | None = None) -> int:
                 "share). Both: overlap and pre-verify at once. GAD's outputs are identical by construction "
                 "(asserted). Drafter and verifier ms / iteration: the gateway's stats of the plain run, round "
                 "trips included. Ceiling: what overlap would give at its hit rate if it cost nothing, each used "
-                "pre-draft taking one drafter call off the critical path: off / (off - used pre-drafts x drafter "
-                "ms / iteration); at every hit: every block but a sentence's first drafted ahead, "
-                "off / (off - (iterations - 1) x drafter ms / iteration).")
+                "pre-draft taking the shorter of a drafter call and the verifier call it ran beside off the critical "
+                "path: off / (off - used pre-drafts x min(drafter, verifier) ms / iteration); at every hit: every "
+                "block but a sentence's first drafted ahead, off / (off - (iterations - 1) x min(drafter, "
+                "verifier) ms / iteration).")
         heading = SECTION if args.precision == "fp32" else f"{SECTION} ({args.precision})"
         write_section(args.output, heading, f"{stamp}\n\n{note}\n\n{table}")
     return 0
@@ -222,13 +225,15 @@ def _measure(address: str, texts: list[str], args) -> list[dict]:
             used = sum(r.stats.predrafts_used for r in replies["overlap"])
             iterations_off = max(1, sum(r.stats.iterations for r in plain))
             drafter_ms = sum(r.stats.drafter_time_ms for r in plain) / iterations_off
+            verifier_ms = sum(r.stats.verifier_time_ms for r in plain) / iterations_off
+            hidden_ms = min(drafter_ms, verifier_ms)  # a used pre-draft ran beside one verifier call
             off_ms = 1000 * best["off"] / len(texts)
             row = {
                 "mode": name, "off_ms": off_ms, "on_ms": 1000 * best["overlap"] / len(texts),
-                "drafter_ms": drafter_ms, "verifier_ms": sum(r.stats.verifier_time_ms for r in plain) / iterations_off,
-                "ceiling": _ceiling(off_ms, used / len(texts), drafter_ms),
+                "drafter_ms": drafter_ms, "verifier_ms": verifier_ms,
+                "ceiling": _ceiling(off_ms, used / len(texts), hidden_ms),
                 # Every block but a sentence's first could be drafted ahead: all hits hide that many calls.
-                "all_hits": _ceiling(off_ms, (iterations_off - len(texts)) / len(texts), drafter_ms),
+                "all_hits": _ceiling(off_ms, (iterations_off - len(texts)) / len(texts), hidden_ms),
                 "iterations": iterations_off / len(texts),
                 "hit_rate": used / started if started else 0.0, "identical": same / len(texts),
                 "degraded": sum(r.stats.degraded for rs in replies.values() for r in rs),
@@ -243,9 +248,9 @@ def _measure(address: str, texts: list[str], args) -> list[dict]:
     return rows
 
 
-def _ceiling(off_ms: float, hidden_calls: float, drafter_ms: float) -> float:
-    """The speed-up if `hidden_calls` drafter calls a sentence left the critical path at no cost."""
-    return off_ms / max(off_ms - hidden_calls * drafter_ms, 1e-9)
+def _ceiling(off_ms: float, hidden_calls: float, hidden_ms: float) -> float:
+    """The speed-up if `hidden_calls` calls of `hidden_ms` a sentence left the critical path at no cost."""
+    return off_ms / max(off_ms - hidden_calls * hidden_ms, 1e-9)
 
 
 def _table(rows: list[dict]) -> str:
