@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(verifier and drafter each pinned to a core of its own, one thread: their own devices), "
                         "gpu-verifier (the verifier on CUDA, the drafter on four CPU cores of its own)")
     args = p.parse_args(argv)
+    if "gpu-verifier" in args.layouts.split(",") and args.precision != "fp32":
+        p.error("gpu-verifier runs the verifier on torch: --precision fp32 only")
     texts = ua_gec_texts(args.sentences, args.data_dir)
     tables = []
     for layout in args.layouts.split(","):
@@ -132,8 +134,6 @@ def _gpu_verifier(bundle: Path, backend: str, flags: tuple[str, ...]) -> tuple[l
 
     if not torch.cuda.is_available():
         raise SystemExit("gpu-verifier needs a CUDA device")
-    if "int8" in flags:
-        raise SystemExit("gpu-verifier runs the verifier on torch: fp32 only")
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 8:
         raise SystemExit("gpu-verifier needs eight CPUs (two for the verifier, four for the drafter, the rest)")
@@ -167,8 +167,9 @@ def _separate(bundle: Path, flags: tuple[str, ...], verifier: _Place, drafter: _
     try:
         verifier_address = serve("verifier", verifier)
         drafter_address = serve("drafter", drafter)
+        # The gateway loads no model: neither backend nor precision applies to it.
         proc, gateway = start_services(bundle, drafter.backend, role="gateway", cpus=gateway_cpus, extra_args=(
-            "--verifier-addr", verifier_address, "--drafter-addr", drafter_address, *flags))
+            "--verifier-addr", verifier_address, "--drafter-addr", drafter_address))
         procs.append(proc)
     except BaseException:
         for proc in procs:
