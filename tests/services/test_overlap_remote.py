@@ -62,8 +62,11 @@ def _assert_same_generate(plain: gateway_pb2.GenerateResponse, other: gateway_pb
 def test_overlapped_generate_equals_plain_generate(gateway, ids, max_new, params):
     plain = _generate(gateway, ids, {**params, "max_new_tokens": max_new, "overlap": False, "preverify": False})
     overlapped = _generate(gateway, ids, {**params, "max_new_tokens": max_new, "overlap": True, "preverify": False})
-    _a, b = _assert_same_generate(plain, overlapped)
+    a, b = _assert_same_generate(plain, overlapped)
     assert 0 <= b.predrafts_used <= b.predrafts <= b.iterations
+    for s in (a, b):  # the first draft's wait (a drafter round trip when max_new leaves room for one)
+        assert s.first_draft_ms <= s.drafter_time_ms
+        assert s.first_draft_ms > 0 if max_new > 1 else s.first_draft_ms >= 0
 
 
 def test_overlap_is_off_by_default_and_when_asked_for_its_counts_reach_the_metrics(stack, gateway):
