@@ -230,15 +230,15 @@ def _measure(address: str, texts: list[str], args) -> list[dict]:
             iterations_off = max(1, sum(r.stats.iterations for r in plain))
             # A pre-draft is never a sentence's first draft, whose wait includes the drafter's
             # encoder run: what one can hide is a later draft's cost.
-            first_ms = sum(r.stats.first_draft_ms for r in plain) / len(texts)
+            first_total = sum(r.stats.first_draft_ms for r in plain)
             later = max(1, iterations_off - len(texts))
-            drafter_ms = (sum(r.stats.drafter_time_ms for r in plain) - first_ms * len(texts)) / later
+            drafter_ms = (sum(r.stats.drafter_time_ms for r in plain) - first_total) / later
             verifier_ms = sum(r.stats.verifier_time_ms for r in plain) / iterations_off
             hidden_ms = min(drafter_ms, verifier_ms)  # a used pre-draft ran beside one verifier call
             off_ms = 1000 * best["off"] / len(texts)
             row = {
                 "mode": name, "off_ms": off_ms, "on_ms": 1000 * best["overlap"] / len(texts),
-                "first_ms": first_ms, "drafter_ms": drafter_ms, "verifier_ms": verifier_ms,
+                "first_ms": first_total / len(texts), "drafter_ms": drafter_ms, "verifier_ms": verifier_ms,
                 "ceiling": _ceiling(off_ms, used / len(texts), hidden_ms),
                 # Every block but a sentence's first could be drafted ahead: all hits hide that many calls.
                 "all_hits": _ceiling(off_ms, (iterations_off - len(texts)) / len(texts), hidden_ms),

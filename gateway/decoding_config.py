@@ -53,7 +53,7 @@ class DecodingConfig:
         default=False,
         metadata=about("choose the block length per step for the load, up to k (gad, gad++, iad)", wire="adaptive_k"),
     )
-    # Overlap and pre-verify: off by default. Together they gave fixed-k GAD k=10 1.08-1.10x through the
+    # Overlap and pre-verify: off by default. Together they gave fixed-k GAD k=10 1.08-1.14x through the
     # services with one request in flight, and they are held back while other requests decode
     # (gateway.decode.AHEAD_MAX_IN_FLIGHT). But adaptive requests cannot pre-verify (they choose each
     # block's length before drafting it): with both on by default, adaptive GAD at one client fell

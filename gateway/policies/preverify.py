@@ -21,8 +21,8 @@ half an 11-token verify (a batch-1 step reads every weight once either way), so 
 every block gained GAD k=10 at most 1.09x; after cut blocks only, 1.10x on two shared cores and
 1.23x with verifier and drafter on a core each, and 1.07x / 1.06x once GAD's drafts were realigned
 after insertions and deletions (gateway.policies.drafter_sync), which breaks most of those runs,
-and 1.00x / 1.00x once a block repeated after a guessed insertion came from the sync's memory
-(BENCHMARKS.md, "Overlapped drafting"; README). Skipping pre-verify for such a block (no drafter
+and 1.01x / 1.02x (fp32, 2026-11-27) once a block repeated after a guessed insertion came from the
+sync's memory (BENCHMARKS.md, "Overlapped drafting"; README). Skipping pre-verify for such a block (no drafter
 call to run beside) was tried: no gain beyond the noise, not kept.
 
 The blocks drafted, and which of their tokens are kept, are those of the plain loop, so the output
@@ -34,9 +34,9 @@ position can rescue): `ModeSpec.preverify`.
 It pays when the drafter and the verifier work at the same time and the request is alone on its
 verifier (the loop holds it back otherwise: gateway.decode.AHEAD_MAX_IN_FLIGHT); under load the
 second verifier call of a block whose first token passes costs a turn of the batch. With overlap,
-GAD k=10 ran 1.08x on two shared cores and 1.10x on a core each (1.25x and 1.32x before realigned
-drafts made the plain loop 1.30x faster). Not with adaptive speculation, which picks a block length
-before drafting.
+GAD k=10 ran 1.08x on two shared cores and 1.09x on a core each in fp32, 1.12x / 1.14x in int8
+(1.25x and 1.32x before realigned drafts made the plain loop 1.30x faster). Not with adaptive
+speculation, which picks a block length before drafting.
 
 With overlapped drafting (`gateway.policies.overlap`) as well, each covers the other's case: a block
 drafted ahead that is known to hold (the block before accepted in full, the verifier's token
