@@ -39,7 +39,8 @@ class AttentionKernel(Protocol):
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, head_dim: int, dropout_p: float
     ) -> Tensor:
-        """softmax(q kᵀ / sqrt(hd)) v over the keys `mask` allows (True = may attend; None = all)."""
+        """softmax(q kᵀ / sqrt(hd)) v over the keys `mask` allows (True = may attend; None = all); a
+        float `mask` is added to the scores instead (relative position bias, -inf = not allowed)."""
         ...
 
 
@@ -73,8 +74,10 @@ class GraphAttention:
             raise ValueError("the graph kernel is for exporting a model in eval mode (no attention dropout)")
         # head_dim is a Python int, so the scale is a constant in the graph rather than a traced size.
         scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(head_dim))
-        if mask is not None:
+        if mask is not None and mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
+        elif mask is not None:  # an additive mask: relative position bias, -inf where not allowed
+            scores = scores + mask
         return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 

@@ -76,6 +76,8 @@ class BatchedDecoder(nn.Module):
             causal = causal | ((query >= mask_from[:, None, None]) & (query < block_lens[:, None, None]))
         block_visible = causal & in_block  # [B, T, T]
         self_mask = torch.cat([past_visible, block_visible], dim=2)[:, None]  # [B, 1, T, P + T]
+        key_positions = torch.cat([past_keys[0].expand(positions.shape[0], -1), positions], dim=1)  # [B, P + T]
+        self_mask = m.self_attention_mask(self_mask, positions, key_positions, decoder=True)
 
         row_src_lens = src_lens.index_select(0, row_src)
         src_keys = torch.arange(cross_k.shape[3], device=device)[None, :]
@@ -91,7 +93,7 @@ class BatchedDecoder(nn.Module):
             block_v.append(v)
             return torch.cat([past_k[i], k], dim=2), torch.cat([past_v[i], v], dim=2)
 
-        x = m.embed_target(tokens, positions.clamp(max=m.config.max_len - 1))
+        x = m.embed_target(tokens, positions)
         hidden = m.run_decoder(x, self_mask, row_cross_k, row_cross_v, cross_mask, self.kernel, join_past)
         rows = hidden.flatten(0, 1).index_select(0, head_rows)
         return rows, torch.stack(block_k), torch.stack(block_v)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from seq2seq_models.config import ModelConfig
+from seq2seq_models.hf_tokenizer import HFTokenizer, IdsOnlyTokenizer
 from seq2seq_models.tokenizer import BOS_ID, EOS_ID, MASK_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
 
 if TYPE_CHECKING:
@@ -87,22 +88,60 @@ def save_bundle(
     metadata: dict | None = None,
     weights_dtype: str = "float32",
 ) -> Path:
-    import torch
-    from safetensors.torch import save_file
-
     if weights_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"weights_dtype must be one of {sorted(WEIGHT_DTYPES)}, not {weights_dtype!r}")
-    dtype = getattr(torch, weights_dtype)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / TOKENIZER_FILE).write_bytes(tokenizer_bytes)
     tokenizer = Tokenizer(tokenizer_bytes)
+    for role, model in models.items():
+        if model.config.vocab_size != tokenizer.vocab_size:
+            raise ValueError(f"{role} vocab {model.config.vocab_size} != tokenizer vocab {tokenizer.vocab_size}")
+    tokenizer_entry = {"file": TOKENIZER_FILE, "fingerprint": tokenizer.fingerprint}
+    special_ids = {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID, "mask": MASK_ID}
+    return _write_bundle(out, tokenizer_entry, special_ids, models, name, metadata, weights_dtype)
+
+
+def save_imported_bundle(
+    out: str | Path,
+    models: dict[str, Seq2SeqTransformer],
+    name: str,
+    tokenizer_spec: dict[str, Any] | None,
+    metadata: dict | None = None,
+) -> Path:
+    """A bundle of imported models (`seq2seq_models.hf_import`): the special ids are the verifier's,
+    and the tokenizer is the checkpoint's own (`tokenizer_spec`, its files already in `out`) or
+    none (the bundle serves ids only)."""
+    out = Path(out)
+    cfg = models["verifier"].config
+    if tokenizer_spec is None:
+        tokenizer: Any = IdsOnlyTokenizer(cfg.vocab_size)
+        entry: dict[str, Any] = {"kind": "none"}
+    else:
+        tokenizer = HFTokenizer(out, tokenizer_spec)
+        entry = dict(tokenizer_spec)
+    entry["fingerprint"] = tokenizer.fingerprint
+    special_ids = {"pad": cfg.pad_id, "unk": cfg.unk_id, "bos": cfg.bos_id, "eos": cfg.eos_id, "mask": cfg.mask_id}
+    return _write_bundle(out, entry, special_ids, models, name, metadata, "float32")
+
+
+def _write_bundle(
+    out: Path,
+    tokenizer_entry: dict[str, Any],
+    special_ids: dict[str, int],
+    models: dict[str, Seq2SeqTransformer],
+    name: str,
+    metadata: dict | None,
+    weights_dtype: str,
+) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    dtype = getattr(torch, weights_dtype)
     entries = {}
     for role, model in models.items():
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; expected one of {ROLES}")
-        if model.config.vocab_size != tokenizer.vocab_size:
-            raise ValueError(f"{role} vocab {model.config.vocab_size} != tokenizer vocab {tokenizer.vocab_size}")
         weights = out / f"{role}.safetensors"
         state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(weights), metadata={"role": role})
@@ -114,14 +153,15 @@ def save_bundle(
             "architecture": model.config.to_dict(),
             "dtype": weights_dtype,
         }
+    fingerprint = tokenizer_entry["fingerprint"]
     config = {
         "format_version": FORMAT_VERSION,
         "name": name,
-        "vocab_size": tokenizer.vocab_size,
-        "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID, "mask": MASK_ID},
-        "tokenizer": {"file": TOKENIZER_FILE, "fingerprint": tokenizer.fingerprint},
+        "vocab_size": next(iter(models.values())).config.vocab_size,
+        "special_ids": special_ids,
+        "tokenizer": tokenizer_entry,
         "models": entries,
-        "fingerprint": _bundle_fingerprint(tokenizer.fingerprint, entries),
+        "fingerprint": _bundle_fingerprint(fingerprint, entries),
         "metadata": metadata or {},
     }
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -152,9 +192,9 @@ def load_bundle(
     config = json.loads(config_path.read_text())
     if config.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{path}: unsupported bundle format {config.get('format_version')}")
-    tokenizer = Tokenizer.load(path / config["tokenizer"]["file"])
+    tokenizer = _load_tokenizer(path, config)
     if tokenizer.fingerprint != config["tokenizer"]["fingerprint"]:
-        raise ValueError(f"{path}: tokenizer.model does not match the fingerprint in {CONFIG_FILE}")
+        raise ValueError(f"{path}: the tokenizer does not match the fingerprint in {CONFIG_FILE}")
     wanted = list(config["models"]) if roles is None else list(roles)
     entries = {}
     for role in wanted:
@@ -175,6 +215,31 @@ def load_bundle(
         metadata=config.get("metadata", {}),
         configs={role: cfg for role, (_, cfg) in entries.items()},
     )
+
+
+def load_bundle_tokenizer(path: str | Path) -> Any:
+    """A bundle's tokenizer alone (the gateway needs no weights), checked against its fingerprint."""
+    path = Path(path)
+    config_path = path / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{path} is not a model bundle (no {CONFIG_FILE})")
+    config = json.loads(config_path.read_text())
+    tokenizer = _load_tokenizer(path, config)
+    if tokenizer.fingerprint != config["tokenizer"]["fingerprint"]:
+        raise ValueError(f"{path}: the tokenizer does not match the fingerprint in {CONFIG_FILE}")
+    return tokenizer
+
+
+def _load_tokenizer(path: Path, config: dict) -> Any:
+    """The bundle's tokenizer: specdec's SentencePiece model, an imported checkpoint's own, or none."""
+    entry = config["tokenizer"]
+    kind = entry.get("kind", "sentencepiece")
+    if kind == "sentencepiece":
+        return Tokenizer.load(path / entry["file"])
+    if kind == "none":
+        return IdsOnlyTokenizer(config["vocab_size"])
+    spec = {k: v for k, v in entry.items() if k != "fingerprint"}
+    return HFTokenizer(path, spec)
 
 
 TORCH_MISSING = "torch is not installed (a runtime install without it serves ONNX Runtime exports only)"

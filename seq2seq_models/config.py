@@ -1,7 +1,15 @@
-"""Architecture hyper-parameters of one encoder-decoder model, as stored in a bundle."""
+"""Architecture hyper-parameters of one encoder-decoder model, as stored in a bundle.
+
+The defaults describe the project's own architecture (pre-LN, learnt positions, GELU, tied head
+with a bias, embeddings scaled by sqrt(d_model)). The other fields say how an imported checkpoint
+differs (`seq2seq_models.hf_import`): the layer math in `seq2seq_models.layers` reads them, so one
+implementation serves every family for eager torch and the ONNX export alike. Sinusoidal and
+offset positions are imported as tables, so "learnt" covers every absolute position scheme.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -22,13 +30,50 @@ class ModelConfig:
     bos_id: int = 2
     eos_id: int = 3
     mask_id: int = 4
+    # Per-head width; 0 means d_model // n_heads (T5 and mT5 may use another, e.g. 6 heads of 64 in 512).
+    head_dim: int = 0
+    norm_position: str = "pre"  # "pre": x + f(norm(x)); "post": norm(x + f(x)) (Marian, BART)
+    norm_kind: str = "layer"  # "layer" (LayerNorm) or "rms" (T5's RMSNorm: no mean, no bias)
+    norm_eps: float = 1e-5
+    final_norm: bool = True  # a norm after the last encoder and decoder layer
+    embed_norm: bool = False  # a LayerNorm on the embedded input of both stacks (BART, mBART)
+    embed_scale: float = 0.0  # token embeddings are multiplied by this; 0 means sqrt(d_model)
+    positions: str = "learnt"  # "learnt" tables (also imported sinusoids), or T5's "relative" bias
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+    activation: str = "gelu"  # gelu (exact), gelu_tanh, relu, silu
+    gated_ffn: bool = False  # act(x W0) * (x W1), as T5 v1.1's gated-GELU
+    linear_bias: bool = True  # biases in attention and feed-forward projections (none in T5)
+    tied_head: bool = True  # the output projection is the target embedding matrix
+    # Source vocabulary when it differs from the target one (Marian with separate vocabularies); 0: shared.
+    src_vocab_size: int = 0
 
     def __post_init__(self) -> None:
-        if self.d_model % self.n_heads:
+        if not self.head_dim and self.d_model % self.n_heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {sorted(allowed)}, not {getattr(self, name)!r}")
         for name in ("pad_id", "unk_id", "bos_id", "eos_id", "mask_id"):
             if not 0 <= getattr(self, name) < self.vocab_size:
                 raise ValueError(f"{name} {getattr(self, name)} is outside the vocabulary")
+
+    @property
+    def attn_head_dim(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def attn_dim(self) -> int:
+        """Width of the attention projections (n_heads x head width)."""
+        return self.n_heads * self.attn_head_dim
+
+    @property
+    def token_scale(self) -> float:
+        return self.embed_scale or math.sqrt(self.d_model)
+
+    @property
+    def source_vocab_size(self) -> int:
+        return self.src_vocab_size or self.vocab_size
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -40,3 +85,11 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"unknown model config keys: {sorted(unknown)}")
         return cls(**data)
+
+
+_CHOICES = {
+    "norm_position": {"pre", "post"},
+    "norm_kind": {"layer", "rms"},
+    "positions": {"learnt", "relative"},
+    "activation": {"gelu", "gelu_tanh", "relu", "silu"},
+}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -25,23 +26,27 @@ JoinPast = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 class EncoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.attn_norm, self.attn = _pre_norm(config, Attention)
-        self.ffn_norm, self.ffn = _pre_norm(config, FeedForward)
+        self.post_norm = config.norm_position == "post"
+        self.attn_norm, self.attn = _normed(config, Attention)
+        self.ffn_norm, self.ffn = _normed(config, FeedForward)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None, kernel: AttentionKernel = EAGER) -> Tensor:
-        h = self.attn_norm(x)
-        k, v = self.attn.project_kv(h, kernel)
-        x = x + self.dropout(self.attn.attend(h, k, v, mask, kernel))
-        return x + self.dropout(self.ffn(self.ffn_norm(x)))
+        def attend(h: Tensor) -> Tensor:
+            k, v = self.attn.project_kv(h, kernel)
+            return self.attn.attend(h, k, v, mask, kernel)
+
+        x = _residual(x, attend, self.attn_norm, self.dropout, self.post_norm)
+        return _residual(x, self.ffn, self.ffn_norm, self.dropout, self.post_norm)
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.self_norm, self.self_attn = _pre_norm(config, Attention)
-        self.cross_norm, self.cross_attn = _pre_norm(config, Attention)
-        self.ffn_norm, self.ffn = _pre_norm(config, FeedForward)
+        self.post_norm = config.norm_position == "post"
+        self.self_norm, self.self_attn = _normed(config, Attention)
+        self.cross_norm, self.cross_attn = _normed(config, Attention)
+        self.ffn_norm, self.ffn = _normed(config, FeedForward)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(
@@ -56,25 +61,31 @@ class DecoderLayer(nn.Module):
     ) -> Tensor:
         """One block `x` [B, T, D] through the layer; `join_past` (None: the block attends only to
         itself) turns the block's self-attention K/V into the keys and values it attends over."""
-        h = self.self_norm(x)
-        k, v = self.self_attn.project_kv(h, kernel)
-        if join_past is not None:
-            k, v = join_past(k, v)
-        x = x + self.dropout(self.self_attn.attend(h, k, v, self_mask, kernel))
-        x = x + self.dropout(self.cross_attn.attend(self.cross_norm(x), cross_k, cross_v, cross_mask, kernel))
-        return x + self.dropout(self.ffn(self.ffn_norm(x)))
+
+        def self_attend(h: Tensor) -> Tensor:
+            k, v = self.self_attn.project_kv(h, kernel)
+            if join_past is not None:
+                k, v = join_past(k, v)
+            return self.self_attn.attend(h, k, v, self_mask, kernel)
+
+        def cross_attend(h: Tensor) -> Tensor:
+            return self.cross_attn.attend(h, cross_k, cross_v, cross_mask, kernel)
+
+        x = _residual(x, self_attend, self.self_norm, self.dropout, self.post_norm)
+        x = _residual(x, cross_attend, self.cross_norm, self.dropout, self.post_norm)
+        return _residual(x, self.ffn, self.ffn_norm, self.dropout, self.post_norm)
 
 
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        d = config.d_model
+        d, inner, bias = config.d_model, config.attn_dim, config.linear_bias
         self.n_heads = config.n_heads
-        self.head_dim = d // config.n_heads
-        self.q_proj = nn.Linear(d, d)
-        self.k_proj = nn.Linear(d, d)
-        self.v_proj = nn.Linear(d, d)
-        self.out_proj = nn.Linear(d, d)
+        self.head_dim = config.attn_head_dim
+        self.q_proj = nn.Linear(d, inner, bias=bias)
+        self.k_proj = nn.Linear(d, inner, bias=bias)
+        self.v_proj = nn.Linear(d, inner, bias=bias)
+        self.out_proj = nn.Linear(inner, d, bias=bias)
         self.dropout_p = config.dropout
 
     def project_kv(self, x: Tensor, kernel: AttentionKernel = EAGER) -> tuple[Tensor, Tensor]:
@@ -96,16 +107,58 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.up = nn.Linear(config.d_model, config.ffn_dim)
-        self.down = nn.Linear(config.ffn_dim, config.d_model)
+        bias = config.linear_bias
+        self.up = nn.Linear(config.d_model, config.ffn_dim, bias=bias)
+        # The gate's linear half (T5 v1.1's wi_1); `up` is the half the activation applies to.
+        self.gate = nn.Linear(config.d_model, config.ffn_dim, bias=bias) if config.gated_ffn else None
+        self.down = nn.Linear(config.ffn_dim, config.d_model, bias=bias)
+        self.act = ACTIVATIONS[config.activation]
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down(self.dropout(F.gelu(self.up(x))))
+        h = self.act(self.up(x))
+        if self.gate is not None:
+            h = h * self.gate(x)
+        return self.down(self.dropout(h))
 
 
-def _pre_norm(config: ModelConfig, sublayer: type[nn.Module]) -> tuple[nn.LayerNorm, nn.Module]:
-    """A pre-LN sublayer: its LayerNorm, then the sublayer (made in this order, so a seeded model's
-    random init stays what it was)."""
-    norm = nn.LayerNorm(config.d_model)
+class RMSNorm(nn.Module):
+    """T5's norm: scale by the root mean square, no mean subtraction, no bias; written in plain ops
+    so the ONNX export needs no RMSNormalization operator."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+}
+
+
+def make_norm(config: ModelConfig) -> nn.Module:
+    if config.norm_kind == "rms":
+        return RMSNorm(config.d_model, config.norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.norm_eps)
+
+
+def _normed(config: ModelConfig, sublayer: type[nn.Module]) -> tuple[nn.Module, nn.Module]:
+    """A sublayer and its norm (made in this order, so a seeded model's random init stays what it was)."""
+    norm = make_norm(config)
     return norm, sublayer(config)
+
+
+def _residual(
+    x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Module, dropout: nn.Module, post_norm: bool
+) -> Tensor:
+    """Pre-LN: x + f(norm(x)). Post-LN: norm(x + f(x))."""
+    if post_norm:
+        return norm(x + dropout(sublayer(x)))
+    return x + dropout(sublayer(norm(x)))

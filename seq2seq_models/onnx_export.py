@@ -166,7 +166,7 @@ def _export_batch_decoder(model32: Seq2SeqTransformer, out: Path, role: str = "v
     head (verifier), the mask positions' argmax (the NAR drafter, with `mask_from`) or the wanted
     rows' logits (the AR drafter)."""
     cfg = model32.config
-    layers, heads, hd = cfg.decoder_layers, cfg.n_heads, cfg.d_model // cfg.n_heads
+    layers, heads, hd = cfg.decoder_layers, cfg.n_heads, cfg.attn_head_dim
     # Every traced size distinct (B 2, T 3, P 5, N 2, S 4, R 4), so none is mistaken for another.
     example: tuple = (
         torch.tensor([[7, 8, 9], [7, 0, 0]]) % cfg.vocab_size,  # tokens
@@ -285,7 +285,7 @@ def _export_encoder(model: Seq2SeqTransformer, out: Path) -> Seq2SeqTransformer:
 
 def _example_cache(cfg) -> tuple[Tensor, Tensor]:
     """Example cross-attention K (source of 4) and past K (capacity 5) for tracing a decoder."""
-    layers, heads, hd = cfg.decoder_layers, cfg.n_heads, cfg.d_model // cfg.n_heads
+    layers, heads, hd = cfg.decoder_layers, cfg.n_heads, cfg.attn_head_dim
     return torch.zeros(layers, 1, heads, 4, hd), torch.zeros(layers, 1, heads, 5, hd)
 
 
@@ -325,7 +325,7 @@ class _DecoderStep(_ModelGraph):
             m, tokens, past_len, positions, past_k, past_v, cross_k, cross_v, causal
         )
         rows = hidden.index_select(0, torch.arange(head_from, t))
-        head = output_head_graph(rows, m.embed.weight, m.out_bias, top_k, targets)
+        head = output_head_graph(rows, m.head_weight, m.out_bias, top_k, targets)
         return present_k, present_v, head.topk_logprobs, head.topk_ids, head.target_logprobs
 
 
@@ -338,7 +338,7 @@ class _BatchedVerifierStep(_ModelGraph):
         *batch, targets, top_k = inputs
         rows, block_k, block_v = self.decoder(*batch)
         m = self.model
-        head = output_head_graph(rows, m.embed.weight, m.out_bias, top_k, targets)
+        head = output_head_graph(rows, m.head_weight, m.out_bias, top_k, targets)
         return block_k, block_v, head.topk_logprobs, head.topk_ids, head.target_logprobs
 
 
@@ -350,7 +350,7 @@ class _BatchedNarStep(_ModelGraph):
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
         rows, block_k, block_v = self.decoder(*inputs)
         m = self.model
-        draft_ids = F.linear(rows, m.embed.weight, m.out_bias).argmax(-1)  # ties: lowest id, as torch
+        draft_ids = F.linear(rows, m.head_weight, m.out_bias).argmax(-1)  # ties: lowest id, as torch
         return block_k, block_v, draft_ids
 
 
@@ -395,7 +395,7 @@ class _NarDecoderStep(_ModelGraph):
             m, tokens, past_len, positions, past_k, past_v, cross_k, cross_v, visible
         )
         rows = hidden.index_select(0, torch.arange(mask_from, t))
-        draft_ids = F.linear(rows, m.embed.weight, m.out_bias).argmax(-1)  # ties: lowest id, as torch
+        draft_ids = F.linear(rows, m.head_weight, m.out_bias).argmax(-1)  # ties: lowest id, as torch
         return present_k, present_v, draft_ids
 
 
@@ -405,8 +405,7 @@ def _decode_block(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Final-layer states [T, D] of a block after the first `past_len` cached positions, and
     the present K/V (the kept past plus the block's own) of every layer, stacked."""
-    # `embed_target` with the batch axis added after the position lookup, as the graph always had it.
-    x = m.embed(tokens) * m.embed_scale + m.tgt_pos(positions)[None]
+    x = m.embed_target(tokens, positions[None])
     # Index tensors rather than Python slices: a slice bound would be traced as a constant.
     kept = torch.arange(past_len)
     present_k: list[Tensor] = []
@@ -419,7 +418,9 @@ def _decode_block(
         present_v.append(v)
         return k, v
 
-    hidden = m.run_decoder(x, visible, cross_k, cross_v, None, GRAPH, join_past)
+    keys = torch.arange(visible.shape[1])[None]
+    self_mask = m.self_attention_mask(visible[None, None], positions[None], keys, decoder=True)
+    hidden = m.run_decoder(x, self_mask, cross_k, cross_v, None, GRAPH, join_past)
     return hidden[0], torch.stack(present_k), torch.stack(present_v)
 
 

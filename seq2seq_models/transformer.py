@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from kernels.attention import EAGER, AttentionKernel
 from seq2seq_models.config import ModelConfig
-from seq2seq_models.layers import DecoderLayer, EncoderLayer
+from seq2seq_models.layers import DecoderLayer, EncoderLayer, make_norm
 
 # (layer index, block K, block V) -> the keys and values the block attends over in that layer.
 LayerJoinPast = Callable[[int, Tensor, Tensor], tuple[Tensor, Tensor]]
@@ -85,24 +85,54 @@ class Seq2SeqTransformer(nn.Module):
         self.config = config
         d = config.d_model
         self.embed = nn.Embedding(config.vocab_size, d)
-        self.src_pos = nn.Embedding(config.max_len, d)
-        self.tgt_pos = nn.Embedding(config.max_len, d)
+        # Only a model whose source vocabulary differs from its target one has a source embedding.
+        self.src_embed = nn.Embedding(config.src_vocab_size, d) if config.src_vocab_size else None
+        self.learnt_positions = config.positions == "learnt"
+        if self.learnt_positions:
+            self.src_pos = nn.Embedding(config.max_len, d)
+            self.tgt_pos = nn.Embedding(config.max_len, d)
+        else:  # T5: one bias table per stack, shared by every layer's self-attention
+            self.src_rel_bias = nn.Embedding(config.relative_buckets, config.n_heads)
+            self.tgt_rel_bias = nn.Embedding(config.relative_buckets, config.n_heads)
         self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.decoder_layers))
-        self.encoder_norm = nn.LayerNorm(d)
-        self.decoder_norm = nn.LayerNorm(d)
+        self.encoder_norm = make_norm(config) if config.final_norm else nn.Identity()
+        self.decoder_norm = make_norm(config) if config.final_norm else nn.Identity()
+        self.src_embed_norm = make_norm(config) if config.embed_norm else nn.Identity()
+        self.tgt_embed_norm = make_norm(config) if config.embed_norm else nn.Identity()
+        self.lm_head = None if config.tied_head else nn.Linear(d, config.vocab_size, bias=False)
         self.out_bias = nn.Parameter(torch.zeros(config.vocab_size))
         self.dropout = nn.Dropout(config.dropout)
-        self.embed_scale = math.sqrt(d)
+        self.embed_scale = config.token_scale
         nn.init.normal_(self.embed.weight, std=d**-0.5)
         # Learnt positions start as one shared sinusoid table, as large as the scaled token
         # embeddings: with the usual small random init the position signal is ~2% of the input,
         # and a GEC model took ~3x longer to learn to copy (cross-attention aligns target position
         # i with source position i far sooner when both start from the same table).
-        with torch.no_grad():
-            table = sinusoid_table(config.max_len, d)
-            self.src_pos.weight.copy_(table)
-            self.tgt_pos.weight.copy_(table)
+        if self.learnt_positions:
+            with torch.no_grad():
+                table = sinusoid_table(config.max_len, d)
+                self.src_pos.weight.copy_(table)
+                self.tgt_pos.weight.copy_(table)
+
+    @property
+    def head_weight(self) -> Tensor:
+        """The output projection [V, D]: the target embeddings, or a head of its own."""
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight
+
+    def self_attention_mask(self, mask: Tensor, queries: Tensor, keys: Tensor, decoder: bool) -> Tensor:
+        """`mask` (True = may attend) as the self-attention's mask: unchanged for absolute
+        positions; for relative ones (T5) the additive bias of every (query, key) position pair,
+        [B, H, T, L], with -inf where `mask` forbids. `queries` [B or 1, T] and `keys` [B or 1, L]
+        are positions."""
+        if self.learnt_positions:
+            return mask
+        table = self.tgt_rel_bias if decoder else self.src_rel_bias
+        cfg = self.config
+        relative = keys[:, None, :] - queries[:, :, None]  # [B, T, L]
+        buckets = relative_bucket(relative, not decoder, cfg.relative_buckets, cfg.relative_max_distance)
+        bias = table(buckets).permute(0, 3, 1, 2)  # [B, H, T, L]
+        return bias.masked_fill(~mask, float("-inf"))
 
     # ----------------------------------------------------------------------------------------
     # Incremental decoding
@@ -115,7 +145,7 @@ class Seq2SeqTransformer(nn.Module):
         memory = self.encode(src, src_mask)
         b = src.shape[0]
         cfg = self.config
-        head_dim = cfg.d_model // cfg.n_heads
+        head_dim = cfg.attn_head_dim
         capacity = min(capacity, cfg.max_len)
         cross_k, cross_v = self.cross_kv(memory)
 
@@ -162,10 +192,10 @@ class Seq2SeqTransformer(nn.Module):
             self_mask = visible.expand(b, t, needed)
         else:
             self_mask = keys[None, None, :] <= positions[:, :, None]
-        self_mask = self_mask[:, None]  # [B, 1, T, L]
+        self_mask = self.self_attention_mask(self_mask[:, None], positions, keys[None, :], decoder=True)
         cross_mask = cache.src_mask[:, None, None, :]  # [B, 1, 1, S]
 
-        x = self.dropout(self.embed_target(tokens, positions.clamp(max=self.config.max_len - 1)))
+        x = self.dropout(self.embed_target(tokens, positions))
         join_past = partial(_write_cache, cache, positions, needed)
         hidden = self.run_decoder(x, self_mask, cache.cross_k, cache.cross_v, cross_mask, join_past=join_past)
         cache.hidden.scatter_(1, positions[:, :, None].expand_as(hidden), hidden)
@@ -185,7 +215,7 @@ class Seq2SeqTransformer(nn.Module):
         cache.lengths = n_t.clone()
 
     def logits(self, hidden: Tensor) -> Tensor:
-        return F.linear(hidden, self.embed.weight, self.out_bias)
+        return F.linear(hidden, self.head_weight, self.out_bias)
 
     def last_hidden(self, cache: DecoderCache) -> Tensor:
         """[B, D] state of every row's last valid position (the one that predicts the next token)."""
@@ -213,7 +243,8 @@ class Seq2SeqTransformer(nn.Module):
         positions = torch.arange(t, device=tgt.device)[None, :]
         x = self.dropout(self.embed_target(tgt, positions))
         cross_mask = src_mask[:, None, None, :]
-        return self.logits(self.run_decoder(x, self_mask[:, None], cross_k, cross_v, cross_mask))
+        self_mask = self.self_attention_mask(self_mask[:, None], positions, positions, decoder=True)
+        return self.logits(self.run_decoder(x, self_mask, cross_k, cross_v, cross_mask))
 
     # ----------------------------------------------------------------------------------------
     # The stacks every path shares (above, and the ONNX export with the GRAPH kernel)
@@ -222,9 +253,16 @@ class Seq2SeqTransformer(nn.Module):
     def encode(self, src: Tensor, src_mask: Tensor | None, kernel: AttentionKernel = EAGER) -> Tensor:
         """Encoder output [B, S, D]; `src_mask` None = every source position is real."""
         positions = torch.arange(src.shape[1], device=src.device)[None, :]
-        x = self.embed(src) * self.embed_scale + self.src_pos(positions)
-        x = self.dropout(x)
+        embed = self.embed if self.src_embed is None else self.src_embed
+        x = embed(src) * self.embed_scale
+        if self.learnt_positions:
+            x = x + self.src_pos(positions)
+        x = self.dropout(self.src_embed_norm(x))
         attn_mask = None if src_mask is None else src_mask[:, None, None, :]
+        if not self.learnt_positions:
+            everything = torch.ones_like(positions, dtype=torch.bool)[:, None, None]
+            visible = everything if attn_mask is None else attn_mask
+            attn_mask = self.self_attention_mask(visible, positions, positions, decoder=False)
         for layer in self.encoder_layers:
             x = layer(x, attn_mask, kernel)
         return self.encoder_norm(x)
@@ -235,7 +273,12 @@ class Seq2SeqTransformer(nn.Module):
         return list(ks), list(vs)
 
     def embed_target(self, tokens: Tensor, positions: Tensor) -> Tensor:
-        return self.embed(tokens) * self.embed_scale + self.tgt_pos(positions)
+        """Embedded target tokens at their positions (clamped to the table: a position past it is
+        refused before any forward, but padded rows of a batch may point beyond)."""
+        x = self.embed(tokens) * self.embed_scale
+        if self.learnt_positions:
+            x = x + self.tgt_pos(positions.clamp(max=self.config.max_len - 1))
+        return self.tgt_embed_norm(x)
 
     def run_decoder(
         self,
@@ -291,3 +334,21 @@ def sinusoid_table(length: int, dim: int) -> Tensor:
     table[:, 0::2] = torch.sin(position * frequency)
     table[:, 1::2] = torch.cos(position * frequency[: dim // 2])
     return table.float()
+
+
+def relative_bucket(relative: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
+    """T5's bucket of each relative position (key minus query): exact for small distances, log-spaced
+    up to `max_distance`; a bidirectional stack gives keys after the query buckets of their own."""
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative > 0).long() * num_buckets
+        distance = relative.abs()
+    else:
+        distance = (-relative).clamp(min=0)
+    max_exact = num_buckets // 2
+    far = max_exact + (
+        torch.log(distance.float() / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).long()
+    far = far.clamp(max=num_buckets - 1)
+    return buckets + torch.where(distance < max_exact, distance, far)

@@ -79,22 +79,33 @@ async def start_services(
         v = config.verifier
         running.verifier = await VerifierServer.start(loaded or _need(bundle), v, config.verifier_limits)
         running.addresses["verifier"] = _with_port(v.address, running.verifier.host.port)
-    if role in ("drafter", "all"):
+    # An imported bundle may have no drafter yet: `serve all` then runs the modes that need none.
+    if role == "drafter" or (role == "all" and has_drafter(loaded)):
         d = config.drafter
         running.drafter = await DrafterServer.start(loaded or _need(bundle), d, config.drafter_limits)
         running.addresses["drafter"] = _with_port(d.address, running.drafter.host.port)
     if role in ("gateway", "all"):
-        from seq2seq_models.tokenizer import Tokenizer
+        from seq2seq_models.bundle import load_bundle_tokenizer
 
         gateway = config.gateway
         if role == "all":  # talk to the servers just started, on the ports they actually bound
             gateway = replace(
-                gateway, verifier_address=running.addresses["verifier"], drafter_address=running.addresses["drafter"]
+                gateway,
+                verifier_address=running.addresses["verifier"],
+                drafter_address=running.addresses.get("drafter"),
             )
-        tokenizer = loaded.tokenizer if loaded is not None else Tokenizer.load(_need(bundle) / "tokenizer.model")
+        tokenizer = loaded.tokenizer if loaded is not None else load_bundle_tokenizer(_need(bundle))
         running.gateway = await start_gateway(gateway, tokenizer)
         running.addresses["gateway"] = _with_port(gateway.address, running.gateway.host.port)
     return running
+
+
+def has_drafter(bundle: Any) -> bool:
+    """Whether a bundle (loaded, or its directory) has a drafter model for the drafter service."""
+    from seq2seq_models.bundle import bundle_roles
+
+    roles = list(bundle.models) if hasattr(bundle, "models") else bundle_roles(bundle)
+    return any(role in roles for role in ("nar_drafter", "ar_drafter"))
 
 
 # How long the drafter and verifier let their in-flight sessions finish when they stop.
@@ -157,7 +168,8 @@ def serve_processes(
 
     children: dict[str, subprocess.Popen] = {}
     try:
-        for role in ("verifier", "drafter"):
+        roles = ("verifier", "drafter") if has_drafter(bundle) else ("verifier",)
+        for role in roles:
             cmd = [sys.executable, "-m", "specdec", "serve", role, *child_args]
             children[role] = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         addresses = {}
@@ -167,7 +179,7 @@ def serve_processes(
                 raise SystemExit(f"specdec serve {role} exited with {proc.wait()} before it was serving")
             addresses[role] = line
         gateway = {**sections.get("gateway", {}), "verifier_address": addresses["verifier"],
-                   "drafter_address": addresses["drafter"]}
+                   "drafter_address": addresses.get("drafter", "")}
 
         def ready(running: Running) -> None:
             running.addresses.update(addresses)

@@ -26,7 +26,7 @@ class TorchEngine(TorchBatchEngine):
     def forward(self, feeds: dict[str, Any], top_k: int) -> tuple[Any, Any, np.ndarray, np.ndarray, np.ndarray]:
         rows, block_k, block_v = self.decode(feeds, BATCH_INPUTS)
         m = self.model
-        out = self.head(rows, m.embed.weight, m.out_bias, top_k, self.tensor(feeds["targets"]))
+        out = self.head(rows, m.head_weight, m.out_bias, top_k, self.tensor(feeds["targets"]))
         return (block_k, block_v, out.topk_logprobs.cpu().numpy(), out.topk_ids.cpu().numpy(),
                 out.target_logprobs.cpu().numpy())
 
@@ -35,7 +35,7 @@ class TorchEngine(TorchBatchEngine):
         0 on the CPU, or when the head is not `output_head`'s automatic choice)."""
         if self.head is not output_head:
             return 0
-        return warm_up_head(self.model.embed.weight, self.model.out_bias, max_rows)
+        return warm_up_head(self.model.head_weight, self.model.out_bias, max_rows)
 
 
 class LocalVerifier(BatchVerifier):

@@ -1,0 +1,308 @@
+"""`specdec import-hf` against `transformers` itself: for each family a small random-weight model is
+built with `transformers`, saved, imported, and its greedy output compared with `generate` on the
+torch and ONNX Runtime backends; tokenizers built here round-trip text as `transformers`' do."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+transformers = pytest.importorskip("transformers", reason="import-hf needs transformers (the hf extra)")
+
+import sentencepiece as spm  # noqa: E402
+import torch  # noqa: E402
+from tokenizers import ByteLevelBPETokenizer  # noqa: E402
+
+from drafter_service.session import make_drafter  # noqa: E402
+from gateway.decode import decode  # noqa: E402
+from gateway.decoding_config import DecodingConfig  # noqa: E402
+from gateway.wire import overrides_to_wire  # noqa: E402
+from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
+from seq2seq_models.bundle import load_bundle  # noqa: E402
+from specdec.cli import main as cli_main  # noqa: E402
+from specdec.serve import ServiceStack  # noqa: E402
+from verifier_service.session import make_verifier  # noqa: E402
+
+CORPUS = (Path(__file__).resolve().parents[1] / "seq2seq_models" / "data" / "tiny_corpus.txt").read_text().splitlines()
+MAX_NEW = 16
+SOURCES = 5
+# A first-divergence gap below this in HF's own float32 logits is a near-tie, not an import error.
+NEAR_TIE = 1e-4
+LOOPBACK = {
+    "verifier": {"address": "127.0.0.1:0", "metrics_address": "127.0.0.1:0"},
+    "drafter": {"address": "127.0.0.1:0", "metrics_address": "127.0.0.1:0"},
+    "gateway": {"address": "127.0.0.1:0", "metrics_address": "127.0.0.1:0", "drafter_retry_s": 0.2},
+}
+
+
+def _shape(**extra) -> dict:
+    return dict(
+        d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
+        activation_dropout=0.0, forced_eos_token_id=None, **extra,
+    )
+
+
+def _t5_shape(**extra) -> dict:
+    return dict(d_model=32, d_kv=8, num_layers=2, num_decoder_layers=2, d_ff=64, dropout_rate=0.0,
+                decoder_start_token_id=0, **extra)
+
+
+def _scaled(model, seed: int):
+    """Weights well above the default init: random models at std 0.02 give float32 near-ties."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+            elif "bias" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+            else:
+                p.copy_(1 + torch.randn(p.shape, generator=g) * 0.3)
+        if hasattr(model, "final_logits_bias"):
+            model.final_logits_bias.copy_(torch.randn(model.final_logits_bias.shape, generator=g) * 0.1)
+    return model.eval()
+
+
+def _bart_tokenizer(root: Path):
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS, vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    bpe.save_model(str(root))
+    return transformers.BartTokenizer(vocab=str(root / "vocab.json"), merges=str(root / "merges.txt"))
+
+
+def _spm(vocab_size: int, **ids) -> spm.SentencePieceProcessor:
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS), model_writer=out, vocab_size=vocab_size, hard_vocab_limit=False,
+        minloglevel=2, num_threads=1, **ids,
+    )
+    return spm.SentencePieceProcessor(model_proto=out.getvalue())
+
+
+def _t5_tokenizer(root: Path):
+    sp = _spm(150, pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
+    vocab = [(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())]
+    return transformers.T5Tokenizer(vocab=vocab, extra_ids=4)
+
+
+def _marian_tokenizer(root: Path):
+    sp = _spm(150)
+    for name in ("source.spm", "target.spm"):
+        (root / name).write_bytes(sp.serialized_model_proto())
+    vocab = {"</s>": 0, "<unk>": 1}
+    for i in range(sp.get_piece_size()):
+        vocab.setdefault(sp.id_to_piece(i), len(vocab))
+    vocab.pop("<s>", None)
+    vocab = {piece: i for i, piece in enumerate(vocab)}
+    vocab["<pad>"] = len(vocab)
+    (root / "vocab.json").write_text(json.dumps(vocab))
+    return transformers.MarianTokenizer(
+        source_spm=str(root / "source.spm"), target_spm=str(root / "target.spm"), vocab=str(root / "vocab.json")
+    )
+
+
+def _build(family: str, root: Path):
+    """(model, tokenizer or None) of one family, sized to its tokenizer's vocabulary."""
+    t = transformers
+    if family == "marian":
+        tok = _marian_tokenizer(root)
+        v = len(tok)
+        cfg = t.MarianConfig(vocab_size=v, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                             decoder_start_token_id=tok.pad_token_id, **_shape())
+        return t.MarianMTModel(cfg), tok
+    if family == "bart":
+        tok = _bart_tokenizer(root)
+        return t.BartForConditionalGeneration(t.BartConfig(vocab_size=len(tok), **_shape())), tok
+    if family == "mbart":
+        return t.MBartForConditionalGeneration(t.MBartConfig(vocab_size=120, scale_embedding=True, **_shape())), None
+    if family == "m2m100":
+        return t.M2M100ForConditionalGeneration(t.M2M100Config(vocab_size=120, **_shape())), None
+    if family == "t5":
+        tok = _t5_tokenizer(root)
+        cfg = t.T5Config(vocab_size=len(tok), num_heads=6, feed_forward_proj="relu", **_t5_shape())
+        return t.T5ForConditionalGeneration(cfg), tok
+    if family == "t5-v1.1":
+        cfg = t.T5Config(vocab_size=120, num_heads=4, feed_forward_proj="gated-gelu", tie_word_embeddings=False,
+                         **_t5_shape())
+        return t.T5ForConditionalGeneration(cfg), None
+    raise AssertionError(family)
+
+
+FAMILIES = ["marian", "bart", "mbart", "m2m100", "t5", "t5-v1.1"]
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """family -> (HF model, HF tokenizer or None, bundle directory)."""
+    out = {}
+    for i, family in enumerate(FAMILIES):
+        root = tmp_path_factory.mktemp(family)
+        model, tok = _build(family, root)
+        model = _scaled(model, seed=i)
+        model.save_pretrained(root / "hf")
+        if tok is not None:
+            tok.save_pretrained(root / "hf")
+        assert cli_main(["import-hf", "--model", str(root / "hf"), "--out", str(root / "bundle")]) == 0
+        # The reference is the checkpoint as loaded back (Marian's sinusoids are rebuilt on load).
+        reloaded = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(root / "hf")).eval()
+        out[family] = (reloaded, tok, root / "bundle")
+    return out
+
+
+def _sources(bundle, seed: int) -> list[list[int]]:
+    cfg = bundle.config("verifier")
+    specials = {cfg.pad_id, cfg.eos_id, cfg.bos_id, cfg.unk_id}
+    words = [i for i in range(cfg.source_vocab_size) if i not in specials]
+    rng = random.Random(seed)
+    return [[rng.choice(words) for _ in range(rng.randint(1, 14))] for _ in range(SOURCES)]
+
+
+def _config(**overrides) -> DecodingConfig:
+    return DecodingConfig().with_overrides({"max_new_tokens": MAX_NEW, **overrides})
+
+
+def _hf_greedy(model, source: list[int], eos: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([[*source, eos]]), do_sample=False, num_beams=1, max_new_tokens=MAX_NEW,
+            forced_eos_token_id=None, forced_bos_token_id=None, min_length=0,
+        )[0].tolist()
+    return out[1:]  # without the decoder start token
+
+
+def _near_tie_gap(model, source: list[int], start: int, prefix: list[int], eos: int) -> float:
+    """HF's own top-2 logit gap where it chose the token after `prefix`."""
+    with torch.no_grad():
+        logits = model(
+            input_ids=torch.tensor([[*source, eos]]), decoder_input_ids=torch.tensor([[start, *prefix]])
+        ).logits[0, -1]
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_equals_transformers_generate(imported, family, backend, tmp_path):
+    model, _, bundle_dir = imported[family]
+    bundle = load_bundle(bundle_dir)
+    cfg = bundle.config("verifier")
+    verifier = make_verifier(bundle, backend, cache_root=tmp_path)
+    config = DecodingConfig().with_overrides({"mode": "ar", "max_new_tokens": MAX_NEW})
+    for source in _sources(bundle, seed=len(family)):
+        want = _hf_greedy(model, source, cfg.eos_id)
+        got = decode(source, config, verifier).output_ids
+        if got == want:
+            continue
+        at = next(i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b)
+        gap = _near_tie_gap(model, source, cfg.bos_id, want[:at], cfg.eos_id)
+        assert gap < NEAR_TIE, f"{family}/{backend} source {source}: ours {got} vs HF {want} (HF top-2 gap {gap:.2e})"
+
+
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_lossless_modes_equal_greedy(imported, family, tmp_path):
+    """IAD needs no drafter: on an imported bundle it equals greedy, fp32 and int8."""
+    _, _, bundle_dir = imported[family]
+    bundle = load_bundle(bundle_dir)
+    for precision in ("fp32", "int8"):
+        verifier = make_verifier(bundle, "onnxruntime", cache_root=tmp_path, precision=precision)
+        for source in _sources(bundle, seed=3):
+            greedy = decode(source, _config(mode="ar"), verifier)
+            iad = decode(source, _config(mode="iad", k=4), verifier)
+            assert iad.output_ids == greedy.output_ids, (family, precision, source)
+
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello world, it's me again!",
+    "  spaces   and\ttabs ",
+    "Я хочу подякувати вам.",
+    "numbers 12345 and symbols #@%",
+]
+
+
+@pytest.mark.parametrize("family", ["bart", "t5", "marian"])
+def test_text_round_trips_as_transformers(imported, family):
+    _, tok, bundle_dir = imported[family]
+    ours = load_bundle(bundle_dir).tokenizer
+    eos = tok.eos_token_id
+    for text in TEXTS + CORPUS[:20]:
+        want = tok(text)["input_ids"]
+        assert want[-1] == eos
+        assert ours.encode(text) == want[:-1], (family, text)
+        assert ours.decode(want) == tok.decode(want, skip_special_tokens=True), (family, text)
+    rng = random.Random(0)
+    for _ in range(20):
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randint(1, 12))]
+        assert ours.decode(ids) == tok.decode(ids, skip_special_tokens=True), (family, ids)
+
+
+def test_an_ar_drafter_of_the_same_vocabulary_runs_mjsd_and_sampling(imported, tmp_path):
+    model, tok, _ = imported["bart"]
+    small = _scaled(transformers.BartForConditionalGeneration(transformers.BartConfig(
+        vocab_size=len(tok), **{**_shape(), "encoder_layers": 1, "decoder_layers": 1})), seed=11)
+    verifier_dir = tmp_path / "verifier"
+    model.save_pretrained(verifier_dir)
+    tok.save_pretrained(verifier_dir)
+    small.save_pretrained(tmp_path / "small")
+    out = tmp_path / "pair"
+    assert cli_main(["import-hf", "--model", str(verifier_dir), "--ar-drafter", str(tmp_path / "small"),
+                     "--out", str(out)]) == 0
+    bundle = load_bundle(out)
+    verifier = make_verifier(bundle, "torch")
+    drafter = make_drafter(bundle, "torch")
+    for source in _sources(bundle, seed=5):
+        greedy = decode(source, _config(mode="ar"), verifier)
+        # At threshold 1 no drafted token passes, so every token is the verifier's own argmax.
+        strict = decode(source, _config(mode="mjsd", gamma=3, num_beams=2, threshold=1.0), verifier, drafter)
+        assert strict.output_ids == greedy.output_ids
+        mjsd = decode(source, _config(mode="mjsd", gamma=3, num_beams=2, threshold=0.2), verifier, drafter)
+        assert mjsd.stats.drafted_tokens > 0 and 0 < len(mjsd.output_ids) <= MAX_NEW
+        sampled = decode(source, _config(mode="spec", gamma=3, temperature=0.8, seed=1), verifier, drafter)
+        assert 0 < len(sampled.output_ids) <= MAX_NEW
+
+
+def test_a_drafter_of_another_vocabulary_is_one_line(imported, tmp_path, capsys):
+    t = transformers
+    other = t.BartForConditionalGeneration(t.BartConfig(vocab_size=77, **_shape()))
+    other.save_pretrained(tmp_path / "other")
+    model = imported["bart"][0]
+    model.save_pretrained(tmp_path / "verifier")
+    capsys.readouterr()
+    code = cli_main(["import-hf", "--model", str(tmp_path / "verifier"), "--ar-drafter", str(tmp_path / "other"),
+                     "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and "another vocabulary" in err and "vocab_size 77" in err, err
+
+
+def test_an_unsupported_model_type_is_one_line(tmp_path, capsys):
+    (tmp_path / "gpt").mkdir()
+    (tmp_path / "gpt" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    code = cli_main(["import-hf", "--model", str(tmp_path / "gpt"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "'gpt2'" in err, err
+
+
+def test_every_lossless_mode_through_serve_all(imported):
+    """An imported bundle served by `serve all` (no NAR drafter): AR and IAD equal in-process greedy."""
+    _, tok, bundle_dir = imported["bart"]
+    bundle = load_bundle(bundle_dir)
+    verifier = make_verifier(bundle, "torch")
+    with ServiceStack("all", bundle_dir, LOOPBACK) as stack:
+        import grpc
+
+        with grpc.insecure_channel(stack.running.addresses["gateway"]) as channel:
+            gateway = gateway_pb2_grpc.GatewayServiceStub(channel)
+            for text in TEXTS[:3]:
+                ids = bundle.tokenizer.encode(text)
+                want = decode(ids, DecodingConfig().with_overrides({"mode": "ar", "max_new_tokens": MAX_NEW}), verifier)
+                for mode in ("ar", "iad"):
+                    config = overrides_to_wire({"mode": mode, "max_new_tokens": MAX_NEW})
+                    reply = gateway.Generate(gateway_pb2.GenerateRequest(text=text, config=config), timeout=60)
+                    assert list(reply.output_ids) == want.output_ids, (mode, text)
+                    assert reply.text == tok.decode(want.output_ids, skip_special_tokens=True)
