@@ -26,7 +26,7 @@ MIN_WEIGHT = 1e-3
 @dataclass(frozen=True)
 class Cost:
     """cost(rows, tokens) = c0 + cr * rows + c1 * tokens, in seconds: a forward's fixed cost, its
-    cost per row and per token (`gateway.policies.adaptive`, "The objective")."""
+    cost per row and per token (`gateway.policies.adaptive`, module docstring, "The rule")."""
 
     c0: float
     c1: float
