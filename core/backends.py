@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 
 BACKENDS = ("torch", "onnxruntime")
-# ONNX Runtime is the default because it is faster on CPU (README "Model backends", BENCHMARKS.md).
+# ONNX Runtime is the default because it is faster than torch eager on the CPU (BENCHMARKS.md,
+# "Verifier backends (CPU)").
 DEFAULT_BACKEND = "onnxruntime"
 # "int8": ONNX Runtime dynamic quantization of the exported graphs (seq2seq_models.onnx_quantize).
 PRECISIONS = ("fp32", "int8")

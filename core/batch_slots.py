@@ -41,11 +41,10 @@ def answer_in_slots(
     return outcomes
 
 
-# `split_by_length`'s fixed cost of a forward, in token-rows of padding, per device. On a CPU a
-# batched verifier forward costs about c0 + a*rows + b*rows*block_len with c0/b ~ 35 token-rows
-# (bench/bench_batch_forward.py --blocks; 2.5 ms fixed, 0.07 ms a token-row on the 2-core machine): one
-# 3-token probe among 25 one-token rows pads 50 token-rows, and a GAD block of 11 among them 250.
-# On a GPU the fixed cost (kernel launches) dwarfs padded FLOPs: never split there.
+# `split_by_length`'s fixed cost of a forward, in token-rows of padding, per device: on a CPU a
+# forward's fixed cost is worth a few dozen token-rows of padding, so a GAD block or a probe among
+# one-token rows runs apart (BENCHMARKS.md, "Batch forward and encoder costs (CPU)"). On a GPU the
+# fixed cost (kernel launches) dwarfs padded FLOPs: never split there.
 SPLIT_TOKENS_CPU = 32
 
 
@@ -53,13 +52,10 @@ def split_tokens_for(device: str) -> int:
     return SPLIT_TOKENS_CPU if device == "cpu" else 0
 
 
-# The same for the encoder runs of new sessions' sources (`seq2seq_models.row_cache.encode_new`). On
-# the 2-core CPU a one-source run of the UA-GEC verifier's encoder (ONNX Runtime) took 4.7 / 7.4 /
-# 13.2 ms at 10 / 30 / 60 tokens: ~2.9 ms fixed, ~0.17 ms a token, so ~16 tokens. The sources' lengths
-# vary far more than blocks do (UA-GEC test: median 21 tokens, 90th percentile 52, longest 106): one
-# run padded to the longest of 8 or 16 of them cost more than one run per source, and under load
-# (about 4 sources a run at 32 clients) the encoder took a larger share of the verifier's work than
-# one source at a time; split, 1.2-1.4x less per source (bench/bench_encoder_batch.py).
+# The same for the encoder runs of new sessions' sources (`seq2seq_models.row_cache.encode_new`):
+# sources' lengths vary far more than blocks do, and one run padded to the longest of several cost
+# more than a run per source, so runs are split where a run's fixed cost is worth less than the
+# padding (BENCHMARKS.md, "Batch forward and encoder costs (CPU)", "Encoder runs of new sessions (CPU)").
 SPLIT_SOURCE_TOKENS_CPU = 16
 
 

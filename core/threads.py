@@ -35,8 +35,7 @@ def split_threads(verifier: int, drafter: int, cpus: int | None = None) -> tuple
     """Verifier and drafter threads when both run on one host's CPUs; `verifier` / `drafter` are the
     configured values (AUTO: choose; an explicit value stands). The verifier, the larger model and
     the critical path of every mode, keeps every usable CPU; the drafter takes half of them (at
-    least one). Measured with `bench/bench_threads.py` (GAD k=10 through `serve all --processes`, 2
-    cores): verifier 2 / drafter 1 was the fastest with two requests in flight and within noise of 2 / 2
-    with one; an even 1 / 1 split was the slowest of all."""
+    least one): a draft and a verify running at once then do not both ask for every core
+    (BENCHMARKS.md, "Intra-op threads (CPU)")."""
     cpus = cpus or usable_cpus()
     return verifier or alone_threads(cpus), drafter or alone_threads(max(1, cpus // 2))

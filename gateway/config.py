@@ -58,7 +58,7 @@ class GatewayConfig:
     # (its first runs are 1 and 4 steps, so the first token is not delayed).
     greedy_chunk: int = 0
     stream_greedy_chunk: int = 16
-    # Security (README "Security"; core.config.check_security_keys checks them together).
+    # Security (docs/deploy.md, "Security"; core.config.check_security_keys checks them together).
     tls_cert: str | None = None  # PEM certificate chain; with tls_key the gateway speaks TLS only
     tls_key: str | None = None
     tls_ca: str | None = None  # clients must present a certificate this CA signed (mTLS)

@@ -110,10 +110,9 @@ def _decode(
 
 
 # Drafting ahead (overlap, pre-verify) spends drafter and verifier work on guesses to cut one
-# request's latency. Through the services, GAD k=10 with both ran 1.08-1.14x with one request in flight
-# (BENCHMARKS.md, "Overlapped drafting", fp32 and int8), but 0.93x with four clients (README, "Against CTranslate2,
-# overlap, ..."): it runs only while no more than this many requests decode on the verifier, and
-# the loop asks again every iteration.
+# request's latency; with other requests in flight the guesses take forwards from them and it slowed
+# them down (BENCHMARKS.md, "Overlapped drafting and pre-verify: notes"), so it runs only while no
+# more than this many requests decode on the verifier, and the loop asks again every iteration.
 AHEAD_MAX_IN_FLIGHT = 1
 
 

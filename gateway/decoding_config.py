@@ -53,11 +53,10 @@ class DecodingConfig:
         default=False,
         metadata=about("choose the block length per step for the load, up to k (gad, gad++, iad)", wire="adaptive_k"),
     )
-    # Overlap and pre-verify: off by default. Together they gave fixed-k GAD k=10 1.08-1.14x through the
-    # services with one request in flight, and they are held back while other requests decode
-    # (gateway.decode.AHEAD_MAX_IN_FLIGHT). But adaptive requests cannot pre-verify (they choose each
-    # block's length before drafting it): with both on by default, adaptive GAD at one client fell
-    # to 0.95x fixed-k GAD (issue 11 asks for at least that), from 1.05x with both off.
+    # Overlap and pre-verify: off by default, because adaptive requests cannot pre-verify (they choose
+    # each block's length before drafting it), and with both on by default adaptive GAD at one client
+    # fell behind fixed-k GAD (BENCHMARKS.md, "Overlapped drafting and pre-verify: notes"). They are
+    # held back while other requests decode (gateway.decode.AHEAD_MAX_IN_FLIGHT).
     overlap: bool = field(
         default=False,
         metadata=about("draft the next block while the verifier verifies this one (gad, gad++, mjsd)"),

@@ -6,11 +6,11 @@ answer) handed to the loop with `asyncio.run_coroutine_threadsafe`; the worker b
 No thread is started per stream (the synchronous streams of `gateway.remote._Stream` start a
 request-iterator consumer thread for each), and a cancelled request's wait fails at once.
 
-Measured (`bench/bench_round_trip.py`, BENCHMARKS.md "Round trip split"): on this 2-core machine
-a step's latency is the same as the synchronous streams' within noise, about 0.05-0.1 ms more
-against a bare echo server; the round trip is dominated by gRPC's own floor (~0.45 ms per
-message pair in Python) and the service's side (worker hop and Python around the forward), not by
-the client's thread hops. `[gateway] peer_streams = "sync"` selects the old path.
+A step's latency matches the synchronous streams' at one request, since the round trip is
+dominated by gRPC's own floor and the service's side (worker hop and Python around the forward),
+not by the client's thread hops; under load no thread per stream pays (BENCHMARKS.md, "Peer
+streams (aio and sync)", "Round trip split (CPU)"). `[gateway] peer_streams = "sync"` selects the
+old path.
 
 Everything that touches a call runs on the loop (grpc.aio objects are not thread-safe); the worker
 thread only schedules coroutines and waits. Cancelling the request (`Cancellation.cancel()`, from

@@ -1,17 +1,16 @@
 """Fast CPU version of the output head (same contract as `kernels.reference`).
 
-Where the time goes (measured on a 2-core AMD EPYC, torch 2.13; `python bench/bench_head.py`):
-the projection h·Wᵀ is 85-95% of the unfused head, and `F.linear` lands in MKL, which runs the
-one-row case as a single-threaded GEMV and small-M GEMMs well below peak there. oneDNN's matmul
-(`torch.ops.mkldnn._linear_pointwise`, the op Inductor emits for CPU linears, bias fused) is
-1.5-4x faster for 1..32 rows, so fp32 goes there; other dtypes and builds without it use F.linear.
+The projection h·Wᵀ is most of the head's time, and `F.linear` lands in MKL, which runs the
+one-row case as a single-threaded GEMV and small-M GEMMs well below peak. oneDNN's matmul
+(`torch.ops.mkldnn._linear_pointwise`, the op Inductor emits for CPU linears, bias fused) is faster
+for 1..32 rows, so fp32 goes there; other dtypes and builds without it use F.linear.
 
 The epilogue is kept to ops that are single fused kernels in ATen: an in-place log-softmax over
-the fresh logits buffer (no second [R, V] tensor), one `topk`, one `gather`. Also measured, and
-slower: top-k on raw logits plus `torch.logsumexp` (an unfused multi-pass op, several times
-slower than `log_softmax`), and a chunked pass over the vocabulary with an online log-sum-exp and
-a running top-k merge (5-100% slower at 8192-32000 words: per-chunk dispatcher overhead and
-smaller GEMMs cost more than the cache locality saves).
+the fresh logits buffer (no second [R, V] tensor), one `topk`, one `gather`. Top-k on raw logits
+plus `torch.logsumexp` (an unfused multi-pass op) and a chunked pass over the vocabulary with an
+online log-sum-exp (per-chunk dispatcher overhead and smaller GEMMs cost more than the cache
+locality saves) were both slower. Figures: BENCHMARKS.md, "Fused output head (CPU)" and "Fused
+output head: notes".
 """
 
 from __future__ import annotations
@@ -46,7 +45,8 @@ def output_head_cpu(
 
 def _project(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """Logits [R, V] in a fresh buffer, with the fastest GEMM this build has for the dtype."""
-    # Cheap checks first: at one row the whole head takes ~100 us, so a few us of Python matter.
+    # Cheap checks first: at one row the whole head is so cheap (BENCHMARKS.md, "Fused output head
+    # (CPU)") that a few microseconds of Python matter.
     if (
         hidden.dtype is torch.float32
         and weight.dtype is torch.float32
@@ -95,8 +95,8 @@ def topk_lowest_id_first(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 def _strictly_decreasing(vals: Tensor) -> bool:
     if vals.numel() <= 48:
-        # At a few rows the head costs ~100 us, mostly per-op overhead: one tolist() and a Python
-        # loop beat three dispatcher calls (slices, compare, all) there.
+        # At a few rows the head's cost is mostly per-op overhead: one tolist() and a Python loop
+        # beat three dispatcher calls (slices, compare, all) there.
         return all(a > b for row in vals.tolist() for a, b in itertools.pairwise(row))
     return bool((vals[:, :-1] > vals[:, 1:]).all())
 

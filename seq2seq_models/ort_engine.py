@@ -36,8 +36,8 @@ class OrtBatchEngine:
     def decode_one(self, block: RowBlock, cross: Cross, **feeds: Any) -> tuple[Any, ...]:
         """One row through the one-row graph (`decoder.onnx`): no padding, masks or gather; its past
         is the row's capacity buffer itself (the graph slices it to `past_len`). A lone request is
-        the most common batch, and the batched graph's masking and gathers cost it 10-25%
-        (bench/bench_batch_forward.py). Returns the block's K/V [L, 1, H, T, hd] and the graph's
+        the most common batch, and the batched graph's masking and gathers would slow it
+        (BENCHMARKS.md, "Model backends: notes"). Returns the block's K/V [L, 1, H, T, hd] and the graph's
         other outputs, as host arrays."""
         kv = block.kv
         past = (kv.k[:, None], kv.v[:, None])  # views: [L, 1, H, capacity, hd]

@@ -176,11 +176,12 @@ def split_sources(k: Any, v: Any, sources: list[list[int]], own: Callable[[Any],
 class CrossStack(threading.local):
     """The batch's sources' cross-attention K/V as slots of one padded array [L, N, H, S, hd], kept
     from forward to forward. Under streaming refill the batch's sources change at almost every
-    step (a session ends, another joins): restacking them all each time cost the verifier's worker
-    14% of its time at 32 clients. Here a source keeps its slot while it stays in the batches, a
-    new one takes a free slot (one copy of its K/V), and the array is laid out again only when its
-    shape must change: more sources than slots, or the longest source's length in another bucket
-    of S_STEP positions (longer, or shorter: every row attends over the whole padded S).
+    step (a session ends, another joins): restacking them all each time was a large share of the
+    verifier's worker's time under load (BENCHMARKS.md, "Load: notes"). Here a source keeps its
+    slot while it stays in the batches, a new one takes a free slot (one copy of its K/V), and the
+    array is laid out again only when its shape must change: more sources than slots, or the
+    longest source's length in another bucket of S_STEP positions (longer, or shorter: every row
+    attends over the whole padded S).
 
     Free slots and the positions past a slot's source hold stale K/V of earlier sources: finite
     values the graph masks out by `src_lens` (their attention weights are exactly 0).

@@ -106,9 +106,10 @@ class Seq2SeqTransformer(nn.Module):
         self.embed_scale = config.token_scale
         nn.init.normal_(self.embed.weight, std=d**-0.5)
         # Learnt positions start as one shared sinusoid table, as large as the scaled token
-        # embeddings: with the usual small random init the position signal is ~2% of the input,
-        # and a GEC model took ~3x longer to learn to copy (cross-attention aligns target position
-        # i with source position i far sooner when both start from the same table).
+        # embeddings: with the usual small random init the position signal is a small fraction of
+        # the input and a GEC model learns to copy far later, since cross-attention aligns target
+        # position i with source position i sooner when both start from the same table
+        # (BENCHMARKS.md, "Training (CPU)").
         if self.learnt_positions:
             with torch.no_grad():
                 table = sinusoid_table(config.max_len, d)

@@ -1,5 +1,5 @@
 """The gateway's optional bearer-token check: a grpc.aio server interceptor, so it runs before any
-handler does work and the servicer does not change (README "Security")."""
+handler does work and the servicer does not change (docs/deploy.md, "Security")."""
 
 from __future__ import annotations
 

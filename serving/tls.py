@@ -1,4 +1,4 @@
-"""TLS for every specdec connection: config values in, gRPC credentials out (README "Security").
+"""TLS for every specdec connection: config values in, gRPC credentials out (docs/deploy.md, "Security").
 
 The one place that turns certificate paths into `grpc.ssl_server_credentials` (ServiceHost) and
 `grpc.ssl_channel_credentials` (the gateway's channels to verifier and drafter, `specdec generate`).

@@ -13,7 +13,7 @@ from pathlib import Path
 
 def cpu_name() -> str:
     """The CPU's model name and its widest vector units: hosts that report the same name ("AMD EPYC")
-    differ by 1.5x and more in int8 and bfloat16 speed depending on AVX-512 VNNI / BF16."""
+    differ widely in int8 and bfloat16 speed depending on AVX-512 VNNI / BF16."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:

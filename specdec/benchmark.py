@@ -418,7 +418,7 @@ def _timed(stack: str, decoders: list[tuple[BenchConfig, Decode]], sentences, pr
 
     Round r decodes every ROUNDS-th sentence (r, r + ROUNDS, ...) with each configuration in turn,
     the order rotated each round. A machine that slows down or speeds up during the run (a shared
-    CPU does, by 20-30% over minutes) then skews every configuration alike, so the speed-ups stay
+    CPU does, over minutes) then skews every configuration alike, so the speed-ups stay
     ratios of the same conditions. Configurations switch only between rounds, so one mode's
     leftovers (torch's OpenMP pool still spinning after an AR-drafter call) reach another only
     once per round.

@@ -153,7 +153,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                     "precision": args.precision, "intra_op_threads": args.drafter_threads, **batch_overrides(args)},
     }
     sections = load_sections(args.config, overrides=overrides)
-    # Every role gets the default bundle (the gateway reads its tokenizer), as the README says.
+    # Every role gets the default bundle (the gateway reads its tokenizer), as docs/services.md says.
     bundle = resolve_bundle(args.bundle)
 
     def ready(running) -> None:

@@ -85,9 +85,8 @@ _FULL_SHAPES = _shapes(verifier_layers=(6, 6), nar_decoder_layers=3)
 _FULL = _full_size(
     "full",
     _FULL_SHAPES,
-    # Measured on the 2-core dev CPU: ~2.8k real tokens/s, ~4 s per verifier step of ~11k tokens,
-    # 126 batches (8.5 min) per epoch of the ~31k train pairs. 5000 steps are ~40 epochs (~5.5 h);
-    # on a GPU the same steps take minutes. Drafters are 3-8x cheaper per step.
+    # 5000 steps are ~40 epochs of the ~31k train pairs: hours on a 2-core CPU, minutes on a GPU
+    # (BENCHMARKS.md, "Training (CPU)").
     training={
         "verifier": _train("ar", max_steps=5000, max_tokens=6000, peak_lr=7e-4, warmup_steps=800, eval_every=250),
         "nar_drafter": _train("nar", max_steps=5000, max_tokens=6000, peak_lr=7e-4, warmup_steps=800, eval_every=250,
@@ -98,14 +97,11 @@ _FULL = _full_size(
 )
 
 # `cpu`: what the 2-core CPU machine can train without a GPU, resumable across sessions. A shallower
-# verifier (4+3 layers of width 256, 8.5M params: ~1.8 s per step of 4k target tokens, ~7.5k tokens
-# with the sources); distillation with the batched search at width 1 (the verifier's greedy output,
+# verifier (4+3 layers of width 256, 8.5M params; steps of 4k target tokens, ~7.5k tokens with the
+# sources); distillation with the batched search at width 1 (the verifier's greedy output,
 # which is exactly what GAD's drafts are compared with); drafters for a few epochs. Weights: ~50 MB.
-# Measured (2026-11-21): with small random position embeddings the verifier needed ~1250 steps
-# of 6k tokens to reach 64% validation token accuracy (it had not learnt to copy); since positions
-# start as a sinusoid table it reaches 65% at step 400 of 4k tokens. 1600 steps take ~47 min; the
-# whole pipeline about 1.9 h (the NAR drafter, 2000 steps, ~45 min: 0.888 validation accuracy at 1100
-# steps, 0.925 at 2000).
+# 1600 verifier steps suffice because positions start as a sinusoid table, which makes the verifier
+# learn to copy early (BENCHMARKS.md, "Training (CPU)", also for the preset's wall times).
 _CPU_SHAPES = _shapes(verifier_layers=(4, 3), nar_decoder_layers=2)
 
 
@@ -134,9 +130,8 @@ _CPU = _full_size(
 
 # `base`: the Transformer-base verifier (6+6 layers of width 512, 8 heads: 48.5M params), drafters a
 # fifth of its size or less: the NAR drafter shaped as in the GAD paper (6 encoder layers, 2 decoder
-# layers of width 256: 9.0M), the AR drafter 3+1 layers of width 256 (5.6M). Measured on the 2-core
-# CPU: ~780 real tokens/s for the verifier's shape in float32, ~14 s a step of ~11k tokens (bfloat16
-# autocast, where the CPU has it: 1.65x faster). Pre-training sees
+# layers of width 256: 9.0M), the AR drafter 3+1 layers of width 256 (5.6M); its step times on a
+# CPU are in BENCHMARKS.md, "Training (CPU)". Pre-training sees
 # each clean UA-GEC training target twice corrupted plus the real pairs (~470 steps an epoch), the
 # fine-tuning the real pairs (126 steps an epoch). On a GPU the same steps take minutes.
 _BASE_SHAPES = {
@@ -153,22 +148,14 @@ _BASE = _full_size(
     _BASE_SHAPES,
     training={
         "pretrain": _quick_eval("ar", max_steps=700, max_tokens=6000, peak_lr=7e-4, warmup_steps=200, eval_every=100),
-        # The verifier: the average of its last five checkpoints when better. A first run (lost with
-        # its machine before its drafters finished) showed why the long pairs (`concat_max_tokens`):
-        # trained on sentence pairs alone, the verifier fell into repetition past ~90 output tokens
-        # (valid GLEU 66.6 at step 200, sources 70.1); with long pairs joined at step 257 it reached
-        # 72.6 at step 400 and 73.5 at step 700. Why 1200 steps, not 700: at 700 (average of
-        # 500-700) it still garbled long copies (dropped words, doubled syllables), so sources over
-        # 64 tokens scored below their uncorrected selves (valid GLEU 73.65 vs 74.32; on test 69.5 vs
-        # 73.7, which held the test GLEU to +1.6 over the sources), while the valid loss was still
-        # falling (0.498 at 600, 0.4925 at 700) and the long sources' GLEU rose 1.2 from step 500.
-        # At 1200: valid loss 0.4629 (step 1200 alone; the 1000-1200 average 0.4636 is not kept),
-        # valid GLEU 75.29 (sources 68.56), long sources 78.90 against 74.32.
+        # The verifier: the average of its last five checkpoints when better. Long pairs
+        # (`concat_max_tokens`) because, trained on sentence pairs alone, it fell into repetition on
+        # long outputs; 1200 steps, not 700, because at 700 it still garbled long copies while the
+        # validation loss was still falling (bundles/ua-gec/MODEL_CARD.md, "Training history").
         "verifier": _quick_eval("ar", max_steps=1200, max_tokens=6000, peak_lr=3e-4, warmup_steps=50, eval_every=100,
                                 average_last=5),
         # The NAR drafter starts from the AR drafter's weights (`nar_from_ar_drafter`), so it needs
-        # fewer steps than one trained from scratch: valid token accuracy 0.87 at step 250, 0.91 at
-        # 500. A step costs ~3 s on the 2-core CPU (glancing adds a forward).
+        # fewer steps than one trained from scratch (the model card's "Training history").
         **_DRAFTERS, "nar_drafter": replace(_DRAFTERS["nar_drafter"], max_steps=1500),
     },
     distill_beams=1,

@@ -61,8 +61,8 @@ class TrainConfig:
     # noise of small batches at no training cost (Vaswani et al. 2017 average their last checkpoints).
     average_last: int = 0
     # Mixed precision for the training forward: "auto" is bfloat16 autocast where the hardware has
-    # bfloat16 arithmetic (CUDA; a CPU with AVX-512 BF16 or AMX, which oneDNN uses: a Transformer-base
-    # training step is 1.65x faster in bfloat16 on the 2-core Zen 4 CPU) and float32 elsewhere, where
+    # bfloat16 arithmetic (CUDA; a CPU with AVX-512 BF16 or AMX, which oneDNN uses; BENCHMARKS.md,
+    # "Training (CPU)") and float32 elsewhere, where
     # bfloat16 would be emulated and slower; "bf16" and "off" force it. No loss scaling is needed
     # for bfloat16. Weights, optimizer state and evaluation stay float32.
     mixed_precision: str = "auto"

@@ -1,113 +1,38 @@
 """Speculation that adapts to load: the block length k of every draft-verify step, chosen per
-request and step to maximise expected goodput (ARCHITECTURE.md section 8). `DecodingConfig.adaptive`
-turns it on; the lossless modes stay identical to greedy whatever k is chosen, since k only
-decides how much is drafted, never what is accepted.
+request and step to maximise expected goodput. `DecodingConfig.adaptive` turns it on; the lossless
+modes stay identical to greedy whatever k is chosen, since k only decides how much is drafted,
+never what is accepted. The design and its reasons are ARCHITECTURE.md, section 8, "Adaptive
+speculation"; the measurements behind it, BENCHMARKS.md, "Adaptive speculation: notes".
 
-The objective
--------------
-A step that drafts k tokens commits in expectation E(k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a)
-tokens, where a is the request's per-token acceptance rate (a draft token is accepted with
-probability a once its predecessors were; the verifier's own token always comes). k = 0 is a plain
-AR step: no drafter call, one token.
-
-A step costs a share of two forwards. The verifier's forward over `rows` rows and T tokens (every
-row of every request in the batch, append + draft) takes cost(rows, T) ~ c0 + cr*rows + c1*T: c0 is
-paid once per forward whatever its size (reading the weights, kernel launches, the scheduler's
-round), cr once per row (attention over the row's cached past and its source, gathering and
-scattering its K/V, its head call), c1 per token fed (the FLOPs of the layers). A request feeding
-1 + k tokens to a forward of `rows` rows is charged c0/rows + cr + c1*(1+k); its drafter call, one
-row of 1 + k tokens (the token it appends, k masks), d0' + dr + d1*(1+k) (nothing when k = 0). The
-policy picks
+The rule: a step drafting k tokens commits E(k) = (1 - a^(k+1)) / (1 - a) tokens in expectation (a:
+the request's acceptance rate; k = 0 is a plain AR step, no drafter call) and costs its share of a
+verifier forward, c0/rows + cr + c1*(1 + k), plus, when k > 0, a drafter call d0' + dr + d1*(1 + k).
+The policy picks
 
     k* = argmax_{0 <= k <= k_max}  E(k) / (c0/rows + cr + c1*(1 + k) + [k > 0] * (d0' + dr + d1*(1 + k)))
 
-Why the per-row term: a draft token adds only c1 to the verifier's forward, a plain AR step costs
-cr + c1 more than its share of c0. Measured on the UA-GEC verifier at 32 rows (2-core Xeon,
-`bench/bench_batch_forward.py`): 0.89, 1.37 and 2.94 ms a row for 1, 3 and 11 tokens a row, so
-cr ~ 0.66 ms and c1 ~ 0.21 ms. A line in T alone, fitted on plain AR traffic (T = rows), folds cr into
-c1 and prices every draft token as a whole AR row: at 32 clients adaptive GAD then drafted 0.4
-tokens a request and ran at 0.99x plain AR where fixed k = 10 ran at 1.15x; with the per-row term it
-ran at 1.18x plain AR and 1.05x fixed k (`bench/bench_adaptive_load.py`, 5 rounds).
+When a batch's rows behave alike, each request maximising its own ratio maximises the server's
+throughput: long blocks win when a forward is latency-bound (one request), k = 0 when a batch is
+compute-bound, which is how a loaded server speculating adaptively stays no slower than plain AR.
 
-The drafter's fixed cost d0' is d0/rows, shared like the verifier's, when the drafter reports the
-forwards its blocks ran in (its scheduler batches the blocks of every drafting request, and the
-requests at one load choose alike: if drafting pays for this one it pays for the others, and they
-fill the drafter's batch). It is charged whole, d0' = d0, when the drafter reports none (an
-in-process drafter: its cost is learnt from the call's wall time, queueing included). Charging
-d0/rows on wall times priced a lone draft as if the verifier's 32 rows shared it: after a spell at
-one client (cheap drafter calls in the estimates), adaptive GAD at 32 clients drafted again and ran
-at 0.88x plain AR. At rows = 1 the two charges are the same.
+The estimates:
+- a: per request, accepted draft tokens over draft positions reached, with the mode's pooled rate
+  over recent blocks of every request as its prior (worth PRIOR_WEIGHT positions).
+- c0, cr, c1 (and d0, dr, d1 for the drafter): `forward_cost.CostEstimator`, one per verifier (per
+  gateway process) and one per drafter mode, fitted from the (rows, tokens, seconds) every answer
+  reports of the forward it ran in. The per-row term cr exists because a draft token adds only c1
+  to a forward while a plain AR row adds cr + c1. d0' = d0/rows when the drafter reports its
+  forwards (its scheduler batches the blocks of every drafting request), the whole d0 when it
+  reports none. A request's first draft is not a cost sample: it opens the drafter session.
+- rows: the requests decoding on this verifier now (`decode` counts them), or the last forward's
+  rows when more; never the last forward's rows alone, which drafting requests leave half empty.
 
-Why this ratio: when the rows of a batch behave alike, the server commits rows*E(k) tokens per
-forward of c0 + rows*(cr + c1*(1+k)) (plus the drafter's), so the ratio is the server's throughput
-over rows: maximising each request's share maximises the whole. (For unlike rows the exact optimum
-of the batch's ratio, by Dinkelbach, has every row maximise E_i(k) - lambda*c1*(1+k) with lambda the
-batch's throughput; the share ratio is that rule with lambda taken from the row itself, exact for
-alike rows.) At rows = 1 it is the request's own tokens per second: when c0 dominates (latency-bound:
-one request, a forward paying mostly per-call overhead) E grows faster than the cost and long blocks
-win. At rows = 32 with c0/rows small, a draft pays only where its expected tokens beat what its c1
-per token and the drafter's cost take from plain AR's cr + c1 a token: where the per-token cost
-dominates (a compute-bound forward), the cost grows like 1 + k while E(k) < 1 + k for every a < 1,
-and k = 0 wins. That is the fix for the usual complaint about vLLM / TensorRT-LLM speculation making
-a loaded server slower than plain AR: a fixed k charges every request 1 + k tokens of a
-compute-bound forward for E(k) tokens of progress.
-
-The estimates
--------------
-- a: per request, counts updated from every verified block: accepted draft tokens over draft
-  positions reached (the accepted ones plus the first rejected one, if any), the maximum-likelihood
-  rate of the geometric model E(k) assumes. The prior is the pooled rate of the mode over recent
-  blocks of every request of this gateway, worth PRIOR_WEIGHT positions (empirical Bayes: a new
-  request starts from what the traffic shows, not from a guess).
-- c0, cr, c1: one `CostEstimator` per verifier (one per gateway process: the gateway's
-  per-request verifier objects name the peer they share as their `load_key`), shared by its
-  requests and thread-safe, fed with every step's (batch_rows, batch_tokens, forward_s) as the
-  verifier's batching scheduler reports them; where a backend reports none (batch_tokens = 0), one
-  row, the step's own tokens and the wall time of the verifier call (the loop calls the verifier
-  between `propose` and `accept`, so that is what the gap between them times). Observations are kept
-  per bucket (power of two of the rows, power of two of the tokens; the last BUCKET_SIZE of each,
-  summarised by their mean without stalls) and the plane is a non-negative least-squares fit through
-  the buckets: steady traffic at one load cannot wash out what other loads taught, and one slow
-  outlier (a first call warming up) cannot swing the fit. Plain AR traffic alone (one token a row)
-  cannot tell cr from c1, nor one client's (one row) c0 from cr: what the buckets cannot tell apart
-  is split as the last traffic that could split it (`CostEstimator.memory`, kept when that
-  traffic's observations expire; `fit_cost`).
-- d0, dr, d1: the same estimator over the drafter's forwards, one per mode: (batch_rows,
-  batch_tokens, forward_s) as the drafter's scheduler reports them with each block, queueing and the
-  round trip left out. A drafter that reports none is timed by the call's wall time as one row of
-  1 + k tokens, and a request's first draft is then not a sample: it opens the request's drafter
-  session (a stream, an encoder run) and catches the drafter up on the output so far, a cost of the
-  request paid once. Measured: at a cold start of 32 clients every request drafts (nothing is known
-  yet), the first drafts queue behind each other's openings on the drafter, ~125 ms each, and with
-  them as samples the drafter looked too dear to draft even at one client until they expired
-  (MAX_AGE_S).
-- rows: the requests decoding on this verifier now (every mode: `decode` counts them in and out),
-  or the rows of the request's last forward when that is more (other gateways share the
-  verifier). Not the last forward's rows alone: requests that draft spend half their time in the
-  drafter, so their verifier forwards hold half of them; rows read from there make the load look
-  lighter the more the requests draft, and drafting then pays for itself on paper however loaded
-  the server (measured: 32 clients gave forwards of 2-3 rows and adaptive GAD stayed at long blocks).
-
-Probing: while k = 0 wins, nothing is learnt about acceptance, and the drafter's cost is not
-measured again. So after PROBE_AFTER plain AR steps of a mode in a row (counted over the gateway's
-requests) one step drafts a short block (PROBE_K tokens), the interval doubling after each probe up
-to PROBE_MAX_INTERVAL per ROWS_PER_RUN requests in flight: the estimates keep tracking at a bounded
-cost. Under load the interval grows with the load, as the AR runs do: a probe costs more than its
-PROBE_K tokens (the request's drafter session is opened for it: an encoder run on the drafter), and
-at 32 clients, probing every 64 steps cost adaptive GAD ~7% of its throughput against plain AR.
-Cost observations expire after MAX_AGE_S, so one that made drafting look too dear is not kept for
-ever either; the first of each estimator is ignored (a backend's lazy start).
-
-A probe is only made where what it could teach might change a choice: when the chooser, given an
-acceptance rate of PROBE_CEILING (drafts as good as they get: on UA-GEC, a sentence with nothing to
-correct), would draft at this load. Where even that loses to plain AR (a loaded, compute-bound
-server), no acceptance a probe could reveal would make a request draft, and the probe is pure cost:
-measured at 32 clients, 93 probes over 600 requests, each opening a drafter session and breaking
-its request's AR run in two. The schedule resumes where it was when the load falls, its interval
-cut at once to the new load's cap (a burst's long interval would otherwise hold back the probes that
-tell a light load that drafting pays again).
+Probing: while k = 0 wins nothing is learnt about acceptance, so after PROBE_AFTER plain AR steps
+of a mode one step drafts PROBE_K tokens, the interval doubling up to PROBE_MAX_INTERVAL per
+ROWS_PER_RUN requests in flight. A probe is made only where drafts as good as PROBE_CEILING would
+be drafted at this load; where even those lose to plain AR, a probe could change no choice and is
+pure cost. Cost observations expire after MAX_AGE_S.
 """
-
 from __future__ import annotations
 
 import math
@@ -137,9 +62,9 @@ PROBE_AFTER = 8
 # server speculating adaptively is not slower than plain AR for want of runs. The choice is made
 # again after them. Under load the runs grow: a round trip costs both services' Python and takes
 # the session out of the verifier's batch until the next call arrives, while under load k = 0 keeps
-# winning (measured at 32 clients: runs of 8 left adaptive GAD at 0.80x plain AR's tokens/s, runs
-# of 64 at 0.93-1.01x). Where no acceptance rate would make drafting pay at this load (a "hopeless"
-# k = 0, `AdaptiveBlocks.propose`), the run goes to the end of the output instead.
+# winning (BENCHMARKS.md, "Adaptive speculation: notes"). Where no acceptance rate would make
+# drafting pay at this load (a "hopeless" k = 0, `AdaptiveBlocks.propose`), the run goes to the end
+# of the output instead.
 AR_RUN = 8
 ROWS_PER_RUN = 4
 PROBE_MAX_INTERVAL = 64
@@ -361,8 +286,7 @@ class AdaptiveBlocks:
         else:
             # A hopeless k = 0 runs to the end of the output: only a fall in load could change the
             # choice, and every extra run costs a round trip that a loaded server pays out of its
-            # forwards (measured at 32 clients, k = 0 forced: runs of AR_RUN per ROWS_PER_RUN rows
-            # 0.93x plain AR's tokens/s, runs to the end 0.99x).
+            # forwards (BENCHMARKS.md, "Adaptive speculation: notes").
             draft = Draft(ids=[], ar_steps=room + 1 if hopeless else min(ar_run(rows), room + 1))
         own_tokens = max(1, len(output) - self._verified + min(len(draft.ids), k))
         self._verified = len(output)

@@ -100,8 +100,8 @@ class DrafterSync:
     after the whole output. Why: the NAR drafter aligns its output with the source by position, so
     after the verifier inserts a token (a comma, a word) every block it drafts is one token ahead of
     the output, and after it deletes one (a stray quote, a letter) one token behind; GAD's blocks
-    are then cut at their first token until the sentence ends (on UA-GEC 95% of the blocks after one
-    cut at its first token were cut there too, half of all blocks). `observe` reads each verdict:
+    are then cut at their first token until the sentence ends (BENCHMARKS.md, "GAD verdicts (what
+    overlap can hit)"). `observe` reads each verdict:
 
     - the verifier's token is the draft's next one (the correction dropped the drafted token): the
       next blocks skip one drafted position more;

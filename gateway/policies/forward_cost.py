@@ -1,6 +1,6 @@
 """What a forward costs, learnt online: `Cost` (c0 + cr*rows + c1*tokens) and `CostEstimator`, which
 fits it from the (rows, tokens, seconds) of the forwards a service reports. Adaptive speculation
-(`gateway.policies.adaptive`, module docstring: "The objective", "The estimates") prices its block
+(`gateway.policies.adaptive`, module docstring: "The rule", "The estimates") prices its block
 lengths with one per verifier and one per drafter mode.
 """
 
@@ -26,7 +26,7 @@ MIN_WEIGHT = 1e-3
 @dataclass(frozen=True)
 class Cost:
     """cost(rows, tokens) = c0 + cr * rows + c1 * tokens, in seconds: a forward's fixed cost, its
-    cost per row and per token (`gateway.policies.adaptive`, "The objective")."""
+    cost per row and per token (`gateway.policies.adaptive`, module docstring, "The rule")."""
 
     c0: float
     c1: float
@@ -142,14 +142,12 @@ def fit_cost(points: list[tuple[float, float, float]], memory: Cost | None = Non
     `weights` (default: all alike), every coefficient >= 0.
 
     The estimator weighs each bucket by 1 / seconds^2 (relative errors: with absolute ones the
-    32-row buckets, tens of milliseconds, decide the fit and a one-row bucket's 2 ms hardly counts)
+    32-row buckets, many times a one-row forward's cost, decide the fit and a one-row bucket hardly counts)
     and by how recently it was observed (halving every HALF_LIFE_S): the cost of a forward depends
     on what else the host runs (drafter and verifier share the cores of a CPU host, so their forwards
     take longer while both are busy), and after a change of load the buckets the new load keeps
-    observing must decide the fit. Seen in a trace: after 32-client cells, the drafter's forwards
-    timed under that load (~8 ms a row) made its fit price a one-row draft at 8 ms where one client's
-    drafts took 2-3.5 ms; in the same bench run one 1-client round of adaptive GAD drafted 6 tokens a
-    request (0.59x fixed k).
+    observing must decide the fit: forwards timed under a heavy load otherwise price a light load's
+    drafts far too high (BENCHMARKS.md, "Adaptive speculation: notes").
 
     Where the points cannot tell the three apart, a line c0 + s*tokens is fitted
     and divided as `memory` divides (without one: cr = 0, which prices drafting high):
@@ -160,9 +158,9 @@ def fit_cost(points: list[tuple[float, float, float]], memory: Cost | None = Non
       between cr and c1;
     - both (one bucket): the line is flat, and the level is memory's shape scaled to it.
 
-    Measured on why it matters: after a spell at one client, a fit that put all of c0 + cr in c0
-    left adaptive GAD at 32 clients drafting 1-20 tokens a request (0.93x plain AR in one round)
-    against 29-35 after a cold start at that load (`bench/bench_adaptive_load.py`, 5 rounds)."""
+    Why it matters: after a spell at one client, a fit that put all of c0 + cr in c0 left adaptive
+    GAD at 32 clients drafting far less than after a cold start at that load, and slower than plain
+    AR (BENCHMARKS.md, "Adaptive speculation: notes")."""
     weights = weights or [1.0] * len(points)
     if _identified(points):
         return _non_negative_least_squares(points, weights)

@@ -10,9 +10,9 @@ a small shared pool, which
 2. drafts `out + d + [g]` with the room the loop will give it: exactly the call the plain loop
    makes next when block t is accepted in full and the verifier's token is g.
 
-With the lookahead a pre-draft is one drafter call, as long as the plain loop's, and on UA-GEC it
-is used more often: 77% of GAD k=10's pre-drafts against 67% with the 1-token guess call
-(BENCHMARKS.md, "Overlapped drafting"; README).
+With the lookahead a pre-draft is one drafter call, as long as the plain loop's, and it is used
+more often than with the 1-token guess call (BENCHMARKS.md, "Overlapped drafting and pre-verify:
+notes").
 
 When the loop asks for its next draft, the pre-draft is used if that call is exactly the one
 pre-drafted (same kind, output and room): no drafter call on the critical path. Otherwise the

@@ -1,7 +1,8 @@
 """Pre-verify: the verifier checks a block's first position while the drafter drafts the block.
 
-In the spirit of PEARL's pre-verify. Half of GAD's blocks on UA-GEC are cut at their first token
-(BENCHMARKS.md, "GAD verdicts"): the verifier scores k+1 positions to keep one token of its own.
+In the spirit of PEARL's pre-verify. A large share of GAD's blocks on UA-GEC are cut at their
+first token (BENCHMARKS.md, "GAD verdicts (what overlap can hit)"): the verifier scores k+1
+positions to keep one token of its own.
 With pre-verify, an iteration that follows a cut block sends the drafter its call and, at the same
 time, the verifier a plain AR step after the output so far, whose top-1 is the verifier's token at
 the block's first position. When the draft comes back:
@@ -12,18 +13,14 @@ the block's first position. When the draft comes back:
   and a one-token verifier step instead of a block of k+1;
 - it passes: the block is verified as without pre-verify (the AR step was spent).
 
-Only after a cut block (the loop decides, `gateway.policies.loop`): cuts come in runs. On UA-GEC,
-with GAD k=10's drafts unshifted, the block after one cut at its first token is cut there too 95%
-of the time, after one accepted in full 3%, and a sentence's first block never (BENCHMARKS.md, "GAD
-verdicts"); with realigned drafts 53% of the pre-verified blocks are still cut there. A block whose
-first token passes pays for the AR step on top of its verify, and on a CPU that step costs over
-half an 11-token verify (a batch-1 step reads every weight once either way), so pre-verifying
-every block gained GAD k=10 at most 1.09x; after cut blocks only, 1.10x on two shared cores and
-1.23x with verifier and drafter on a core each, and 1.07x / 1.06x once GAD's drafts were realigned
-after insertions and deletions (gateway.policies.drafter_sync), which breaks most of those runs,
-and 1.01x / 1.02x (fp32, 2026-11-27) once a block repeated after a guessed insertion came from the
-sync's memory (BENCHMARKS.md, "Overlapped drafting"; README). Skipping pre-verify for such a block (no drafter
-call to run beside) was tried: no gain beyond the noise, not kept.
+Only after a cut block (the loop decides, `gateway.policies.loop`): cuts come in runs, so the block
+after one cut at its first token is likely cut there too, while a sentence's first block and the
+block after one accepted in full rarely are (BENCHMARKS.md, "GAD verdicts (what overlap can hit)").
+A block whose first token passes pays for the AR step on top of its verify, and on a CPU that step
+costs a large fraction of a block's verify (a batch-1 step reads every weight once either way), so
+pre-verifying every block gains less than pre-verifying only after cuts. Realigned drafts
+(gateway.policies.drafter_sync) break most runs of cuts, which leaves GAD little to gain from it
+(BENCHMARKS.md, "Overlapped drafting and pre-verify: notes").
 
 The blocks drafted, and which of their tokens are kept, are those of the plain loop, so the output
 is the plain loop's, token for token (the first token of a cut block comes from the same verifier's
@@ -33,10 +30,9 @@ position can rescue): `ModeSpec.preverify`.
 
 It pays when the drafter and the verifier work at the same time and the request is alone on its
 verifier (the loop holds it back otherwise: gateway.decode.AHEAD_MAX_IN_FLIGHT); under load the
-second verifier call of a block whose first token passes costs a turn of the batch. With overlap,
-GAD k=10 ran 1.08x on two shared cores and 1.09x on a core each in fp32, 1.12x / 1.14x in int8
-(1.25x and 1.32x before realigned drafts made the plain loop 1.30x faster). Not with adaptive
-speculation, which picks a block length before drafting.
+second verifier call of a block whose first token passes costs a turn of the batch. Its gains with
+and without overlap: BENCHMARKS.md, "Overlapped drafting". Not with adaptive speculation, which
+picks a block length before drafting.
 
 With overlapped drafting (`gateway.policies.overlap`) as well, each covers the other's case: a block
 drafted ahead that is known to hold (the block before accepted in full, the verifier's token
