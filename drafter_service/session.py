@@ -82,6 +82,17 @@ class DrafterSession:
         assert isinstance(state, NarRow)
         return state, min(call.k, room)
 
+    def draft_greedy_block(self, call: BlockCall) -> Draft:
+        """A block drafted greedily by the AR drafter: GAD's draft where the bundle has no NAR
+        drafter (an imported checkpoint with a smaller one of its vocabulary), one token a step."""
+        state, room = self._sync("ar_drafter", call.committed_len, call.append_ids)
+        k = min(call.k, room)
+        if k == 0:
+            return Draft(ids=[])
+        assert self.ar is not None
+        ids, _ = self.ar.beam(state, k, 1)
+        return Draft(ids=ids)
+
     def draft_beam(self, committed_len: int, append_ids: list[int], gamma: int, num_beams: int) -> Draft:
         state, room = self._sync("ar_drafter", committed_len, append_ids)
         if min(gamma, room) == 0:
@@ -134,7 +145,7 @@ class DrafterSession:
 def draft_blocks(items: list[tuple[DrafterSession, BlockCall]]) -> list[Draft | BaseException]:
     """The NAR blocks of `items` (sessions of one drafter) in one forward; one outcome per item, in
     order: its `Draft`, or the exception it raised (a closed session, a step out of step, ...)
-    without failing the others."""
+    without failing the others. A drafter with only an AR model drafts each block greedily."""
     outcomes: list[Draft | BaseException | None] = [None] * len(items)
     rows: list[tuple[NarRow, int]] = []
     slots: list[int] = []
@@ -145,6 +156,9 @@ def draft_blocks(items: list[tuple[DrafterSession, BlockCall]]) -> list[Draft | 
             if id(session) in seen:  # checked before syncing, so the first call's prefix stands
                 raise out_of_step("the session already has a draft in this batch")
             seen.add(id(session))
+            if session.nar is None and session.ar is not None:  # no NAR drafter: AR greedy blocks
+                outcomes[slot] = session.draft_greedy_block(call)
+                continue
             if nar is not None and session.nar is not nar:
                 raise ValueError("the sessions of one batch must belong to one drafter")
             row, k = session.block_row(call)

@@ -241,18 +241,23 @@ def test_text_round_trips_as_transformers(imported, family):
         assert ours.decode(ids) == tok.decode(ids, skip_special_tokens=True), (family, ids)
 
 
-def test_an_ar_drafter_of_the_same_vocabulary_runs_mjsd_and_sampling(imported, tmp_path):
+@pytest.fixture(scope="module")
+def pair(imported, tmp_path_factory) -> Path:
+    """The BART verifier with a one-layer BART of its vocabulary as AR drafter."""
+    root = tmp_path_factory.mktemp("pair")
     model, tok, _ = imported["bart"]
     small = _scaled(transformers.BartForConditionalGeneration(transformers.BartConfig(
         vocab_size=len(tok), **{**_shape(), "encoder_layers": 1, "decoder_layers": 1})), seed=11)
-    verifier_dir = tmp_path / "verifier"
-    model.save_pretrained(verifier_dir)
-    tok.save_pretrained(verifier_dir)
-    small.save_pretrained(tmp_path / "small")
-    out = tmp_path / "pair"
-    assert cli_main(["import-hf", "--model", str(verifier_dir), "--ar-drafter", str(tmp_path / "small"),
-                     "--out", str(out)]) == 0
-    bundle = load_bundle(out)
+    model.save_pretrained(root / "verifier")
+    tok.save_pretrained(root / "verifier")
+    small.save_pretrained(root / "small")
+    assert cli_main(["import-hf", "--model", str(root / "verifier"), "--ar-drafter", str(root / "small"),
+                     "--out", str(root / "bundle")]) == 0
+    return root / "bundle"
+
+
+def test_an_ar_drafter_of_the_same_vocabulary_runs_mjsd_sampling_and_gad(pair):
+    bundle = load_bundle(pair)
     verifier = make_verifier(bundle, "torch")
     drafter = make_drafter(bundle, "torch")
     for source in _sources(bundle, seed=5):
@@ -264,6 +269,27 @@ def test_an_ar_drafter_of_the_same_vocabulary_runs_mjsd_and_sampling(imported, t
         assert mjsd.stats.drafted_tokens > 0 and 0 < len(mjsd.output_ids) <= MAX_NEW
         sampled = decode(source, _config(mode="spec", gamma=3, temperature=0.8, seed=1), verifier, drafter)
         assert 0 < len(sampled.output_ids) <= MAX_NEW
+        # Without a NAR drafter, GAD's blocks are the AR drafter's greedy tokens: still greedy's output.
+        gad = decode(source, _config(mode="gad", k=4), verifier, drafter)
+        assert gad.output_ids == greedy.output_ids
+        assert gad.stats.drafted_tokens > 0
+
+
+def test_gad_with_the_verifier_as_its_own_ar_drafter_accepts_whole_blocks(imported, tmp_path):
+    """The classic draft-model check: a drafter equal to the verifier has every drafted token accepted."""
+    model, tok, _ = imported["t5"]
+    model.save_pretrained(tmp_path / "t5")
+    tok.save_pretrained(tmp_path / "t5")
+    out = tmp_path / "self"
+    assert cli_main(["import-hf", "--model", str(tmp_path / "t5"), "--ar-drafter", str(tmp_path / "t5"),
+                     "--out", str(out)]) == 0
+    bundle = load_bundle(out)
+    verifier, drafter = make_verifier(bundle, "torch"), make_drafter(bundle, "torch")
+    for source in _sources(bundle, seed=9):
+        greedy = decode(source, _config(mode="ar"), verifier)
+        gad = decode(source, _config(mode="gad", k=4), verifier, drafter)
+        assert gad.output_ids == greedy.output_ids
+        assert gad.stats.accepted_tokens == gad.stats.drafted_tokens > 0
 
 
 def test_a_drafter_of_another_vocabulary_is_one_line(imported, tmp_path, capsys):
@@ -288,21 +314,34 @@ def test_an_unsupported_model_type_is_one_line(tmp_path, capsys):
     assert code == 2 and len(err.splitlines()) == 1 and "'gpt2'" in err, err
 
 
-def test_every_lossless_mode_through_serve_all(imported):
-    """An imported bundle served by `serve all` (no NAR drafter): AR and IAD equal in-process greedy."""
+@pytest.mark.parametrize("which", ["verifier alone", "with an AR drafter"])
+def test_lossless_modes_through_serve_all(imported, pair, which):
+    """`serve all` on an imported bundle: every lossless mode it can run equals in-process greedy,
+    by text and by ids; without a drafter, a drafter mode runs as plain AR and says it is degraded."""
+    import grpc
+
     _, tok, bundle_dir = imported["bart"]
+    bundle_dir = bundle_dir if which == "verifier alone" else pair
     bundle = load_bundle(bundle_dir)
     verifier = make_verifier(bundle, "torch")
-    with ServiceStack("all", bundle_dir, LOOPBACK) as stack:
-        import grpc
-
-        with grpc.insecure_channel(stack.running.addresses["gateway"]) as channel:
-            gateway = gateway_pb2_grpc.GatewayServiceStub(channel)
-            for text in TEXTS[:3]:
-                ids = bundle.tokenizer.encode(text)
-                want = decode(ids, DecodingConfig().with_overrides({"mode": "ar", "max_new_tokens": MAX_NEW}), verifier)
-                for mode in ("ar", "iad"):
-                    config = overrides_to_wire({"mode": mode, "max_new_tokens": MAX_NEW})
-                    reply = gateway.Generate(gateway_pb2.GenerateRequest(text=text, config=config), timeout=60)
-                    assert list(reply.output_ids) == want.output_ids, (mode, text)
-                    assert reply.text == tok.decode(want.output_ids, skip_special_tokens=True)
+    modes = {"ar": {}, "iad": {"k": 4}} if which == "verifier alone" else {"ar": {}, "iad": {"k": 4}, "gad": {"k": 4}}
+    with ServiceStack("all", bundle_dir, LOOPBACK) as stack, grpc.insecure_channel(
+        stack.running.addresses["gateway"]
+    ) as channel:
+        gateway = gateway_pb2_grpc.GatewayServiceStub(channel)
+        for text in TEXTS[:3]:
+            ids = bundle.tokenizer.encode(text)
+            want = decode(ids, _config(mode="ar"), verifier).output_ids
+            for mode, extra in modes.items():
+                config = overrides_to_wire({"mode": mode, "max_new_tokens": MAX_NEW, **extra})
+                reply = gateway.Generate(gateway_pb2.GenerateRequest(text=text, config=config), timeout=60)
+                assert list(reply.output_ids) == want, (mode, text)
+                assert reply.text == tok.decode(want, skip_special_tokens=True)
+                by_ids = gateway.Generate(gateway_pb2.GenerateRequest(input_ids=ids, config=config), timeout=60)
+                assert list(by_ids.output_ids) == want, (mode, text)
+        if which == "verifier alone":
+            config = overrides_to_wire({"mode": "gad", "k": 4, "max_new_tokens": MAX_NEW})
+            reply = gateway.Generate(gateway_pb2.GenerateRequest(text=TEXTS[0], config=config), timeout=60)
+            assert reply.stats.degraded
+            greedy = decode(bundle.tokenizer.encode(TEXTS[0]), _config(mode="ar"), verifier)
+            assert list(reply.output_ids) == greedy.output_ids
