@@ -114,9 +114,10 @@ def save_imported_bundle(
     none (the bundle serves ids only)."""
     out = Path(out)
     cfg = models["verifier"].config
+    forced = (metadata or {}).get("generation", {}).get("forced_bos_token_id")
     if tokenizer_spec is None:
-        tokenizer: Any = IdsOnlyTokenizer(cfg.vocab_size)
-        entry: dict[str, Any] = {"kind": "none"}
+        tokenizer: Any = IdsOnlyTokenizer(cfg.vocab_size, forced)
+        entry: dict[str, Any] = {"kind": "none", "forced_bos_token_id": forced}
     else:
         tokenizer = HFTokenizer(out, tokenizer_spec)
         entry = dict(tokenizer_spec)
@@ -237,7 +238,7 @@ def _load_tokenizer(path: Path, config: dict) -> Any:
     if kind == "sentencepiece":
         return Tokenizer.load(path / entry["file"])
     if kind == "none":
-        return IdsOnlyTokenizer(config["vocab_size"])
+        return IdsOnlyTokenizer(config["vocab_size"], entry.get("forced_bos_token_id"))
     spec = {k: v for k, v in entry.items() if k != "fingerprint"}
     return HFTokenizer(path, spec)
 

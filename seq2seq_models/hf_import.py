@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -95,7 +96,9 @@ def import_checkpoint(model_dir: str | Path, mask_id: int | None = None) -> Impo
     return ImportedModel(config=config, state=ours, model_type=model_type, generation=_generation(hf))
 
 
-def import_tokenizer(model_dir: str | Path, out: Path, eos_id: int) -> dict[str, Any] | None:
+def import_tokenizer(
+    model_dir: str | Path, out: Path, eos_id: int, forced_bos_id: int | None = None
+) -> dict[str, Any] | None:
     """Write the checkpoint's tokenizer into the bundle directory `out` and return its spec for
     `seq2seq_models.hf_tokenizer.HFTokenizer`; None when the checkpoint has no tokenizer files."""
     import shutil
@@ -109,6 +112,8 @@ def import_tokenizer(model_dir: str | Path, out: Path, eos_id: int) -> dict[str,
         return None
     spec: dict[str, Any] = {
         "eos_id": eos_id,
+        "forced_bos_token_id": forced_bos_id,
+        "languages": _languages(tok),
         "special_ids": sorted(set(tok.all_special_ids)),
         "clean_up_tokenization_spaces": bool(getattr(tok, "clean_up_tokenization_spaces", False)),
     }
@@ -124,9 +129,27 @@ def import_tokenizer(model_dir: str | Path, out: Path, eos_id: int) -> dict[str,
         spec.update(
             kind="spm-vocab", files=names, source_spm=source_spm, target_spm=target_spm,
             source_vocab=source_vocab, target_vocab=target_vocab, unk_id=tok.unk_token_id,
+            added_pieces=_added_pieces(tok),
         )
     spec["prefix"], spec["suffix"] = _framing(tok)
     return spec
+
+
+def _languages(tok: Any) -> dict[str, int]:
+    """Target language code -> its token id: mBART's and M2M100's own tables, else the special
+    tokens shaped like NLLB's codes (eng_Latn)."""
+    table = getattr(tok, "lang_code_to_id", None)
+    if table:
+        return {str(code): int(i) for code, i in table.items()}
+    codes = [t for t in getattr(tok, "all_special_tokens", []) if re.fullmatch(r"[a-z]{3}_[A-Z][a-z]{3}", str(t))]
+    return {code: int(tok.convert_tokens_to_ids(code)) for code in codes}
+
+
+def _added_pieces(tok: Any) -> dict[str, str]:
+    """Tokens outside vocab.json (M2M100's language codes): id -> the token, decoded as a piece."""
+    added = {int(i): str(t) for t, i in tok.get_added_vocab().items()}
+    added.update({int(i): str(t) for i, t in getattr(tok, "id_to_lang_token", {}).items()})
+    return {str(i): t for i, t in sorted(added.items())}
 
 
 def _spm_vocab_files(model_dir: Path) -> tuple[str, str, str, str]:

@@ -23,14 +23,34 @@ from pathlib import Path
 from typing import Any
 
 
-class IdsOnlyTokenizer:
+class FirstTokens:
+    """The target's forced first tokens: a many-to-many model (NLLB, M2M100, mBART-50) starts its
+    output with the target language's code, by default the checkpoint's `forced_bos_token_id`."""
+
+    forced_bos_id: int | None = None
+    languages: dict[str, int] = {}  # noqa: RUF012 - read-only default, replaced per instance
+
+    def first_tokens(self, target_lang: str = "") -> list[int]:
+        """The ids every output starts with: the code of `target_lang`, else the default."""
+        if target_lang:
+            if target_lang not in self.languages:
+                known = ", ".join(sorted(self.languages)[:8]) or "none"
+                more = "..." if len(self.languages) > 8 else ""
+                raise ValueError(f"unknown target language {target_lang!r}; this model's codes: {known}{more}")
+            return [self.languages[target_lang]]
+        return [] if self.forced_bos_id is None else [self.forced_bos_id]
+
+
+class IdsOnlyTokenizer(FirstTokens):
     """A bundle imported without tokenizer files: requests must send ids."""
 
     kind = "none"
 
-    def __init__(self, vocab_size: int) -> None:
+    def __init__(self, vocab_size: int, forced_bos_id: int | None = None) -> None:
         self.vocab_size = vocab_size
-        self.fingerprint = hashlib.sha256(f"ids-only:{vocab_size}".encode()).hexdigest()
+        self.forced_bos_id = forced_bos_id
+        self.languages = {}
+        self.fingerprint = hashlib.sha256(f"ids-only:{vocab_size}:{forced_bos_id}".encode()).hexdigest()
         self.special_ids: frozenset[int] = frozenset()
 
     def encode(self, text: str) -> list[int]:
@@ -41,11 +61,13 @@ class IdsOnlyTokenizer:
         return " ".join(str(i) for i in ids)
 
 
-class HFTokenizer:
+class HFTokenizer(FirstTokens):
     """The `tokenizers` and `spm-vocab` kinds (see the module docstring)."""
 
     def __init__(self, root: Path, spec: dict[str, Any]) -> None:
         self.kind = spec["kind"]
+        self.forced_bos_id = spec.get("forced_bos_token_id")
+        self.languages = dict(spec.get("languages", {}))
         self.prefix: list[int] = list(spec.get("prefix", []))
         self.suffix: list[int] = list(spec.get("suffix", []))
         self.eos_id: int = spec["eos_id"]
@@ -68,7 +90,8 @@ class HFTokenizer:
             self._target = spm.SentencePieceProcessor(model_file=str(root / spec["target_spm"]))
             self._src_vocab: dict[str, int] = json.loads((root / spec["source_vocab"]).read_text())
             target_vocab: dict[str, int] = json.loads((root / spec["target_vocab"]).read_text())
-            self._pieces = {i: piece for piece, i in target_vocab.items()}
+            added = {int(i): piece for i, piece in spec.get("added_pieces", {}).items()}
+            self._pieces = {**added, **{i: piece for piece, i in target_vocab.items()}}
             self._unk = spec["unk_id"]
             self.vocab_size = max(target_vocab.values()) + 1
         else:

@@ -15,6 +15,15 @@ MASK_PIECE = "<mask>"
 
 
 class Tokenizer:
+    """specdec's own SentencePiece model: no forced first tokens, no target languages."""
+
+    languages: dict[str, int] = {}  # noqa: RUF012 - read-only, the same for every instance
+
+    def first_tokens(self, target_lang: str = "") -> list[int]:
+        if target_lang:
+            raise ValueError("this model has no target languages: leave target_lang unset")
+        return []
+
     def __init__(self, model_bytes: bytes) -> None:
         self._sp = spm.SentencePieceProcessor(model_proto=model_bytes)
         self.model_bytes = model_bytes

@@ -52,5 +52,6 @@ def import_hf(model_dir: Path, out: Path, ar_drafter_dir: Path | None = None, na
         models["ar_drafter"] = hf_import.build_model(drafter)
         metadata["ar_drafter"] = {"model_type": drafter.model_type, "source": ar_drafter_dir.name}
     out.mkdir(parents=True, exist_ok=True)
-    spec = hf_import.import_tokenizer(model_dir, out, verifier.config.eos_id)
+    forced = verifier.generation.get("forced_bos_token_id")
+    spec = hf_import.import_tokenizer(model_dir, out, verifier.config.eos_id, forced)
     return save_imported_bundle(out, models, name or model_dir.name, spec, metadata)

@@ -106,6 +106,19 @@ def _marian_tokenizer(root: Path):
     )
 
 
+def _m2m100_tokenizer(root: Path):
+    sp = _spm(150)
+    (root / "sentencepiece.bpe.model").write_bytes(sp.serialized_model_proto())
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    for i in range(sp.get_piece_size()):
+        vocab.setdefault(sp.id_to_piece(i), len(vocab))
+    (root / "vocab.json").write_text(json.dumps(vocab))
+    return transformers.M2M100Tokenizer(
+        vocab_file=str(root / "vocab.json"), spm_file=str(root / "sentencepiece.bpe.model"), src_lang="en",
+        tgt_lang="de", language_codes="wmt21",
+    )
+
+
 def _build(family: str, root: Path):
     """(model, tokenizer or None) of one family, sized to its tokenizer's vocabulary."""
     t = transformers
@@ -121,7 +134,11 @@ def _build(family: str, root: Path):
     if family == "mbart":
         return t.MBartForConditionalGeneration(t.MBartConfig(vocab_size=120, scale_embedding=True, **_shape())), None
     if family == "m2m100":
-        return t.M2M100ForConditionalGeneration(t.M2M100Config(vocab_size=120, **_shape())), None
+        tok = _m2m100_tokenizer(root)
+        vocab = max(tok.lang_code_to_id.values()) + 1  # the language codes follow the pieces
+        model = t.M2M100ForConditionalGeneration(t.M2M100Config(vocab_size=vocab, **_shape()))
+        model.generation_config.forced_bos_token_id = tok.lang_code_to_id["de"]
+        return model, tok
     if family == "t5":
         tok = _t5_tokenizer(root)
         cfg = t.T5Config(vocab_size=len(tok), num_heads=6, feed_forward_proj="relu", **_t5_shape())
@@ -166,11 +183,11 @@ def _config(**overrides) -> DecodingConfig:
     return DecodingConfig().with_overrides({"max_new_tokens": MAX_NEW, **overrides})
 
 
-def _hf_greedy(model, source: list[int], eos: int) -> list[int]:
+def _hf_greedy(model, source: list[int], eos: int, forced_bos: int | None = None) -> list[int]:
     with torch.no_grad():
         out = model.generate(
             torch.tensor([[*source, eos]]), do_sample=False, num_beams=1, max_new_tokens=MAX_NEW,
-            forced_eos_token_id=None, forced_bos_token_id=None, min_length=0,
+            forced_eos_token_id=None, forced_bos_token_id=forced_bos, min_length=0,
         )[0].tolist()
     return out[1:]  # without the decoder start token
 
@@ -225,7 +242,30 @@ TEXTS = [
 ]
 
 
-@pytest.mark.parametrize("family", ["bart", "t5", "marian"])
+def test_a_target_language_is_the_forced_first_token(imported):
+    """M2M100: the checkpoint's forced_bos_token_id by default, or the code a request names; greedy
+    (and IAD) with it equal `generate` with the same forced token; sources framed `__en__ ... </s>`."""
+    model, tok, bundle_dir = imported["m2m100"]
+    bundle = load_bundle(bundle_dir)
+    ours = bundle.tokenizer
+    assert ours.first_tokens() == [tok.lang_code_to_id["de"]]
+    assert ours.first_tokens("ru") == [tok.lang_code_to_id["ru"]]
+    with pytest.raises(ValueError, match="unknown target language 'xx'"):
+        ours.first_tokens("xx")
+    verifier = make_verifier(bundle, "torch")
+    cfg = bundle.config("verifier")
+    for text in TEXTS[:3]:
+        source = ours.encode(text)
+        assert source == tok(text)["input_ids"][:-1] and source[0] == tok.lang_code_to_id["en"]
+        for lang in ("", "ru"):
+            first = ours.first_tokens(lang)
+            want = _hf_greedy(model, source, cfg.eos_id, forced_bos=first[0])
+            for mode in ("ar", "iad"):
+                got = decode(source, _config(mode=mode, k=4), verifier, prefix=first).output_ids
+                assert got == want, (text, lang, mode)
+
+
+@pytest.mark.parametrize("family", ["bart", "t5", "marian", "m2m100"])
 def test_text_round_trips_as_transformers(imported, family):
     _, tok, bundle_dir = imported[family]
     ours = load_bundle(bundle_dir).tokenizer
