@@ -120,12 +120,12 @@ def verifier_of(config: GatewayConfig) -> VerifierTarget:
 
 
 # Fields that the [gateway] table may not set: they come from [defaults] and [limits].
-_FROM_OTHER_SECTIONS = {"defaults", "limits", "seed_from_defaults"}
+FROM_OTHER_SECTIONS = {"defaults", "limits", "seed_from_defaults"}
 
 
 def gateway_config(sections: Mapping[str, Mapping[str, Any]]) -> GatewayConfig:
     """The [gateway], [defaults] and [limits] sections, checked key by key (ValueError)."""
-    (g,) = parse_section("gateway", sections.get("gateway", {}), GatewayConfig, exclude=_FROM_OTHER_SECTIONS)
+    (g,) = parse_section("gateway", sections.get("gateway", {}), GatewayConfig, exclude=FROM_OTHER_SECTIONS)
     (defaults,) = parse_section("defaults", sections.get("defaults", {}), DecodingConfig)
     (limits,) = parse_section("limits", sections.get("limits", {}), DecodingLimits)
     check_security_keys("gateway", g)

@@ -13,6 +13,7 @@ import dataclasses
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -59,14 +60,24 @@ _DEADLINE_SLACK_S = 0.02
 # be sent, and how long cancelled workers may take to return (their peer calls are cancelled at once).
 _STOP_FLUSH_S = 0.5
 _WORKERS_STOP_S = 2.0
+# Waiting for a peer at start-up: how often the wait looks at SIGTERM, and how often it is logged.
+_WAIT_POLL_S = 0.5
+_WAIT_LOG_S = 5.0
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name
 
 
 async def start_gateway(config: GatewayConfig, tokenizer: Tokenizer) -> GatewayServer:
     """Check the peers (vocabulary, tokenizer fingerprint), start serving, report SERVING."""
     server = GatewayServer(config, tokenizer)
-    await asyncio.get_running_loop().run_in_executor(None, server.check_peers)
-    await server.host.start(config.address, config.metrics_address, ServerTLS.of(config))
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, server.check_peers)
+        await server.host.start(config.address, config.metrics_address, ServerTLS.of(config))
+    except BaseException:
+        # Cancelled (SIGTERM while waiting for a peer) or failed: the waiting thread gives up at its
+        # next poll, and nothing of a gateway that did not start stays open.
+        server.abandon_start.set()
+        await server.close_peers()
+        raise
     await server.host.set_serving()
     return server
 
@@ -104,6 +115,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         # once its grace is over, cancels.
         self._inflight: set[Cancellation] = set()
         self._stopping = False
+        self.abandon_start = threading.Event()  # set: check_peers stops waiting for the peers
         self.pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="gateway-decode")
         self.registry = Registry()
         self._define_metrics()
@@ -128,20 +140,23 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
 
     def check_peers(self) -> None:
         """Wait for the verifier; check a reachable drafter against it and the tokenizer."""
+        timeout = self.config.startup_timeout_s
+        verifier = verifier_of(self.config)
         try:
             if self.triton is not None:
-                self.verifier_info = _wait_triton_info(self.triton, self.config.startup_timeout_s)
+                waiting = self._waiting("verifier", verifier.address)
+                self.verifier_info = _wait_triton_info(self.triton, timeout, waiting)
             else:
-                self.verifier_info = _wait_info(
-                    fetch_verifier_info, self.verifier_channel, self.config.startup_timeout_s
-                )
+                self._wait_ready(self.verifier_channel, "verifier", verifier.address)
+                self.verifier_info = fetch_verifier_info(self.verifier_channel, timeout=timeout)
         except (grpc.RpcError, grpc.FutureTimeoutError) as exc:
-            raise SpecdecError(StatusCode.UNAVAILABLE, f"verifier at {self.config.verifier_address}: {exc}") from None
+            raise SpecdecError(StatusCode.UNAVAILABLE, f"verifier at {verifier.address}: {exc}") from None
         if self.verifier_info.tokenizer_fingerprint != self.tokenizer.fingerprint:
             raise ValueError("the verifier's tokenizer fingerprint differs from the gateway's bundle tokenizer")
         if self.drafter_channel is not None:
             try:
-                info = _wait_info(fetch_drafter_info, self.drafter_channel, self.config.startup_timeout_s)
+                self._wait_ready(self.drafter_channel, "drafter", self.config.drafter_address)
+                info = fetch_drafter_info(self.drafter_channel, timeout=timeout)
             except (grpc.RpcError, grpc.FutureTimeoutError) as exc:
                 if self.config.fallback != "ar":
                     raise SpecdecError(
@@ -150,6 +165,42 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
                 self.log.warning("drafter_unreachable_at_start", address=self.config.drafter_address)
                 return
             self._accept_drafter(info)
+
+    def _wait_ready(self, channel: grpc.Channel, peer: str, address: str | None) -> None:
+        """Wait up to startup_timeout_s for `channel` to connect, logging what it waits for every few
+        seconds; StartAbandoned once `abandon_start` is set (SIGTERM during start-up)."""
+        future = grpc.channel_ready_future(channel)
+        waiting = self._waiting(peer, address)
+        try:
+            while True:
+                try:
+                    future.result(timeout=_WAIT_POLL_S)
+                    return
+                except grpc.FutureTimeoutError:
+                    waiting()
+        finally:
+            future.cancel()
+
+    def _waiting(self, peer: str, address: str | None) -> Callable[[], None]:
+        """Called at each poll while waiting for `peer`: logs the wait every `_WAIT_LOG_S` seconds,
+        raises StartAbandoned once start-up is abandoned and grpc.FutureTimeoutError past the timeout."""
+        started = time.monotonic()
+        logged = started
+        timeout = self.config.startup_timeout_s
+
+        def poll() -> None:
+            nonlocal logged
+            if self.abandon_start.is_set():
+                raise StartAbandoned(f"stopped while waiting for the {peer} at {address}")
+            now = time.monotonic()
+            if now - started >= timeout:
+                raise grpc.FutureTimeoutError()
+            if now - logged >= _WAIT_LOG_S or logged == started:
+                logged = now
+                self.log.info("waiting_for_peer", peer=peer, address=address, waited_s=round(now - started, 1),
+                              timeout_s=timeout)
+
+        return poll
 
     def _accept_drafter(self, info: common_pb2.ModelInfo) -> None:
         v = self.verifier_info
@@ -227,6 +278,11 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         deadline = loop.time() + _WORKERS_STOP_S
         while self.m_active.value() > 0 and loop.time() < deadline:
             await asyncio.sleep(0.02)
+        await self.close_peers()
+
+    async def close_peers(self) -> None:
+        """Close the channels to verifier and drafter and the worker pool."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
         self.verifier_channel.close()
         if self.triton is not None:
             self.triton.close()
@@ -566,18 +622,20 @@ async def _abort(context, code: grpc.StatusCode, details: str) -> None:
     await context.abort(code, details)
 
 
-def _wait_triton_info(triton: TritonVerifierClient, timeout: float) -> common_pb2.ModelInfo:
+class StartAbandoned(Exception):
+    """Start-up was given up (SIGTERM) while the gateway waited for a peer."""
+
+
+def _wait_triton_info(
+    triton: TritonVerifierClient, timeout: float, waiting: Callable[[], None]
+) -> common_pb2.ModelInfo:
     """The Triton-hosted verifier's ModelInfo, once the server is up and the model loaded."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return triton.fetch_info(timeout=min(5.0, max(deadline - time.monotonic(), 0.1)))
+            return triton.fetch_info(timeout=min(_WAIT_POLL_S, max(deadline - time.monotonic(), 0.1)))
         except SpecdecError:
             if time.monotonic() >= deadline:
                 raise
+            waiting()
             time.sleep(0.2)
-
-
-def _wait_info(fetch, channel: grpc.Channel, timeout: float) -> common_pb2.ModelInfo:
-    grpc.channel_ready_future(channel).result(timeout=timeout)
-    return fetch(channel, timeout=timeout)

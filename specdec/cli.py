@@ -13,7 +13,7 @@ from pathlib import Path
 
 from core.backends import BACKENDS, DEFAULT_BACKEND, DEFAULT_PRECISION, PRECISIONS, check_precision
 from core.config import DEVICE_HELP, DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS, device_arg
-from core.errors import SpecdecError
+from core.errors import BindError, SpecdecError
 from specdec.serve import add_batch_flags
 
 # Where `decode` looks for a bundle when --bundle is not given.
@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecdecError as exc:
         print(f"specdec {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, KeyError, ValueError) as exc:
+    except (BindError, FileNotFoundError, KeyError, ValueError) as exc:
         print(f"specdec {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -143,13 +143,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from core.config import load_sections
     from specdec.serve import batch_overrides, serve_forever, serve_processes
 
+    metrics = _metrics_overrides(args)
     overrides = {
         "gateway": {"address": args.gateway_addr, "verifier_address": args.verifier_addr,
-                    "drafter_address": args.drafter_addr},
+                    "drafter_address": args.drafter_addr, "metrics_address": metrics["gateway"]},
         "verifier": {"address": args.verifier_addr, "backend": args.backend, "device": args.device,
-                     "precision": args.precision, "intra_op_threads": args.verifier_threads, **batch_overrides(args)},
+                     "precision": args.precision, "intra_op_threads": args.verifier_threads,
+                     "metrics_address": metrics["verifier"], **batch_overrides(args)},
         "drafter": {"address": args.drafter_addr, "backend": args.backend, "device": args.device,
-                    "precision": args.precision, "intra_op_threads": args.drafter_threads, **batch_overrides(args)},
+                    "precision": args.precision, "intra_op_threads": args.drafter_threads,
+                    "metrics_address": metrics["drafter"], **batch_overrides(args)},
     }
     sections = load_sections(args.config, overrides=overrides)
     # Every role gets the default bundle (the gateway reads its tokenizer), as the README says.
@@ -166,6 +169,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _metrics_overrides(args: argparse.Namespace) -> dict[str, str | None]:
+    """Each role's metrics_address from --ROLE-metrics-addr, or --metrics-addr for the one role served."""
+    out = {role: getattr(args, f"{role}_metrics_addr") for role in ("gateway", "verifier", "drafter")}
+    if args.metrics_addr is not None:
+        if args.role == "all":
+            raise ValueError("--metrics-addr names one role's endpoint: with `all` give --gateway-metrics-addr, "
+                             "--verifier-metrics-addr and --drafter-metrics-addr")
+        if out[args.role] is not None:
+            raise ValueError(f"give --metrics-addr or --{args.role}-metrics-addr, not both")
+        out[args.role] = args.metrics_addr
+    return out
+
+
 def _serve_child_args(args: argparse.Namespace, bundle: Path, sections) -> list[str]:
     """The flags a `serve all --processes` child gets: the parent's own (the environment is inherited),
     and both services' intra-op threads as `serve all` shares the host's CPUs between them."""
@@ -177,6 +193,8 @@ def _serve_child_args(args: argparse.Namespace, bundle: Path, sections) -> list[
     for flag, value in (("--config", args.config), ("--backend", args.backend), ("--device", args.device),
                         ("--precision", args.precision),
                         ("--verifier-addr", args.verifier_addr), ("--drafter-addr", args.drafter_addr),
+                        ("--verifier-metrics-addr", args.verifier_metrics_addr),
+                        ("--drafter-metrics-addr", args.drafter_metrics_addr),
                         *((f"--{key.replace('_', '-')}", value) for key, value in batch_overrides(args).items())):
         if value is not None:
             out += [flag, str(value)]
@@ -395,6 +413,13 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gateway-addr", help=f"gateway listen address (default {GATEWAY_ADDRESS})")
     p.add_argument("--verifier-addr", help=f"verifier address (default {VERIFIER_ADDRESS})")
     p.add_argument("--drafter-addr", help=f"drafter address (default {DRAFTER_ADDRESS})")
+    metrics = p.add_argument_group("metrics (Prometheus text at http://ADDR/metrics; off unless set)")
+    metrics.add_argument("--metrics-addr", metavar="HOST:PORT",
+                         help="the metrics endpoint of the one role served (not with `all`)")
+    for role in ("gateway", "verifier", "drafter"):
+        metrics.add_argument(f"--{role}-metrics-addr", metavar="HOST:PORT",
+                             help=f"the {role}'s metrics endpoint (default: [{role}] metrics_address of the config, "
+                             "else off)")
     p.add_argument("--backend", choices=BACKENDS, default=None, help=BACKEND_HELP)
     p.add_argument("--device", help=f"where the verifier's and drafter's models run: {DEVICE_HELP} "
                    "(default: auto, or the [verifier] and [drafter] device keys of the config)")
