@@ -34,7 +34,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from core.errors import SpecdecError, invalid
 from gateway.decoding_config import DecodingConfig, Mode, cli_flag, parse_mode
 from gateway.remote import Cancellation
-from gateway.wire import overrides_to_wire
+from gateway.wire import overrides_to_wire, stats_record
 from protos.specdec.v1 import gateway_pb2
 from serving.status import grpc_code
 
@@ -285,17 +285,17 @@ def _bytes_tensor(value: bytes) -> bytes:
 
 
 def _stats_parameters(response: service_pb2.ModelInferResponse, stats, mode: Mode, total_s: float) -> None:
-    """The DecodingStats of `Generate`, as response parameters (lists as comma-separated strings)."""
-    gateway_s = max(total_s - stats.drafter_time_s - stats.verifier_time_s, 0.0)
+    """The DecodingStats of `Generate`, named as there, as response parameters (lists as comma-separated
+    strings)."""
     p = response.parameters
-    p["mode"].string_param = mode.value
-    p["iterations"].int64_param = stats.iterations
-    p["drafted_tokens"].int64_param = stats.drafted_tokens
-    p["accepted_tokens"].int64_param = stats.accepted_tokens
-    p["accepted_per_position"].string_param = ",".join(str(n) for n in stats.accepted_per_position)
-    p["mean_accepted_length"].double_param = stats.mean_accepted_length
-    p["drafter_time_ms"].double_param = stats.drafter_time_s * 1e3
-    p["verifier_time_ms"].double_param = stats.verifier_time_s * 1e3
-    p["gateway_time_ms"].double_param = gateway_s * 1e3
-    p["degraded"].bool_param = stats.degraded
-    p["finish_reason"].string_param = stats.finish_reason
+    for name, value in stats_record(stats, mode, total_s).items():
+        if isinstance(value, bool):
+            p[name].bool_param = value
+        elif isinstance(value, int):
+            p[name].int64_param = value
+        elif isinstance(value, float):
+            p[name].double_param = value
+        elif isinstance(value, list):
+            p[name].string_param = ",".join(str(n) for n in value)
+        else:
+            p[name].string_param = value

@@ -26,9 +26,9 @@ from gateway.admission import Admission, AdmissionQueue, Budget, client_of, sess
 from gateway.arrivals import CallArrivals
 from gateway.config import GatewayConfig, verifier_of
 from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode, validate
+from gateway.decoding_config import DecodingConfig, Mode, parse_mode, validate
 from gateway.inputs import check_input_size, source_ids
-from gateway.modes import DRAFTER_MODES
+from gateway.modes import DRAFTER_MODES, check_applicable
 from gateway.policies.loop import DecodeResult, OnTokens
 from gateway.remote import (
     CallOptions,
@@ -472,6 +472,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         max_source_len = source_len_from_wire(self.verifier_info.max_source_len)
         check_input_size(request, self.config.max_text_chars, max_source_len)
         overrides = overrides_from_wire(request.config)
+        check_applicable(overrides, parse_mode(overrides.get("mode", self.config.defaults.mode)))
         if "seed" not in overrides and not self.config.seed_from_defaults:
             overrides["seed"] = secrets.randbits(63)  # unset seed: a fresh one per request
         config = self.config.defaults.with_overrides(overrides)

@@ -302,8 +302,12 @@ BATCH_FLAGS = (
 def add_batch_flags(parser: argparse.ArgumentParser) -> None:
     """--max-batch-rows, --max-batch-tokens, --batch-wait-ms: the batching keys of both model services."""
     group = parser.add_argument_group("batching (the [verifier] and [drafter] keys of the same names)")
+    from serving.model_service import SessionLimits
+
     for key, kind, help_text in BATCH_FLAGS:
-        group.add_argument("--" + key.replace("_", "-"), dest=key, type=kind, help=help_text)
+        default = getattr(SessionLimits, key)
+        group.add_argument("--" + key.replace("_", "-"), dest=key, type=kind,
+                           help=f"{help_text} (default: the config's key, else {default})")
 
 
 def batch_overrides(args: argparse.Namespace) -> dict[str, Any]:

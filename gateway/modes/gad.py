@@ -16,4 +16,5 @@ def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:
 
 
 SPEC = ModeSpec(Mode.GAD, wire="MODE_GAD", lossless=True, drafter=DrafterMethod.BLOCK, build=build, overlap=True,
-                preverify=lambda config: first_exact, realign=True, lookahead=True)
+                preverify=lambda config: first_exact, realign=True, lookahead=True,
+                params=frozenset({"k", "adaptive"}))

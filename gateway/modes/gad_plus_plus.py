@@ -32,5 +32,5 @@ def top_beta(config: DecodingConfig, vocab_size: int) -> int:
 
 SPEC = ModeSpec(
     Mode.GAD_PLUS_PLUS, wire="MODE_GAD_PLUS_PLUS", lossless=False, drafter=DrafterMethod.BLOCK, build=build,
-    top_k=top_beta, overlap=True, preverify=first_rule,
+    top_k=top_beta, overlap=True, preverify=first_rule, params=frozenset({"k", "beta", "tau", "adaptive"}),
 )

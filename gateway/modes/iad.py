@@ -16,4 +16,7 @@ def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:
     return maybe_adaptive(inputs.config, v, lambda output, room, k: copier.propose(output, min(k, room)), exact)
 
 
-SPEC = ModeSpec(Mode.IAD, wire="MODE_IAD", lossless=True, drafter=DrafterMethod.NONE, build=build)
+SPEC = ModeSpec(
+    Mode.IAD, wire="MODE_IAD", lossless=True, drafter=DrafterMethod.NONE, build=build,
+    params=frozenset({"k", "adaptive"}),
+)

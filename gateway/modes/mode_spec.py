@@ -57,6 +57,10 @@ def top_1(config: DecodingConfig, vocab_size: int) -> int:
     return 1
 
 
+# The DecodingConfig fields every mode reads.
+COMMON_PARAMS = frozenset({"mode", "seed", "max_new_tokens"})
+
+
 @dataclass(frozen=True)
 class ModeSpec:
     """One mode, declared once: `build` (draft-verify modes) or `run` (beam search), never both."""
@@ -87,6 +91,17 @@ class ModeSpec:
     # Every step is a plain AR step (an empty draft, exact accept): a verifier session that runs
     # several per call (core.interfaces.GreedySession) may take them a run at a time.
     greedy: bool = False
+    # The DecodingConfig fields the mode reads besides those of every mode (COMMON_PARAMS) and
+    # overlap / preverify (which follow from the fields above): a request that sets another is refused.
+    params: frozenset[str] = frozenset()
+
+    @property
+    def applicable(self) -> frozenset[str]:
+        """Every DecodingConfig field a request of this mode may set."""
+        ahead = {"overlap"} if self.overlap else set()
+        if self.preverify is not None:
+            ahead.add("preverify")
+        return COMMON_PARAMS | self.params | ahead
 
     def __post_init__(self) -> None:
         if (self.build is None) == (self.run is None):

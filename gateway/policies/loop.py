@@ -81,8 +81,10 @@ class DecodeStats:
 
     @property
     def mean_accepted_length(self) -> float:
-        """Output tokens per iteration (accepted drafts plus the verifier's own token)."""
-        return self.output_tokens / self.iterations if self.iterations else 0.0
+        """Tokens committed per iteration (accepted drafts plus the verifier's own token), the EOS that
+        ended the output included, so plain AR is exactly 1.0."""
+        committed = self.output_tokens + (self.finish_reason == "eos")
+        return committed / self.iterations if self.iterations else 0.0
 
     @property
     def predraft_hit_rate(self) -> float:
