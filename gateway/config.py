@@ -13,7 +13,6 @@ from core.config import DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS, chec
 from gateway.decoding_config import DecodingConfig, DecodingLimits
 
 FALLBACK_POLICIES = ("ar", "fail")
-PEER_STREAMS = ("aio", "sync")
 
 
 @dataclass(frozen=True)
@@ -47,10 +46,6 @@ class GatewayConfig:
     drain_quiet_s: float = 0.25
     # "ar": degrade to plain AR through the verifier when the drafter fails; "fail": UNAVAILABLE.
     fallback: str = field(default="ar", metadata={"choices": FALLBACK_POLICIES})
-    # How the gateway drives its verifier and drafter session streams (gateway/peer_streams.py):
-    # "aio", grpc.aio calls on the gateway's event loop (no thread per stream; faster under load);
-    # "sync", the synchronous streams (a thread per stream).
-    peer_streams: str = field(default="aio", metadata={"choices": PEER_STREAMS})
     # AR steps the verifier runs per round trip at most (VerifyStep.greedy_steps): the AR
     # baseline, and AR after a drafter failure, without a round trip per token. greedy_chunk is
     # Generate's (0: no limit, the whole output in one run; 1: a round trip per step);

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 import numpy as np
@@ -33,13 +33,13 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from core.errors import SpecdecError, invalid
 from gateway.decoding_config import DecodingConfig, Mode, cli_flag, parse_mode
+from gateway.metrics import GatewayMetrics
+from gateway.policies.loop import DecodeResult, OnTokens
 from gateway.remote import Cancellation
 from gateway.wire import overrides_to_wire, stats_record
 from protos.specdec.v1 import gateway_pb2
+from seq2seq_models.tokenizer import Tokenizer
 from serving.status import grpc_code
-
-if TYPE_CHECKING:
-    from gateway.server import GatewayServer
 
 SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 MODEL_VERSION = "1"
@@ -64,14 +64,30 @@ _PARAMETERS = parameter_names()
 _TYPES = {f.name: f.type for f in fields(DecodingConfig)}
 
 
-def add_kserve_servicer(gateway: GatewayServer, model_name: str) -> None:
+class RequestPath(Protocol):
+    """What this endpoint needs of the gateway (`gateway.server.GatewayServer`)."""
+
+    tokenizer: Tokenizer
+    metrics: GatewayMetrics
+
+    def ready(self) -> bool:
+        """Whether the gateway takes requests (its verifier checked, not draining)."""
+        ...
+
+    async def run(
+        self, request: gateway_pb2.GenerateRequest, context: Any, on_tokens: OnTokens, cancellation: Cancellation
+    ) -> tuple[DecodeResult, Mode, float]:
+        """Generate's request path: admission, limits, deadline, cancellation, metrics."""
+        ...
+
+
+def add_kserve_servicer(gateway: RequestPath, model_name: str, server: grpc.aio.Server) -> None:
     """Register the KServe v2 servicer on the gateway's grpc server (same port, auth, limits)."""
-    servicer = KServeServicer(gateway, model_name)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, gateway.host.server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(KServeServicer(gateway, model_name), server)
 
 
 class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, gateway: GatewayServer, model_name: str) -> None:
+    def __init__(self, gateway: RequestPath, model_name: str) -> None:
         self.gateway = gateway
         self.model_name = model_name
 
@@ -132,10 +148,10 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             generate = generate_request(request)
             wanted = requested_outputs(request)
         except SpecdecError as exc:
-            self.gateway.m_errors.inc(code=exc.code.value)
+            self.gateway.metrics.errors.inc(code=exc.code.value)
             await context.abort(grpc_code(exc.code), exc.message)
         cancellation = Cancellation()
-        result, mode, total_s = await self.gateway._run(generate, context, lambda _: cancellation.check(), cancellation)
+        result, mode, total_s = await self.gateway.run(generate, context, lambda _: cancellation.check(), cancellation)
         response = service_pb2.ModelInferResponse(
             model_name=self.model_name, model_version=MODEL_VERSION, id=request.id
         )
@@ -153,7 +169,7 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     # ---- helpers ---------------------------------------------------------------------------------
 
     def _ready(self) -> bool:
-        return self.gateway.verifier_info is not None and not self.gateway.host.draining
+        return self.gateway.ready()
 
     def _known(self, name: str, version: str) -> bool:
         return name == self.model_name and version in ("", MODEL_VERSION)

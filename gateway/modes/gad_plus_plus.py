@@ -19,7 +19,7 @@ def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:
     def accept(ids: list[int], draft: Draft, res: VerifyResult) -> tuple[int, int]:
         return accept_gad_plus_plus(ids, res, config.beta, config.tau)
 
-    return maybe_adaptive(config, inputs.verifier, inputs.drafter.block, accept)
+    return maybe_adaptive(config, inputs.load, inputs.drafter.block, accept)
 
 
 def first_rule(config: DecodingConfig):

@@ -10,6 +10,7 @@ import numpy as np
 
 from core.interfaces import Verifier
 from gateway.decoding_config import DecodingConfig, Mode
+from gateway.policies.adaptive import LoadModel
 from gateway.policies.drafter_sync import DrafterSync
 from gateway.policies.loop import Accept, DecodeStats, Propose
 from gateway.policies.preverify import FirstPasses
@@ -33,6 +34,7 @@ class PolicyInputs:
     verifier: Verifier
     drafter: DrafterSync | None  # set exactly when the spec's drafter method is not NONE
     rng: np.random.Generator  # the request's stream, for modes that sample
+    load: LoadModel  # what adaptive speculation reads and learns (the verifier's, unless the caller chose)
 
 
 # build(inputs) -> (propose, accept) for the draft-verify loop.
