@@ -220,6 +220,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         task = asyncio.ensure_future(self.run(request, context, on_tokens, cancellation, streaming=True))
         ids: list[int] = []
         sent_text = ""
+        getter: asyncio.Future | None = None
         try:
             while True:
                 getter = asyncio.ensure_future(chunks.get())
@@ -261,6 +262,10 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             cancellation.cancel()
             if not task.done():
                 task.cancel()
+            # A stream cut short leaves its wait for the next block pending: ended here, it does not
+            # outlive the call (a pending task that is garbage-collected is logged as destroyed).
+            if getter is not None and not getter.done():
+                getter.cancel()
             # Nobody awaits the task after this: take its outcome so none is left unretrieved.
             task.add_done_callback(_consume)
 
