@@ -10,7 +10,7 @@ Triton's tooling can call the stack. One model (default name `specdec`, `[gatewa
 - outputs `TEXT` (BYTES [1]) and `OUTPUT_IDS` (INT64 [N]); the decoding stats as response parameters.
 
 A request is translated into a `GenerateRequest` and run by the gateway's own request path
-(`GatewayServer._run`: admission, limits, deadline, cancellation, metrics), so it is validated and
+(`GatewayServer.run`: admission, limits, deadline, cancellation, metrics), so it is validated and
 answered with the same status codes as `Generate`. What only this protocol can get wrong (an unknown
 model, a wrong datatype or shape, an unknown parameter) is INVALID_ARGUMENT, but an unknown model is
 NOT_FOUND as Triton answers it.

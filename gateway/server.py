@@ -4,6 +4,9 @@
 gRPC sessions, so the event loop only moves messages. When the drafter is unreachable, fails or
 times out, the request goes on as plain AR through the verifier from the tokens already committed
 (`stats.degraded`), which for the lossless modes gives the same output.
+
+The peers' start-up waits and the drafter's health live in `gateway.peers`, the metrics in
+`gateway.metrics`, the KServe v2 endpoint in `gateway.kserve` (which calls `run`).
 """
 
 from __future__ import annotations
@@ -115,7 +118,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             max_message_bytes=config.max_request_bytes,
         )
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(self, self.host.server)
-        # KServe v2 / Open Inference Protocol on the same port, through the same request path (`_run`).
+        # KServe v2 / Open Inference Protocol on the same port, through the same request path (`run`).
         kserve.add_kserve_servicer(self, config.kserve_model, self.host.server)
 
     def ready(self) -> bool:
@@ -258,7 +261,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         finally:
             # Client gone or done: stop the worker now (its peer calls are cancelled too). When the
             # generator is left without being closed (a cancel that lands while grpc sends a message),
-            # the RPC's done callback in `_run` does the same.
+            # the RPC's done callback in `run` does the same.
             cancellation.cancel()
             if not task.done():
                 task.cancel()
