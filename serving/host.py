@@ -20,44 +20,6 @@ from serving.metrics import MetricsServer, Registry
 from serving.tls import ServerTLS, is_loopback
 
 
-def metrics_host_port(address: str) -> tuple[str, int]:
-    """A metrics_address as (host, port); a bare ":port" stays on loopback. ValueError when malformed."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"metrics address {address!r}: expected HOST:PORT")
-    return host or "127.0.0.1", int(port)
-
-
-def check_can_listen(what: str, address: str) -> None:
-    """Fail fast, before any model loads, when `address` (HOST:PORT) is already taken: a BindError
-    naming it. Port 0 and Unix sockets always pass; the server's own bind is still checked."""
-    if address.startswith("unix:"):
-        return
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or int(port) == 0:
-        return
-    host = host.strip("[]") or "127.0.0.1"
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        # SO_REUSEADDR as the servers set it: a port in TIME_WAIT is free, one with a listener is not.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, int(port)))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise BindError(f"{what}: cannot listen on {address}: the address is already in use") from None
-            # Not resolvable here (e.g. a name): the server's own bind reports it.
-
-
-def _why_not(address: str) -> str:
-    """The likely reason grpc could not bind `address` (grpc itself says only "Failed to bind")."""
-    try:
-        check_can_listen("", address)
-    except BindError:
-        return "the address is already in use"
-    return "not an address of this host, or already in use"
-
-
 class ServiceHost:
     """One grpc.aio server with health, reflection, size limits and a metrics endpoint.
 
@@ -132,6 +94,7 @@ class ServiceHost:
             address=address,
             port=self.port,
             metrics=self.metrics_url() or "off",
+            metrics_port=self.metrics_port,
             tls=tls is not None,
             mtls=tls is not None and tls.client_ca is not None,
         )
@@ -174,3 +137,41 @@ class ServiceHost:
 
     async def wait(self) -> None:
         await self.server.wait_for_termination()
+
+
+def metrics_host_port(address: str) -> tuple[str, int]:
+    """A metrics_address as (host, port); a bare ":port" stays on loopback. ValueError when malformed."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"metrics address {address!r}: expected HOST:PORT")
+    return host or "127.0.0.1", int(port)
+
+
+def check_can_listen(what: str, address: str) -> None:
+    """Fail fast, before any model loads, when `address` (HOST:PORT) is already taken: a BindError
+    naming it. Port 0 and Unix sockets always pass; the server's own bind is still checked."""
+    if address.startswith("unix:"):
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) == 0:
+        return
+    host = host.strip("[]") or "127.0.0.1"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # SO_REUSEADDR as the servers set it: a port in TIME_WAIT is free, one with a listener is not.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, int(port)))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise BindError(f"{what}: cannot listen on {address}: the address is already in use") from None
+            # Not resolvable here (e.g. a name): the server's own bind reports it.
+
+
+def _why_not(address: str) -> str:
+    """The likely reason grpc could not bind `address` (grpc itself says only "Failed to bind")."""
+    try:
+        check_can_listen("", address)
+    except BindError:
+        return "the address is already in use"
+    return "not an address of this host, or already in use"
