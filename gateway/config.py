@@ -35,7 +35,7 @@ class GatewayConfig:
     max_per_client: int = 16
     request_timeout_s: float = 120.0  # deadline when the client sets none
     drafter_timeout_s: float = 30.0  # the drafter's share of a request; past it, fall back
-    startup_timeout_s: float = 60.0  # how long start-up waits for the verifier
+    startup_timeout_s: float = 60.0  # how long start-up waits for each peer (the verifier, then the drafter)
     drafter_retry_s: float = 1.0  # after a drafter failure, skip it this long before retrying
     # SIGTERM: in-flight requests get drain_grace_s to finish, then are cancelled (UNAVAILABLE); new
     # requests are answered UNAVAILABLE by the handler for at least drain_notice_s before the listener
