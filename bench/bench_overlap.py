@@ -198,7 +198,9 @@ def _measure(address: str, texts: list[str], args) -> list[dict]:
         for name, overrides in MODES.items():
             # Every flag set: both are on by default.
             variants = {"off": {"overlap": False, "preverify": False}, "overlap": {"overlap": True, "preverify": False}}
-            if overrides["mode"] in PREVERIFY_MODES:
+            if overrides["mode"] not in PREVERIFY_MODES:  # a mode without pre-verify refuses the parameter
+                variants = {variant: {"overlap": extra["overlap"]} for variant, extra in variants.items()}
+            else:
                 variants["preverify"] = {"overlap": False, "preverify": True}
                 variants["both"] = {"overlap": True, "preverify": True}
             wires = {variant: overrides_to_wire({**overrides, "max_new_tokens": args.max_new_tokens, **extra})

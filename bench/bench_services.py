@@ -9,13 +9,11 @@
 
 The services run as `specdec serve all` in a separate process (as a user runs them; `--processes`:
 each service in its own process); the client calls `Generate` over loopback with one request in
-flight. There is one such stack per gateway peer-stream path (`--paths`, `[gateway] peer_streams`:
-"aio", the grpc.aio calls on the gateway's loop, and "sync", the older synchronous streams) and
-AR run length (`--greedy-chunks`, `[gateway] greedy_chunk`: AR steps per verifier round trip; 0, the
-default, is a request's whole output in one run, 1 is one round trip per token; only AR greedy
-differs, so other modes run on the first value only), and
-every input runs in-process and then through each stack in turn, so all are measured under the same
-load. In-process runs `decode()` on the same bundle, the same verifier backend and the same decoding
+flight. There is one such stack per AR run length (`--greedy-chunks`, `[gateway] greedy_chunk`: AR
+steps per verifier round trip; 0, the default, is a request's whole output in one run, 1 is one round
+trip per token; only AR greedy differs, so other modes run on the first value only), and every input
+runs in-process and then through each stack in turn, so all are measured under the same load.
+In-process runs `decode()` on the same bundle, the same verifier backend and the same decoding
 parameters, so every side does the same iterations (the script checks that the outputs are
 identical). The difference is what the gRPC hops, serialisation and the gateway cost; with inputs of
 different lengths (`--sentences N`, UA-GEC test sentences) the table also splits it into a fixed cost
@@ -47,7 +45,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from core.backends import BACKENDS, DEFAULT_BACKEND
 from core.config import DEVICE_HELP, device_arg
 from drafter_service.session import make_drafter
-from gateway.config import PEER_STREAMS
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.wire import overrides_to_wire
@@ -81,8 +78,6 @@ def main(argv: list[str] | None = None) -> int:
                         "and per iteration")
     parser.add_argument("--data-dir", help="prepared data dir whose test.text.jsonl to use (default: ua-gec)")
     parser.add_argument("--repeats", type=int, default=5, help="passes over the inputs per mode (median taken)")
-    parser.add_argument("--paths", default=",".join(PEER_STREAMS),
-                        help="gateway peer-stream paths to measure, comma-separated (default: %(default)s)")
     parser.add_argument("--greedy-chunks", default="0,1",
                         help="[gateway] greedy_chunk values to measure AR greedy with (default: %(default)s)")
     parser.add_argument("--processes", action="store_true", help="serve all --processes (one process per service)")
@@ -92,9 +87,6 @@ def main(argv: list[str] | None = None) -> int:
                         "(tritonserver from deploy/triton/setup.sh; both verifiers on torch)")
     parser.add_argument("--output", type=Path, default=Path(__file__).resolve().parents[1] / "BENCHMARKS.md")
     args = parser.parse_args(argv)
-    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
-    if not paths or any(p not in PEER_STREAMS for p in paths):
-        parser.error(f"--paths: each must be one of {', '.join(PEER_STREAMS)}")
     try:
         chunks = [int(c) for c in args.greedy_chunks.split(",") if c.strip()]
     except ValueError:
@@ -108,12 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         extra = ("--processes",) if args.processes else ()
         addresses = {}
         for chunk in chunks:
-            for path in paths:
-                env = {"SPECDEC__GATEWAY__PEER_STREAMS": path, "SPECDEC__GATEWAY__GREEDY_CHUNK": str(chunk)}
-                server, addresses[path, chunk] = start_services(
-                    bundle_dir, args.backend, env=env, extra_args=(*extra, "--device", args.device)
-                )
-                stack.callback(_stop, server)
+            env = {"SPECDEC__GATEWAY__GREEDY_CHUNK": str(chunk)}
+            server, addresses[chunk] = start_services(
+                bundle_dir, args.backend, env=env, extra_args=(*extra, "--device", args.device)
+            )
+            stack.callback(_stop, server)
         rows, device = _measure(bundle_dir, addresses, texts, args)
     table = _table(rows)
     if args.triton:
@@ -139,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             "cost per request and a cost per iteration: least squares over the inputs of each input's median "
             "paired difference against its iterations (- where all inputs took the same number). "
             f"Services: {layout}, one request in flight over loopback; "
-            "path: the gateway's `peer_streams` (aio: grpc.aio calls on its event loop; sync: synchronous "
-            "streams, a thread per stream); AR steps / trip: the gateway's `greedy_chunk`, the most AR "
+            "AR steps / trip: the gateway's `greedy_chunk`, the most AR "
             "steps the verifier runs per round trip (`VerifyStep.greedy_steps`; all: the whole output in one "
             f"run; other modes run on {chunks[0] or 'all'}). Outputs through the services are identical to "
             "in-process in every mode."
@@ -162,7 +152,7 @@ def _stop(server: subprocess.Popen) -> None:
 
 
 def _measure(
-    bundle_dir: Path, addresses: dict[tuple[str, int], str], texts: list[str], args
+    bundle_dir: Path, addresses: dict[int, str], texts: list[str], args
 ) -> tuple[list[dict], str]:
     """Per configuration and input: in-process, then through each stack, request after request, in
     `repeats` + 1 passes (the first dropped). Interleaving per request rather than per pass keeps
@@ -179,7 +169,7 @@ def _measure(
             key: gateway_pb2_grpc.GatewayServiceStub(stack.enter_context(grpc.insecure_channel(address)))
             for key, address in addresses.items()
         }
-        first_chunk = next(iter(addresses))[1]
+        first_chunk = next(iter(addresses))
         for bench_config in quick_configs():  # one configuration per mode, as `specdec bench --quick`
             mode = bench_config.name
             if wanted is not None and not mode.startswith(wanted):
@@ -188,7 +178,7 @@ def _measure(
             config = DecodingConfig().with_overrides(overrides)
             wire = overrides_to_wire(overrides)
             # Only AR greedy takes runs of steps: the other modes are the same on every chunk.
-            mode_stubs = {k: s for k, s in stubs.items() if k[1] == first_chunk or config.mode == Mode.AR}
+            mode_stubs = {k: s for k, s in stubs.items() if k == first_chunk or config.mode == Mode.AR}
             local_s: list[list[float]] = [[] for _ in texts]
             remote_s = {key: [[] for _ in texts] for key in mode_stubs}
             iterations = [0] * len(texts)
@@ -209,7 +199,7 @@ def _measure(
                         local_s[i].append(elapsed)
             local_ms = 1000 * statistics.fmean(statistics.median(t) for t in local_s)
             per_request_iterations = statistics.fmean(iterations)
-            for (path, chunk), times in remote_s.items():
+            for chunk, times in remote_s.items():
                 remote_ms = 1000 * statistics.fmean(statistics.median(t) for t in times)
                 # Per input, the median of its paired differences; then the line through them.
                 diffs_ms = [1000 * statistics.median(r - x for r, x in zip(rs, ls, strict=True))
@@ -217,7 +207,6 @@ def _measure(
                 rows.append(
                     {
                         "mode": mode,
-                        "path": path,
                         "chunk": chunk if config.mode == Mode.AR else None,
                         "iterations": per_request_iterations,
                         "local_ms": local_ms,
@@ -302,16 +291,16 @@ def _triton_table(rows: list[dict]) -> str:
 
 def _table(rows: list[dict]) -> str:
     lines = [
-        "| configuration | peer streams | AR steps / trip | iterations / request | in-process ms / request "
+        "| configuration | AR steps / trip | iterations / request | in-process ms / request "
         "| services ms / request | ratio | overhead ms / iteration | fit: fixed ms / request | "
         "fit: ms / iteration |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         chunk = "" if r["chunk"] is None else str(r["chunk"] or "all")
         fixed, per_iteration = (f"{r['fit'][0]:.2f}", f"{r['fit'][1]:.3f}") if r["fit"] else ("-", "-")
         lines.append(
-            f"| {r['mode']} | {r['path']} | {chunk} | {r['iterations']:.1f} | {r['local_ms']:.1f} | "
+            f"| {r['mode']} | {chunk} | {r['iterations']:.1f} | {r['local_ms']:.1f} | "
             f"{r['remote_ms']:.1f} | {r['remote_ms'] / r['local_ms']:.2f}x | {r['overhead_per_iteration_ms']:.2f} | "
             f"{fixed} | {per_iteration} |"
         )

@@ -30,7 +30,8 @@ def backend_label(backend: str, device: str, precision: str = DEFAULT_PRECISION)
 
 # The package each backend imports, and how to get it (the runtime image installs no torch).
 BACKEND_PACKAGES = {
-    "torch": ("torch", "pip install torch==2.13.0 (or the image's build stage), or set backend = \"onnxruntime\""),
+    "torch": ("torch", "pip install \"specdec[torch]\" (torch==2.13.0; or the image's build stage), or set backend = "
+              "\"onnxruntime\""),
     "onnxruntime": ("onnxruntime", "pip install onnxruntime (onnxruntime-gpu for CUDA)"),
 }
 

@@ -1,11 +1,13 @@
 """Service configuration: a TOML file, overridden by environment variables, overridden by flags.
 
-One file configures all three services (see config/specdec.example.toml):
+One file configures all three services (see config/specdec.example.toml, which lists every key):
 
-    [gateway]   address, verifier_address, drafter_address, metrics_address, workers, max_queued,
-                max_per_client, request_timeout_s, drafter_timeout_s, startup_timeout_s, drafter_retry_s,
-                fallback ("ar": run plain AR through the verifier when the drafter fails;
-                "fail": answer UNAVAILABLE), the TLS keys below, tls_peer_ca, tls_client_cert,
+    [gateway]   address, verifier_address, verifier_url (grpc:// or triton://), drafter_address,
+                kserve_model, metrics_address, workers, max_queued, max_per_client, request_timeout_s,
+                drafter_timeout_s, startup_timeout_s, drafter_retry_s, drain_grace_s, drain_notice_s,
+                drain_quiet_s, fallback ("ar": run plain AR through the verifier when the drafter fails;
+                "fail": answer UNAVAILABLE), greedy_chunk, stream_greedy_chunk,
+                max_request_bytes, max_text_chars, the TLS keys below, tls_peer_ca, tls_client_cert,
                 tls_client_key (the gateway's channels to verifier and drafter), auth_token or
                 auth_token_file (clients must send `authorization: Bearer <token>`)
     [defaults]  DecodingConfig fields (mode, k, beta, tau, ...): used for unset request fields
@@ -21,7 +23,8 @@ One file configures all three services (see config/specdec.example.toml):
                 certificates this CA signed, i.e. mTLS)
 
 Environment: SPECDEC__<SECTION>__<KEY>=value (e.g. SPECDEC__GATEWAY__FALLBACK=fail,
-SPECDEC__DEFAULTS__MODE=iad); values are parsed as TOML scalars, falling back to strings.
+SPECDEC__DEFAULTS__MODE=iad); values are parsed as TOML scalars, falling back to strings. A
+SPECDEC__ variable that names no section is an error, and an error in a value set by a variable names it.
 
 Every section is checked the same way, by `parse_section`, against the dataclasses that declare its
 keys: an unknown key or a value of the wrong type is a one-line ValueError naming section and key.
@@ -151,7 +154,7 @@ def load_sections(
 ) -> dict[str, dict[str, Any]]:
     """The merged configuration: file, then environment, then `overrides` (flags; None ignored).
     Section names are checked here; keys and values by `parse_section`."""
-    sections: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    sections: dict[str, dict[str, Any]] = {name: Section() for name in SECTIONS}
     if path:
         try:
             data = tomllib.loads(Path(path).read_text())
@@ -164,15 +167,46 @@ def load_sections(
             if not isinstance(table, dict):
                 raise ValueError(f"{path}: [{name}] must be a table, got {table!r}")
             sections[name].update(table)
-    for key, value in (os.environ if environ is None else environ).items():
+    for key, value in sorted((os.environ if environ is None else environ).items()):
         if not key.startswith(ENV_PREFIX):
             continue
         section, _, name = key[len(ENV_PREFIX) :].lower().partition("__")
-        if section in sections and name:
-            sections[section][name] = _parse_scalar(value)
+        if section not in sections or not name:
+            # A misspelt variable must not be silently ignored while the same typo in the file is an error.
+            raise ValueError(
+                f"environment variable {key}: not a setting; expected {ENV_PREFIX}<SECTION>__<KEY> with SECTION "
+                f"one of {', '.join(s.upper() for s in SECTIONS)}"
+            )
+        sections[section][name] = _parse_scalar(value)
+        sections[section].origins[name] = key
     for section, table in (overrides or {}).items():
-        sections[section].update({k: v for k, v in table.items() if v is not None})
+        given = {k: v for k, v in table.items() if v is not None}
+        sections[section].update(given)
+        for k in given:
+            getattr(sections[section], "origins", {}).pop(k, None)
     return sections
+
+
+class Section(dict):
+    """One section's merged keys; `origins` names the environment variable of each key set by one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.origins: dict[str, str] = {}
+
+
+def with_origin(exc: ValueError, sections: Mapping[str, Mapping[str, Any]]) -> ValueError:
+    """`exc` (a config error that starts "[section] key") saying which environment variable set the
+    key, when one did; else `exc` itself."""
+    message = str(exc)
+    section, close, rest = message.removeprefix("[").partition("] ")
+    key = rest.split(":", 1)[0].split(" ", 1)[0]
+    if rest.startswith("unknown key "):
+        key = rest.removeprefix("unknown key ").split(";", 1)[0].strip("'\"")
+    origin = getattr(sections.get(section), "origins", {}).get(key) if message.startswith("[") and close else None
+    if origin is None:
+        return exc
+    return ValueError(f"{message} (set by the environment variable {origin})")
 
 
 def parse_section(

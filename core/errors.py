@@ -26,6 +26,10 @@ class SpecdecError(Exception):
         return f"{self.code.value}: {self.message}"
 
 
+class BindError(OSError):
+    """A listen address that cannot be used (taken, or not this host's): a start-up error naming it."""
+
+
 def invalid(message: str) -> SpecdecError:
     return SpecdecError(StatusCode.INVALID_ARGUMENT, message)
 

@@ -13,7 +13,7 @@ seen is out of step (FAILED_PRECONDITION).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from core.sampling import SamplingParams
 
@@ -117,6 +117,11 @@ class VerifierSession(Protocol):
     def close(self) -> None: ...
 
 
+# Optional capabilities: a session, verifier or drafter may have them; each is a runtime-checkable
+# protocol with a function below that answers for any object (the callers never probe attributes).
+
+
+@runtime_checkable
 class GreedySession(VerifierSession, Protocol):
     """A verifier session that runs several plain AR steps per call (`core.greedy`).
 
@@ -134,6 +139,7 @@ class GreedySession(VerifierSession, Protocol):
     def step_greedy(self, committed_len: int, append_ids: list[int], steps: int, top_k: int) -> VerifyResult: ...
 
 
+@runtime_checkable
 class MultiRowSession(VerifierSession, Protocol):
     """A verifier session holding several rows over one source (the beams of one request).
 
@@ -170,3 +176,35 @@ class Drafter(Protocol):
     vocab_size: int
 
     def open(self, source_ids: list[int], seed: int = 0) -> DrafterSession: ...
+
+
+@runtime_checkable
+class BoundedDrafter(Drafter, Protocol):
+    """A drafter whose blocks have a length limit (a remote drafter's `max_draft_len`; None: none)."""
+
+    max_draft_len: int | None
+
+
+@runtime_checkable
+class SharedLoad(Protocol):
+    """A verifier made per request over a shared peer (a channel, a client): `load_key` names that
+    peer, so adaptive speculation learns one load per peer, not per object."""
+
+    load_key: object
+
+
+def greedy_run_limit(session: VerifierSession) -> int:
+    """How many plain AR steps one call of `session` may run: a GreedySession's `max_greedy_steps`, else 1."""
+    return session.max_greedy_steps if isinstance(session, GreedySession) else 1
+
+
+def draft_limit(drafter: Drafter) -> int | None:
+    """The longest block `drafter` drafts (None: no limit of its own)."""
+    return drafter.max_draft_len if isinstance(drafter, BoundedDrafter) else None
+
+
+def load_key_of(verifier: object) -> object:
+    """What a verifier's load is learnt per: its SharedLoad key when it has one, else itself."""
+    if isinstance(verifier, SharedLoad) and verifier.load_key is not None:
+        return verifier.load_key
+    return verifier

@@ -30,7 +30,7 @@ def open_rows(verifier: Verifier, source_ids: list[int], native: bool = True) ->
 
 def has_rows(session: VerifierSession) -> bool:
     """Whether a session scores several rows in one step itself."""
-    return callable(getattr(session, "step_rows", None))
+    return isinstance(session, MultiRowSession)
 
 
 @dataclass(eq=False)

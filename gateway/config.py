@@ -13,7 +13,6 @@ from core.config import DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS, chec
 from gateway.decoding_config import DecodingConfig, DecodingLimits
 
 FALLBACK_POLICIES = ("ar", "fail")
-PEER_STREAMS = ("aio", "sync")
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,7 @@ class GatewayConfig:
     max_per_client: int = 16
     request_timeout_s: float = 120.0  # deadline when the client sets none
     drafter_timeout_s: float = 30.0  # the drafter's share of a request; past it, fall back
-    startup_timeout_s: float = 60.0  # how long start-up waits for the verifier
+    startup_timeout_s: float = 60.0  # how long start-up waits for each peer (the verifier, then the drafter)
     drafter_retry_s: float = 1.0  # after a drafter failure, skip it this long before retrying
     # SIGTERM: in-flight requests get drain_grace_s to finish, then are cancelled (UNAVAILABLE); new
     # requests are answered UNAVAILABLE by the handler for at least drain_notice_s before the listener
@@ -47,10 +46,6 @@ class GatewayConfig:
     drain_quiet_s: float = 0.25
     # "ar": degrade to plain AR through the verifier when the drafter fails; "fail": UNAVAILABLE.
     fallback: str = field(default="ar", metadata={"choices": FALLBACK_POLICIES})
-    # How the gateway drives its verifier and drafter session streams (gateway/peer_streams.py):
-    # "aio", grpc.aio calls on the gateway's event loop (no thread per stream; faster under load);
-    # "sync", the synchronous streams (a thread per stream).
-    peer_streams: str = field(default="aio", metadata={"choices": PEER_STREAMS})
     # AR steps the verifier runs per round trip at most (VerifyStep.greedy_steps): the AR
     # baseline, and AR after a drafter failure, without a round trip per token. greedy_chunk is
     # Generate's (0: no limit, the whole output in one run; 1: a round trip per step);
@@ -120,12 +115,12 @@ def verifier_of(config: GatewayConfig) -> VerifierTarget:
 
 
 # Fields that the [gateway] table may not set: they come from [defaults] and [limits].
-_FROM_OTHER_SECTIONS = {"defaults", "limits", "seed_from_defaults"}
+FROM_OTHER_SECTIONS = {"defaults", "limits", "seed_from_defaults"}
 
 
 def gateway_config(sections: Mapping[str, Mapping[str, Any]]) -> GatewayConfig:
     """The [gateway], [defaults] and [limits] sections, checked key by key (ValueError)."""
-    (g,) = parse_section("gateway", sections.get("gateway", {}), GatewayConfig, exclude=_FROM_OTHER_SECTIONS)
+    (g,) = parse_section("gateway", sections.get("gateway", {}), GatewayConfig, exclude=FROM_OTHER_SECTIONS)
     (defaults,) = parse_section("defaults", sections.get("defaults", {}), DecodingConfig)
     (limits,) = parse_section("limits", sections.get("limits", {}), DecodingLimits)
     check_security_keys("gateway", g)

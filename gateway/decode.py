@@ -11,14 +11,14 @@ import numpy as np
 
 from core.checks import check_ids, check_source_ids
 from core.errors import SpecdecError, StatusCode, invalid, out_of_range
-from core.interfaces import Drafter, DrafterSession, Verifier
+from core.interfaces import Drafter, DrafterSession, Verifier, draft_limit, greedy_run_limit
 from gateway.decoding_config import DecodingConfig
 from gateway.modes import MODES, PolicyInputs
 from gateway.modes.mode_spec import ModeSpec
 from gateway.policies.adaptive import LoadModel, load_model
 from gateway.policies.drafter_sync import DrafterSync, LazyDrafterSession
 from gateway.policies.greedy import greedy_loop
-from gateway.policies.loop import DecodeResult, DecodeStats, OnTokens, draft_verify_loop
+from gateway.policies.loop import DecodeResult, DecodeStats, LoopOptions, OnTokens, draft_verify_loop
 from gateway.policies.overlap import OverlappedSync, predraft_executor
 from gateway.policies.preverify import PreVerify
 
@@ -31,14 +31,16 @@ def decode(
     on_tokens: OnTokens | None = None,
     rng: np.random.Generator | None = None,
     prefix: list[int] | None = None,
+    load: LoadModel | None = None,
 ) -> DecodeResult:
     """Decode one source with the configured mode. `rng` (sampling modes) defaults to one seeded
     from `config.seed`; pass one in to draw many samples from a single stream. `prefix` continues
     an output already committed (a fallback after the drafter failed mid-request); the result
-    includes it."""
+    includes it. `load`: the load model adaptive speculation reads and learns (default: the one the
+    verifier shares with every request on it; a caller may force a policy with its own)."""
     # Every request counts in its verifier's load while it decodes, whatever its mode: adaptive
     # speculation reads the load from there (gateway.policies.adaptive, "rows").
-    load = load_model(verifier)
+    load = load if load is not None else load_model(verifier)
     with load.decoding():
         return _decode(source_ids, config, verifier, drafter, on_tokens, rng, prefix, load)
 
@@ -86,22 +88,23 @@ def _decode(
         overlap: OverlappedSync | None = None
         preverify = _preverify(config, spec)
         if drafter_session is not None:
-            max_block = getattr(drafter, "max_draft_len", None)  # a remote drafter's limit
+            max_block = draft_limit(drafter)
             if config.overlap and spec.overlap:
                 sync = overlap = OverlappedSync(drafter_session, stats, verifier.eos_id, spec.realign, spec.lookahead,
                                                 max_block)
             else:
                 sync = DrafterSync(drafter_session, spec.realign, spec.lookahead, max_block)
-        propose, accept = spec.build(PolicyInputs(config, source_ids, verifier, sync, rng))
+        propose, accept = spec.build(PolicyInputs(config, source_ids, verifier, sync, rng, load))
         top_k = spec.top_k(config, verifier.vocab_size)
-        if spec.greedy and getattr(session, "max_greedy_steps", 1) > 1:
+        if spec.greedy and greedy_run_limit(session) > 1:
             out = greedy_loop(session, top_k, config.max_new_tokens, verifier.eos_id, stats, on_tokens, prefix)
             return DecodeResult(out, stats)
-        out = draft_verify_loop(
-            session, propose, accept, top_k, config.max_new_tokens, verifier.eos_id, stats, on_tokens, prefix,
-            overlap, preverify, partial(_alone, load) if overlap or preverify else None,
-            None if sync is None else sync.observe,
+        options = LoopOptions(
+            top_k, config.max_new_tokens, verifier.eos_id, on_tokens=on_tokens, prefix=prefix, overlap=overlap,
+            preverify=preverify, ahead=partial(_alone, load) if overlap or preverify else None,
+            on_verdict=None if sync is None else sync.observe,
         )
+        out = draft_verify_loop(session, propose, accept, stats, options)
         return DecodeResult(out, stats)
     finally:
         session.close()

@@ -10,7 +10,7 @@ Triton's tooling can call the stack. One model (default name `specdec`, `[gatewa
 - outputs `TEXT` (BYTES [1]) and `OUTPUT_IDS` (INT64 [N]); the decoding stats as response parameters.
 
 A request is translated into a `GenerateRequest` and run by the gateway's own request path
-(`GatewayServer._run`: admission, limits, deadline, cancellation, metrics), so it is validated and
+(`GatewayServer.run`: admission, limits, deadline, cancellation, metrics), so it is validated and
 answered with the same status codes as `Generate`. What only this protocol can get wrong (an unknown
 model, a wrong datatype or shape, an unknown parameter) is INVALID_ARGUMENT, but an unknown model is
 NOT_FOUND as Triton answers it.
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 import numpy as np
@@ -33,13 +33,13 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from core.errors import SpecdecError, invalid
 from gateway.decoding_config import DecodingConfig, Mode, cli_flag, parse_mode
+from gateway.metrics import GatewayMetrics
+from gateway.policies.loop import DecodeResult, OnTokens
 from gateway.remote import Cancellation
-from gateway.wire import overrides_to_wire
+from gateway.wire import overrides_to_wire, stats_record
 from protos.specdec.v1 import gateway_pb2
+from seq2seq_models.tokenizer import Tokenizer
 from serving.status import grpc_code
-
-if TYPE_CHECKING:
-    from gateway.server import GatewayServer
 
 SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 MODEL_VERSION = "1"
@@ -64,14 +64,30 @@ _PARAMETERS = parameter_names()
 _TYPES = {f.name: f.type for f in fields(DecodingConfig)}
 
 
-def add_kserve_servicer(gateway: GatewayServer, model_name: str) -> None:
+class RequestPath(Protocol):
+    """What this endpoint needs of the gateway (`gateway.server.GatewayServer`)."""
+
+    tokenizer: Tokenizer
+    metrics: GatewayMetrics
+
+    def ready(self) -> bool:
+        """Whether the gateway takes requests (its verifier checked, not draining)."""
+        ...
+
+    async def run(
+        self, request: gateway_pb2.GenerateRequest, context: Any, on_tokens: OnTokens, cancellation: Cancellation
+    ) -> tuple[DecodeResult, Mode, float]:
+        """Generate's request path: admission, limits, deadline, cancellation, metrics."""
+        ...
+
+
+def add_kserve_servicer(gateway: RequestPath, model_name: str, server: grpc.aio.Server) -> None:
     """Register the KServe v2 servicer on the gateway's grpc server (same port, auth, limits)."""
-    servicer = KServeServicer(gateway, model_name)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, gateway.host.server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(KServeServicer(gateway, model_name), server)
 
 
 class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, gateway: GatewayServer, model_name: str) -> None:
+    def __init__(self, gateway: RequestPath, model_name: str) -> None:
         self.gateway = gateway
         self.model_name = model_name
 
@@ -132,10 +148,10 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             generate = generate_request(request)
             wanted = requested_outputs(request)
         except SpecdecError as exc:
-            self.gateway.m_errors.inc(code=exc.code.value)
+            self.gateway.metrics.errors.inc(code=exc.code.value)
             await context.abort(grpc_code(exc.code), exc.message)
         cancellation = Cancellation()
-        result, mode, total_s = await self.gateway._run(generate, context, lambda _: cancellation.check(), cancellation)
+        result, mode, total_s = await self.gateway.run(generate, context, lambda _: cancellation.check(), cancellation)
         response = service_pb2.ModelInferResponse(
             model_name=self.model_name, model_version=MODEL_VERSION, id=request.id
         )
@@ -153,7 +169,7 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     # ---- helpers ---------------------------------------------------------------------------------
 
     def _ready(self) -> bool:
-        return self.gateway.verifier_info is not None and not self.gateway.host.draining
+        return self.gateway.ready()
 
     def _known(self, name: str, version: str) -> bool:
         return name == self.model_name and version in ("", MODEL_VERSION)
@@ -285,17 +301,17 @@ def _bytes_tensor(value: bytes) -> bytes:
 
 
 def _stats_parameters(response: service_pb2.ModelInferResponse, stats, mode: Mode, total_s: float) -> None:
-    """The DecodingStats of `Generate`, as response parameters (lists as comma-separated strings)."""
-    gateway_s = max(total_s - stats.drafter_time_s - stats.verifier_time_s, 0.0)
+    """The DecodingStats of `Generate`, named as there, as response parameters (lists as comma-separated
+    strings)."""
     p = response.parameters
-    p["mode"].string_param = mode.value
-    p["iterations"].int64_param = stats.iterations
-    p["drafted_tokens"].int64_param = stats.drafted_tokens
-    p["accepted_tokens"].int64_param = stats.accepted_tokens
-    p["accepted_per_position"].string_param = ",".join(str(n) for n in stats.accepted_per_position)
-    p["mean_accepted_length"].double_param = stats.mean_accepted_length
-    p["drafter_time_ms"].double_param = stats.drafter_time_s * 1e3
-    p["verifier_time_ms"].double_param = stats.verifier_time_s * 1e3
-    p["gateway_time_ms"].double_param = gateway_s * 1e3
-    p["degraded"].bool_param = stats.degraded
-    p["finish_reason"].string_param = stats.finish_reason
+    for name, value in stats_record(stats, mode, total_s).items():
+        if isinstance(value, bool):
+            p[name].bool_param = value
+        elif isinstance(value, int):
+            p[name].int64_param = value
+        elif isinstance(value, float):
+            p[name].double_param = value
+        elif isinstance(value, list):
+            p[name].string_param = ",".join(str(n) for n in value)
+        else:
+            p[name].string_param = value

@@ -7,9 +7,9 @@ and the drafter's encoders run concurrently (ARCHITECTURE.md section 8).
 
 Two stream paths, chosen by the channel a `RemoteVerifier` / `RemoteDrafter` is given:
 
-- a `gateway.peer_streams.PeerChannel` (the gateway's default, `[gateway] peer_streams = "aio"`):
-  the stream is a grpc.aio call on the gateway's event loop (no thread per stream);
-- a synchronous `grpc.Channel` (`peer_streams = "sync"`, and callers without an event loop): a
+- a `gateway.peer_streams.PeerChannel` (the gateway's): the stream is a grpc.aio call on the
+  gateway's event loop (no thread per stream);
+- a synchronous `grpc.Channel` (callers without an event loop: tests, benchmarks, tools): a
   synchronous bidi call fed by a request queue (`_Stream`).
 """
 
@@ -265,8 +265,8 @@ def _open_stream(peer: str, channel: Channel, method, options: CallOptions, cap:
 
 class _Stream:
     """One synchronous bidi call driven message by message, under the request's deadline (or the
-    peer's `cap`, when that is shorter) and cancel switch. The old path (`peer_streams = "sync"`):
-    grpc consumes the request queue on a thread of its own, one per stream."""
+    peer's `cap`, when that is shorter) and cancel switch, for callers without an event loop: grpc
+    consumes the request queue on a thread of its own, one per stream."""
 
     def __init__(self, peer: str, method, options: CallOptions, cap: float | None, first) -> None:
         self.peer = peer

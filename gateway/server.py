@@ -4,6 +4,9 @@
 gRPC sessions, so the event loop only moves messages. When the drafter is unreachable, fails or
 times out, the request goes on as plain AR through the verifier from the tokens already committed
 (`stats.degraded`), which for the lossless modes gives the same output.
+
+The peers' start-up waits and the drafter's health live in `gateway.peers`, the metrics in
+`gateway.metrics`, the KServe v2 endpoint in `gateway.kserve` (which calls `run`).
 """
 
 from __future__ import annotations
@@ -19,15 +22,17 @@ import grpc
 import structlog
 
 from core.errors import SpecdecError, StatusCode, invalid
-from core.wire import SPECIAL_ID_FIELDS, source_len_from_wire, target_len_from_wire
+from core.wire import source_len_from_wire, target_len_from_wire
 from gateway import kserve
 from gateway.admission import Admission, AdmissionQueue, Budget, client_of, sessions_needed
 from gateway.arrivals import CallArrivals
 from gateway.config import GatewayConfig, verifier_of
 from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode, validate
+from gateway.decoding_config import DecodingConfig, Mode, parse_mode, validate
 from gateway.inputs import check_input_size, source_ids
-from gateway.modes import DRAFTER_MODES
+from gateway.metrics import GatewayMetrics
+from gateway.modes import DRAFTER_MODES, check_applicable
+from gateway.peers import DrafterPeer, StartupWait
 from gateway.policies.loop import DecodeResult, OnTokens
 from gateway.remote import (
     CallOptions,
@@ -35,11 +40,9 @@ from gateway.remote import (
     DrafterFailure,
     PeerChannel,
     RemoteCallError,
-    RemoteDrafter,
     RemoteVerifier,
     RequestCancelled,
     RequestDeadlineExceeded,
-    fetch_drafter_info,
     fetch_verifier_info,
 )
 from gateway.triton_verifier import TritonVerifierClient
@@ -49,7 +52,7 @@ from seq2seq_models.tokenizer import Tokenizer
 from serving.auth import BearerTokenInterceptor, read_token
 from serving.channels import channel_options
 from serving.host import ServiceHost
-from serving.metrics import LATENCY_BUCKETS, Registry
+from serving.metrics import Registry
 from serving.status import grpc_code, request_id_of
 from serving.tls import ServerTLS, open_channel, peer_tls
 
@@ -65,8 +68,15 @@ SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_na
 async def start_gateway(config: GatewayConfig, tokenizer: Tokenizer) -> GatewayServer:
     """Check the peers (vocabulary, tokenizer fingerprint), start serving, report SERVING."""
     server = GatewayServer(config, tokenizer)
-    await asyncio.get_running_loop().run_in_executor(None, server.check_peers)
-    await server.host.start(config.address, config.metrics_address, ServerTLS.of(config))
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, server.check_peers)
+        await server.host.start(config.address, config.metrics_address, ServerTLS.of(config))
+    except BaseException:
+        # Cancelled (SIGTERM while waiting for a peer) or failed: the waiting thread gives up at its
+        # next poll, and nothing of a gateway that did not start stays open.
+        server.abandon_start.set()
+        await server.close_peers()
+        raise
     await server.host.set_serving()
     return server
 
@@ -80,37 +90,24 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         target = verifier_of(config)
         # verifier_url = "triton://HOST:PORT/MODEL": the Triton-hosted verifier (gateway.triton_verifier).
         self.triton = TritonVerifierClient(target.address, target.model) if target.kind == "triton" else None
+        # A synchronous channel for the one-off calls (GetModelInfo at start-up) and grpc.aio session
+        # streams on this (the gateway's) loop, driven from the worker threads.
         self.verifier_channel = open_channel(target.address, peers, channel_options())
-        self.drafter_channel = (
-            open_channel(config.drafter_address, peers, channel_options()) if config.drafter_address else None
-        )
-        # The session streams' channels: grpc.aio on this (the gateway's) loop, or the synchronous
-        # channels above (`peer_streams = "sync"`). The synchronous ones also serve the one-off calls
-        # (GetModelInfo at start-up and on reconnect) made from worker threads.
-        aio = config.peer_streams == "aio"
-        self.verifier_streams: grpc.Channel | PeerChannel = (
-            PeerChannel(target.address, peers, channel_options()) if aio and self.triton is None
-            else self.verifier_channel
-        )
-        self.drafter_streams: grpc.Channel | PeerChannel | None = (
-            PeerChannel(config.drafter_address, peers, channel_options()) if aio and config.drafter_address
-            else self.drafter_channel
-        )
+        self.verifier_streams = PeerChannel(target.address, peers, channel_options()) if self.triton is None else None
+        self.registry = Registry()
+        self.metrics = GatewayMetrics(self.registry)
+        self.drafter = DrafterPeer(config, peers, self.metrics.degraded.inc) if config.drafter_address else None
         self.verifier_info: common_pb2.ModelInfo | None = None
-        self.drafter_info: common_pb2.ModelInfo | None = None
-        self._drafter_lock = threading.Lock()
-        self._drafter_retry_at = 0.0
         # Requests whose handler is running, by their cancel switch: what a drain waits for and,
         # once its grace is over, cancels.
         self._inflight: set[Cancellation] = set()
         self._stopping = False
+        self.abandon_start = threading.Event()  # set: check_peers stops waiting for the peers
         self.pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="gateway-decode")
-        self.registry = Registry()
-        self._define_metrics()
         self.admission = Admission(
             AdmissionQueue(self._budget, config.max_queued, config.max_per_client),
-            self._admission_changed,
-            on_admitted=self.m_queue_wait.observe,
+            self.metrics.admission_changed,
+            on_admitted=self.metrics.queue_wait.observe,
         )
         token = read_token(config.auth_token, config.auth_token_file)
         auth = [BearerTokenInterceptor(token)] if token else []
@@ -121,76 +118,31 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             max_message_bytes=config.max_request_bytes,
         )
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(self, self.host.server)
-        # KServe v2 / Open Inference Protocol on the same port, through the same request path (`_run`).
-        kserve.add_kserve_servicer(self, config.kserve_model)
+        # KServe v2 / Open Inference Protocol on the same port, through the same request path (`run`).
+        kserve.add_kserve_servicer(self, config.kserve_model, self.host.server)
+
+    def ready(self) -> bool:
+        """Whether requests are taken: the verifier checked, not draining."""
+        return self.verifier_info is not None and not self.host.draining
 
     # ---- start-up and peers ----------------------------------------------------------------------
 
     def check_peers(self) -> None:
         """Wait for the verifier; check a reachable drafter against it and the tokenizer."""
+        wait = StartupWait(self.config.startup_timeout_s, self.log, self.abandon_start)
+        verifier = verifier_of(self.config)
         try:
             if self.triton is not None:
-                self.verifier_info = _wait_triton_info(self.triton, self.config.startup_timeout_s)
+                self.verifier_info = wait.triton_info(self.triton, verifier.address)
             else:
-                self.verifier_info = _wait_info(
-                    fetch_verifier_info, self.verifier_channel, self.config.startup_timeout_s
-                )
+                wait.ready(self.verifier_channel, "verifier", verifier.address)
+                self.verifier_info = fetch_verifier_info(self.verifier_channel, timeout=wait.timeout)
         except (grpc.RpcError, grpc.FutureTimeoutError) as exc:
-            raise SpecdecError(StatusCode.UNAVAILABLE, f"verifier at {self.config.verifier_address}: {exc}") from None
+            raise SpecdecError(StatusCode.UNAVAILABLE, f"verifier at {verifier.address}: {exc}") from None
         if self.verifier_info.tokenizer_fingerprint != self.tokenizer.fingerprint:
             raise ValueError("the verifier's tokenizer fingerprint differs from the gateway's bundle tokenizer")
-        if self.drafter_channel is not None:
-            try:
-                info = _wait_info(fetch_drafter_info, self.drafter_channel, self.config.startup_timeout_s)
-            except (grpc.RpcError, grpc.FutureTimeoutError) as exc:
-                if self.config.fallback != "ar":
-                    raise SpecdecError(
-                        StatusCode.UNAVAILABLE, f"drafter at {self.config.drafter_address}: {exc}"
-                    ) from None
-                self.log.warning("drafter_unreachable_at_start", address=self.config.drafter_address)
-                return
-            self._accept_drafter(info)
-
-    def _accept_drafter(self, info: common_pb2.ModelInfo) -> None:
-        v = self.verifier_info
-        assert v is not None
-        mismatch = [
-            name
-            for name in ("vocab_size", "tokenizer_fingerprint", *SPECIAL_ID_FIELDS)
-            if getattr(info, name) != getattr(v, name)
-        ]
-        if mismatch:
-            raise ValueError(f"drafter and verifier disagree on {', '.join(mismatch)}; refusing to combine them")
-        self.drafter_info = info
-
-    def _drafter(self, options: CallOptions) -> RemoteDrafter | None:
-        """The drafter for one request, or None while it is down (then the request falls back)."""
-        if self.drafter_channel is None:
-            return None
-        with self._drafter_lock:
-            if time.monotonic() < self._drafter_retry_at:
-                return None
-            if self.drafter_info is None:  # down at start-up: reconnect now that it may be back
-                try:
-                    self._accept_drafter(fetch_drafter_info(self.drafter_channel, timeout=1.0))
-                    self.log.info("drafter_reconnected")
-                except grpc.RpcError:
-                    self._drafter_retry_at = time.monotonic() + self.config.drafter_retry_s
-                    return None
-        return RemoteDrafter(self.drafter_streams, self.drafter_info, options, self.config.drafter_timeout_s)
-
-    def _drafter_failed(self, exc: Exception, log) -> None:
-        """A real attempt at the drafter failed: skip it for drafter_retry_s, then try again."""
-        with self._drafter_lock:
-            self._drafter_retry_at = time.monotonic() + self.config.drafter_retry_s
-        log.warning("drafter_failed_fallback_to_ar", error=str(exc))
-        self.m_degraded.inc()
-
-    def _drafter_skipped(self, log) -> None:
-        # Inside the retry window no attempt was made, so the window must not move: under steady
-        # traffic, extending it on every request would never let the drafter back in.
-        log.info("drafter_down_fallback_to_ar")
-        self.m_degraded.inc()
+        if self.drafter is not None:
+            self.drafter.check_at_start(self.verifier_info, wait)
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain: new requests get UNAVAILABLE from the handler, in-flight ones get `grace` seconds
@@ -225,16 +177,20 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.pool.shutdown(wait=False, cancel_futures=True)
         # A cancelled worker returns at its next peer call or block; wait (bounded) for it to be gone.
         deadline = loop.time() + _WORKERS_STOP_S
-        while self.m_active.value() > 0 and loop.time() < deadline:
+        while self.metrics.active.value() > 0 and loop.time() < deadline:
             await asyncio.sleep(0.02)
+        await self.close_peers()
+
+    async def close_peers(self) -> None:
+        """Close the channels to verifier and drafter and the worker pool."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
         self.verifier_channel.close()
         if self.triton is not None:
             self.triton.close()
-        if self.drafter_channel is not None:
-            self.drafter_channel.close()
-        for streams in (self.verifier_streams, self.drafter_streams):
-            if isinstance(streams, PeerChannel):
-                await streams.close()
+        if self.verifier_streams is not None:
+            await self.verifier_streams.close()
+        if self.drafter is not None:
+            await self.drafter.close()
 
     # ---- RPCs ----------------------------------------------------------------------------------
 
@@ -244,8 +200,8 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         def on_tokens(block: list[int]) -> None:
             cancellation.check()
 
-        result, mode, total_s = await self._run(request, context, on_tokens, cancellation)
-        self.m_latency.observe(total_s, mode=mode.value, rpc="Generate")
+        result, mode, total_s = await self.run(request, context, on_tokens, cancellation)
+        self.metrics.latency.observe(total_s, mode=mode.value, rpc="Generate")
         return gateway_pb2.GenerateResponse(
             text=self.tokenizer.decode(result.output_ids),
             output_ids=result.output_ids,
@@ -264,9 +220,10 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             cancellation.check()
             loop.call_soon_threadsafe(chunks.put_nowait, list(block))
 
-        task = asyncio.ensure_future(self._run(request, context, on_tokens, cancellation, streaming=True))
+        task = asyncio.ensure_future(self.run(request, context, on_tokens, cancellation, streaming=True))
         ids: list[int] = []
         sent_text = ""
+        getter: asyncio.Future | None = None
         try:
             while True:
                 getter = asyncio.ensure_future(chunks.get())
@@ -295,25 +252,29 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             if first_token_s is None and rest:
                 first_token_s = time.perf_counter() - started
             # Both for streams that completed, when the mode is known (a stream cut short has no final stats).
-            self.m_latency.observe(total_s, mode=mode.value, rpc="GenerateStream")
+            self.metrics.latency.observe(total_s, mode=mode.value, rpc="GenerateStream")
             if first_token_s is not None:
-                self.m_ttft.observe(first_token_s, mode=mode.value)
+                self.metrics.ttft.observe(first_token_s, mode=mode.value)
             yield gateway_pb2.GenerateResponse(
                 text=tail, output_ids=rest, stats=stats_to_wire(result.stats, mode, total_s), final=True
             )
         finally:
             # Client gone or done: stop the worker now (its peer calls are cancelled too). When the
             # generator is left without being closed (a cancel that lands while grpc sends a message),
-            # the RPC's done callback in `_run` does the same.
+            # the RPC's done callback in `run` does the same.
             cancellation.cancel()
             if not task.done():
                 task.cancel()
+            # A stream cut short leaves its wait for the next block pending: ended here, it does not
+            # outlive the call (a pending task that is garbage-collected is logged as destroyed).
+            if getter is not None and not getter.done():
+                getter.cancel()
             # Nobody awaits the task after this: take its outcome so none is left unretrieved.
             task.add_done_callback(_consume)
 
     # ---- one request -----------------------------------------------------------------------------
 
-    async def _run(
+    async def run(
         self, request, context, on_tokens: OnTokens, cancellation: Cancellation, streaming: bool = False
     ) -> tuple[DecodeResult, Mode, float]:
         request_id = request_id_of(context)
@@ -332,7 +293,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             options = CallOptions(
                 deadline=deadline, request_id=request_id, cancellation=cancellation, streaming=streaming
             )
-            need = sessions_needed(config, self.drafter_channel is not None)
+            need = sessions_needed(config, self.drafter is not None)
             async with self.admission.slot(client_of(context), need, deadline - time.monotonic()):
                 result = await self._submit(source, config, options, on_tokens, log)
         except asyncio.CancelledError:
@@ -343,29 +304,29 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         except RequestCancelled:
             if self._stopping and not context.done():
                 # Cancelled by the drain, not by its client: tell the client why.
-                self.m_errors.inc(code=StatusCode.UNAVAILABLE.value)
+                self.metrics.errors.inc(code=StatusCode.UNAVAILABLE.value)
                 log.info("request_cancelled_by_shutdown")
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "the gateway shut down before the request finished")
             # The RPC already ended (the done callback or the stream's end cancelled the work).
             self._count_gone(context, log)
             raise asyncio.CancelledError() from None
         except RequestDeadlineExceeded as exc:
-            self.m_deadline.inc()
+            self.metrics.deadline.inc()
             log.info("request_deadline_exceeded", message=exc.message)
             await _abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, exc.message)
         except SpecdecError as exc:
-            self.m_errors.inc(code=exc.code.value)
+            self.metrics.errors.inc(code=exc.code.value)
             log.info("request_refused", code=exc.code.value, message=exc.message)
             await _abort(context, grpc_code(exc.code), exc.message)
         except RemoteCallError as exc:
-            self.m_errors.inc(code=exc.code.name)
+            self.metrics.errors.inc(code=exc.code.name)
             log.error("peer_failed", peer=exc.peer, code=exc.code.name, details=exc.details)
             await _abort(context, exc.code, str(exc))
         finally:
             self._inflight.discard(cancellation)
             structlog.contextvars.unbind_contextvars("request_id")
         total_s = time.perf_counter() - started
-        self._record(result, config.mode, total_s)
+        self.metrics.record(result, config.mode, total_s)
         log.info(
             "request_done",
             mode=config.mode.value,
@@ -382,7 +343,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> DecodeResult:
         """Decode on a worker thread. `gateway_active_requests` counts the request until its worker
         has really stopped (or never started), not just until the RPC ended."""
-        self.m_active.inc()
+        self.metrics.active.inc()
 
         def work() -> DecodeResult:
             assert options.cancellation is not None
@@ -392,10 +353,10 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         try:
             future = self.pool.submit(work)
         except RuntimeError:  # the pool is shut down: the gateway is stopping
-            self.m_active.inc(-1)
+            self.metrics.active.inc(-1)
             raise SpecdecError(StatusCode.UNAVAILABLE, "the gateway is stopping") from None
         # Once whether it ran, failed or was dropped from the queue (a cancelled wait cancels it there).
-        future.add_done_callback(lambda _: self.m_active.inc(-1))
+        future.add_done_callback(lambda _: self.metrics.active.inc(-1))
         return await asyncio.wrap_future(future)
 
     def _count_gone(self, context, log) -> None:
@@ -404,10 +365,10 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         # grpc reports neither cause to the handler; a cancel that comes within a few ms of the
         # deadline is the deadline (the server's timer and the clock read here differ by that much).
         if remaining is not None and remaining <= _DEADLINE_SLACK_S:
-            self.m_deadline.inc()
+            self.metrics.deadline.inc()
             log.info("request_deadline_exceeded")
         else:
-            self.m_cancelled.inc()
+            self.metrics.cancelled.inc()
             log.info("request_cancelled")
 
     async def _prepare(self, request: gateway_pb2.GenerateRequest) -> tuple[list[int], DecodingConfig]:
@@ -416,6 +377,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         max_source_len = source_len_from_wire(self.verifier_info.max_source_len)
         check_input_size(request, self.config.max_text_chars, max_source_len)
         overrides = overrides_from_wire(request.config)
+        check_applicable(overrides, parse_mode(overrides.get("mode", self.config.defaults.mode)))
         if "seed" not in overrides and not self.config.seed_from_defaults:
             overrides["seed"] = secrets.randbits(63)  # unset seed: a fresh one per request
         config = self.config.defaults.with_overrides(overrides)
@@ -441,16 +403,21 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             committed.extend(block)
 
         if config.mode in DRAFTER_MODES:
-            drafter = self._drafter(options)
+            drafter = None if self.drafter is None else self.drafter.for_request(options, self.verifier_info)
             if drafter is not None:
                 try:
                     return decode(source, config, verifier, drafter, counting)
                 except DrafterFailure as exc:
-                    self._drafter_failed(exc.cause, log)
+                    assert self.drafter is not None
+                    self.drafter.failed(exc.cause, log)
                     failure: Exception = exc
             else:
                 failure = SpecdecError(StatusCode.UNAVAILABLE, "the drafter is down")
-                self._drafter_skipped(log)
+                if self.drafter is not None:
+                    self.drafter.skipped(log)
+                else:  # no drafter configured
+                    log.info("drafter_down_fallback_to_ar")
+                    self.metrics.degraded.inc()
             if self.config.fallback != "ar":
                 raise SpecdecError(StatusCode.UNAVAILABLE, f"no fallback configured: {failure}")
             # Go on from what is already committed (and maybe streamed): for the lossless modes
@@ -463,94 +430,8 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
 
     def _budget(self) -> Budget:
         """What admission may hand out: the workers, and the sessions the peers report (0: unknown)."""
-        v, d = self.verifier_info, self.drafter_info
+        v, d = self.verifier_info, None if self.drafter is None else self.drafter.info
         return Budget(self.config.workers, v.max_sessions if v else 0, d.max_sessions if d else 0)
-
-    def _admission_changed(self, queue: AdmissionQueue) -> None:
-        self.m_queued.set(len(queue.waiting))
-        self.m_admitted_v.set(sum(t.need.verifier for t in queue.running))
-
-    def _record(self, result: DecodeResult, mode: Mode, total_s: float) -> None:
-        s = result.stats
-        self.m_requests.inc(mode=mode.value)
-        self.m_tokens.inc(len(result.output_ids), mode=mode.value)
-        self.m_iterations.inc(s.iterations, mode=mode.value)
-        self.m_drafts.inc(sum(s.steps_per_draft_length[1:]), mode=mode.value)
-        self.m_draft_tokens.inc(s.drafted_tokens, mode=mode.value)
-        self.m_accepted.inc(s.accepted_tokens, mode=mode.value)
-        for position, count in enumerate(s.accepted_per_position):
-            self.m_accepted_pos.inc(count, position=str(position))
-            self.m_sd_accepted_pos.inc(count, mode=mode.value, position=str(position))
-        self.m_sd_draft.inc(s.drafted_tokens, mode=mode.value)
-        self.m_sd_accepted.inc(s.accepted_tokens, mode=mode.value)
-        self.m_sd_emitted.inc(len(result.output_ids), mode=mode.value)
-        self.m_predrafts.inc(s.predrafts, mode=mode.value)
-        self.m_predrafts_used.inc(s.predrafts_used, mode=mode.value)
-        self.m_preverified.inc(s.preverified, mode=mode.value)
-        self.m_preverify_cuts.inc(s.preverify_cuts, mode=mode.value)
-        self.m_drafter_s.inc(s.drafter_time_s)
-        self.m_verifier_s.inc(s.verifier_time_s)
-        self.m_gateway_s.inc(max(total_s - s.drafter_time_s - s.verifier_time_s, 0.0))
-        its = self.m_iterations.value(mode=mode.value)
-        if its:
-            self.m_mean_len.set(self.m_tokens.value(mode=mode.value) / its, mode=mode.value)
-
-    def _define_metrics(self) -> None:
-        r = self.registry
-        self.m_requests = r.counter("gateway_requests", "requests decoded, by mode")
-        self.m_tokens = r.counter("gateway_tokens_out", "output tokens, by mode")
-        self.m_iterations = r.counter("gateway_iterations", "accept-loop iterations (verifier steps)")
-        self.m_drafts = r.counter("gateway_drafts", "iterations that verified a draft")
-        self.m_draft_tokens = r.counter("gateway_draft_tokens", "draft tokens proposed")
-        self.m_accepted = r.counter("gateway_accepted_tokens", "draft tokens accepted")
-        self.m_accepted_pos = r.counter("gateway_accepted_tokens_per_position", "accepted drafts by position")
-        self.m_mean_len = r.gauge("gateway_mean_acceptance_length", "output tokens per iteration, by mode")
-        # Overlapped drafting (gateway.policies.overlap): hit rate = used / predrafts.
-        by_mode = ("mode",)
-        self.m_predrafts = r.counter("gateway_predrafts", "blocks drafted during the verifier's step", labels=by_mode)
-        self.m_predrafts_used = r.counter("gateway_predrafts_used", "pre-drafted blocks used", labels=by_mode)
-        # Pre-verify (gateway.policies.preverify): cuts / preverified = blocks never verified.
-        self.m_preverified = r.counter(
-            "gateway_preverified", "iterations whose first position was checked while drafting", labels=by_mode
-        )
-        self.m_preverify_cuts = r.counter(
-            "gateway_preverify_cuts", "pre-verified blocks cut at their first token, never verified", labels=by_mode
-        )
-        self.m_drafter_s = r.counter("gateway_draft_seconds", "time waiting for drafts")
-        self.m_verifier_s = r.counter("gateway_verify_seconds", "time waiting for the verifier")
-        self.m_gateway_s = r.counter("gateway_own_seconds", "time in the gateway itself")
-        self.m_degraded = r.counter("gateway_degraded", "requests that fell back to AR")
-        self.m_errors = r.counter("gateway_errors", "requests that failed, by status code")
-        self.m_active = r.gauge("gateway_active_requests", "requests being decoded or queued for a worker")
-        self.m_cancelled = r.counter("gateway_requests_cancelled", "requests the client cancelled")
-        self.m_deadline = r.counter("gateway_deadline_exceeded", "requests whose own deadline passed")
-        self.m_queued = r.gauge("gateway_queued_requests", "requests waiting for a worker and model sessions")
-        self.m_admitted_v = r.gauge("gateway_verifier_sessions", "verifier sessions held by admitted requests")
-        # Load: histograms in seconds (1 ms to 60 s) of requests that completed.
-        self.m_latency = r.histogram(
-            "gateway_request_seconds", "request latency, admission wait included, by mode and rpc",
-            LATENCY_BUCKETS, labels=("mode", "rpc"),
-        )
-        self.m_ttft = r.histogram(
-            "gateway_time_to_first_token_seconds", "GenerateStream: time to the first message with tokens, by mode",
-            LATENCY_BUCKETS, labels=("mode",),
-        )
-        self.m_queue_wait = r.histogram(
-            "gateway_queue_wait_seconds", "time admitted requests waited for a worker and model sessions",
-            LATENCY_BUCKETS, labels=(),
-        )
-        # Speculative decoding, named as vLLM's spec_decode metrics (acceptance rate = accepted / draft).
-        self.m_sd_draft = r.counter("spec_decode_num_draft_tokens", "draft tokens proposed, by mode", labels=("mode",))
-        self.m_sd_accepted = r.counter(
-            "spec_decode_num_accepted_tokens", "draft tokens accepted, by mode", labels=("mode",)
-        )
-        self.m_sd_emitted = r.counter(
-            "spec_decode_num_emitted_tokens", "tokens emitted (output tokens), by mode", labels=("mode",)
-        )
-        self.m_sd_accepted_pos = r.counter(
-            "spec_decode_num_accepted_tokens_per_pos", "accepted draft tokens by draft position (0 = first), by mode",
-            labels=("mode", "position"),
-        )
 
 
 def _consume(task: asyncio.Future) -> None:
@@ -564,20 +445,3 @@ async def _abort(context, code: grpc.StatusCode, details: str) -> None:
     if context.done():
         raise asyncio.CancelledError()
     await context.abort(code, details)
-
-
-def _wait_triton_info(triton: TritonVerifierClient, timeout: float) -> common_pb2.ModelInfo:
-    """The Triton-hosted verifier's ModelInfo, once the server is up and the model loaded."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return triton.fetch_info(timeout=min(5.0, max(deadline - time.monotonic(), 0.1)))
-        except SpecdecError:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.2)
-
-
-def _wait_info(fetch, channel: grpc.Channel, timeout: float) -> common_pb2.ModelInfo:
-    grpc.channel_ready_future(channel).result(timeout=timeout)
-    return fetch(channel, timeout=timeout)

@@ -42,6 +42,27 @@ def overrides_to_wire(overrides: dict[str, Any]) -> gateway_pb2.DecodingConfig:
     return config
 
 
+def stats_record(stats: DecodeStats, mode: Mode, total_s: float) -> dict[str, Any]:
+    """The stats as `specdec decode` and `specdec generate --json` print them: the DecodingStats
+    message's fields by their names (times in ms), so the CLI, gRPC and KServe name them alike."""
+    return stats_dict(stats_to_wire(stats, mode, total_s))
+
+
+def stats_dict(stats: gateway_pb2.DecodingStats) -> dict[str, Any]:
+    """A DecodingStats message as a dict of its fields (lists for repeated ones, the mode by name)."""
+    out: dict[str, Any] = {}
+    for f in stats.DESCRIPTOR.fields:
+        value = getattr(stats, f.name)
+        if f.name == "mode":
+            value = WIRE_TO_MODE[value].value if value in WIRE_TO_MODE else ""
+        elif f.is_repeated:
+            value = list(value)
+        elif isinstance(value, float):
+            value = round(value, 4)
+        out[f.name] = value
+    return out
+
+
 def stats_to_wire(stats: DecodeStats, mode: Mode, total_s: float) -> gateway_pb2.DecodingStats:
     gateway_s = max(total_s - stats.drafter_time_s - stats.verifier_time_s, 0.0)
     return gateway_pb2.DecodingStats(
@@ -60,6 +81,9 @@ def stats_to_wire(stats: DecodeStats, mode: Mode, total_s: float) -> gateway_pb2
         first_draft_ms=stats.first_draft_time_s * 1e3,
         verifier_time_ms=stats.verifier_time_s * 1e3,
         gateway_time_ms=gateway_s * 1e3,
+        total_time_ms=total_s * 1e3,
+        output_tokens=stats.output_tokens,
+        mean_draft_length=stats.mean_draft_length,
         degraded=stats.degraded,
         finish_reason=stats.finish_reason,
         mode=MODE_TO_WIRE[mode],

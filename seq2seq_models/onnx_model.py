@@ -89,7 +89,8 @@ class OnnxModel:
             where = Path(cache_root) if cache_root is not None else "the ONNX cache"
             raise ValueError(
                 f"no ONNX export of the {self.role} (bundle fingerprint {(fingerprint or '?')[:16]}) in {where}, "
-                f"and making one needs torch ({exc}): run `specdec export-onnx --bundle BUNDLE` where torch "
-                "is installed, then serve with that bundle (or SPECDEC_ONNX_CACHE pointing at the exports)"
+                f"and making one needs torch ({exc}): install it with `pip install \"specdec[torch]\"` (or "
+                "`pip install torch==2.13.0`) and start again, or run `specdec export-onnx --bundle BUNDLE` where "
+                "torch is installed and serve with that bundle (or SPECDEC_ONNX_CACHE pointing at the exports)"
             ) from None
         return export_model(model if model is not None else load(), self.role, fingerprint, cache_root)  # type: ignore[misc]

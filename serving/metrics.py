@@ -217,6 +217,7 @@ class MetricsServer:
         app = _only_metrics_paths(make_wsgi_app(registry.collector_registry))
         server_class = _IPv6Server if ":" in host else ThreadingWSGIServer
         self._httpd = make_server(host, port, app, server_class, handler_class=_QuietHandler)
+        self.host = host if ":" not in host else f"[{host}]"
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="metrics-http", daemon=True)
 
@@ -225,7 +226,8 @@ class MetricsServer:
         return self
 
     def stop(self) -> None:
-        self._httpd.shutdown()
+        if self._thread.is_alive():  # shutdown() waits for serve_forever, which never ran otherwise
+            self._httpd.shutdown()
         self._httpd.server_close()
 
 

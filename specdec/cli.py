@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import typing
 from collections.abc import Sequence
 from dataclasses import Field, fields
@@ -13,12 +14,14 @@ from pathlib import Path
 
 from core.backends import BACKENDS, DEFAULT_BACKEND, DEFAULT_PRECISION, PRECISIONS, check_precision
 from core.config import DEVICE_HELP, DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS, device_arg
-from core.errors import SpecdecError
+from core.errors import BindError, SpecdecError
 from specdec import import_hf
 from specdec.serve import add_batch_flags
 
 # Where `decode` looks for a bundle when --bundle is not given.
 DEFAULT_BUNDLE_ENV = "SPECDEC_BUNDLE"
+# The gateway address of `generate`, `loadtest` and `health` when --addr is not given.
+ADDR_ENV = "SPECDEC_ADDR"
 DEFAULT_BUNDLE_DIR = Path(__file__).resolve().parent.parent / "bundles" / "ua-gec"
 DEFAULT_LOADTEST_SENTENCES = 100  # `specdec loadtest` without --inputs / --ua-gec
 BACKEND_HELP = (
@@ -39,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecdecError as exc:
         print(f"specdec {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, KeyError, ValueError) as exc:
+    except (BindError, FileNotFoundError, KeyError, ValueError) as exc:
         print(f"specdec {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -52,9 +55,12 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     from gateway.decoding_config import Mode, cli_flag
     from gateway.modes import mode_names
 
-    g = parser.add_argument_group("decoding")
+    g = parser.add_argument_group("decoding (unset: the default shown, or the gateway's [defaults])")
     for f, kind in _decoding_fields():
         help_text = f.metadata["help"]
+        if "default" not in help_text:
+            shown = "unset" if f.default is None else f.default
+            help_text += f" (default: {shown})"
         if kind is Mode:
             g.add_argument(cli_flag(f), dest=f.name, choices=mode_names(), help=help_text)
         elif kind is bool:  # --adaptive / --no-adaptive; unset stays None (the default applies)
@@ -105,16 +111,23 @@ def _cmd_tiny_bundle(args: argparse.Namespace) -> int:
 
 
 def _cmd_decode(args: argparse.Namespace) -> int:
-    import torch
+    try:
+        import torch
+    except ImportError:
+        raise ValueError('decode runs the models in this process and needs torch: pip install "specdec[torch]"'
+                         ) from None
 
     from drafter_service.session import make_drafter
     from gateway.decode import decode
     from gateway.decoding_config import DecodingConfig, DecodingLimits, validate
-    from gateway.modes import DRAFTER_MODES
+    from gateway.modes import DRAFTER_MODES, check_applicable
+    from gateway.wire import stats_record
     from seq2seq_models.bundle import load_bundle
     from verifier_service.session import make_verifier
 
-    config = DecodingConfig().with_overrides(decoding_overrides(args))
+    overrides = {k: v for k, v in decoding_overrides(args).items() if v is not None}
+    config = DecodingConfig().with_overrides(overrides)
+    check_applicable(overrides, config.mode, flags=True)
     bundle = load_bundle(resolve_bundle(args.bundle), dtype=getattr(torch, args.dtype))
     backend, precision = args.backend or DEFAULT_BACKEND, args.precision or DEFAULT_PRECISION
     check_precision(backend, precision)  # before the bundle loads: one line, not a traceback
@@ -124,33 +137,42 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     if config.mode in DRAFTER_MODES and drafter is None:
         raise ValueError(f"mode {config.mode.value} needs a drafter and {bundle.path} has none")
     tokenizer = bundle.tokenizer
+    failed = 0
     for number, line in enumerate(sys.stdin, start=1):
         line = line.rstrip("\n")
+        # One record per input line, in order: a bad line gets an error record and the rest go on.
         try:
             source = [] if not line.strip() else _parse_ids(line) if args.ids else tokenizer.encode(line)
+            started = time.perf_counter()
             result = decode(source, config, verifier, drafter)
         except SpecdecError as exc:
-            raise SpecdecError(exc.code, f"line {number}: {exc.message}") from None
-        record = {
-            "output_ids": result.output_ids,
-            "text": tokenizer.decode(result.output_ids),
-            "stats": result.stats.to_dict(),
-        }
+            failed += 1
+            print(f"specdec decode: error: {exc.code.value}: line {number}: {exc.message}", file=sys.stderr)
+            record = {"line": number, "error": exc.message, "code": exc.code.value}
+        else:
+            record = {
+                "output_ids": result.output_ids,
+                "text": tokenizer.decode(result.output_ids),
+                "stats": stats_record(result.stats, config.mode, time.perf_counter() - started),
+            }
         print(json.dumps(record, ensure_ascii=False), flush=True)
-    return 0
+    return 2 if failed else 0
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from core.config import load_sections
     from specdec.serve import batch_overrides, serve_forever, serve_processes
 
+    metrics = _metrics_overrides(args)
     overrides = {
         "gateway": {"address": args.gateway_addr, "verifier_address": args.verifier_addr,
-                    "drafter_address": args.drafter_addr},
+                    "drafter_address": args.drafter_addr, "metrics_address": metrics["gateway"]},
         "verifier": {"address": args.verifier_addr, "backend": args.backend, "device": args.device,
-                     "precision": args.precision, "intra_op_threads": args.verifier_threads, **batch_overrides(args)},
+                     "precision": args.precision, "intra_op_threads": args.verifier_threads,
+                     "metrics_address": metrics["verifier"], **batch_overrides(args)},
         "drafter": {"address": args.drafter_addr, "backend": args.backend, "device": args.device,
-                    "precision": args.precision, "intra_op_threads": args.drafter_threads, **batch_overrides(args)},
+                    "precision": args.precision, "intra_op_threads": args.drafter_threads,
+                    "metrics_address": metrics["drafter"], **batch_overrides(args)},
     }
     sections = load_sections(args.config, overrides=overrides)
     # Every role gets the default bundle (the gateway reads its tokenizer), as docs/services.md says.
@@ -167,6 +189,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _metrics_overrides(args: argparse.Namespace) -> dict[str, str | None]:
+    """Each role's metrics_address from --ROLE-metrics-addr, or --metrics-addr for the one role served."""
+    out = {role: getattr(args, f"{role}_metrics_addr") for role in ("gateway", "verifier", "drafter")}
+    if args.metrics_addr is not None:
+        if args.role == "all":
+            raise ValueError("--metrics-addr names one role's endpoint: with `all` give --gateway-metrics-addr, "
+                             "--verifier-metrics-addr and --drafter-metrics-addr")
+        if out[args.role] is not None:
+            raise ValueError(f"give --metrics-addr or --{args.role}-metrics-addr, not both")
+        out[args.role] = args.metrics_addr
+    return out
+
+
 def _serve_child_args(args: argparse.Namespace, bundle: Path, sections) -> list[str]:
     """The flags a `serve all --processes` child gets: the parent's own (the environment is inherited),
     and both services' intra-op threads as `serve all` shares the host's CPUs between them."""
@@ -178,6 +213,8 @@ def _serve_child_args(args: argparse.Namespace, bundle: Path, sections) -> list[
     for flag, value in (("--config", args.config), ("--backend", args.backend), ("--device", args.device),
                         ("--precision", args.precision),
                         ("--verifier-addr", args.verifier_addr), ("--drafter-addr", args.drafter_addr),
+                        ("--verifier-metrics-addr", args.verifier_metrics_addr),
+                        ("--drafter-metrics-addr", args.drafter_metrics_addr),
                         *((f"--{key.replace('_', '-')}", value) for key, value in batch_overrides(args).items())):
         if value is not None:
             out += [flag, str(value)]
@@ -185,16 +222,36 @@ def _serve_child_args(args: argparse.Namespace, bundle: Path, sections) -> list[
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from specdec.client import CallError, format_record, generate
+    from specdec.client import CallError, degraded_note, format_record, generate
 
     tls, token = _client_security(args)
+    text = _generate_text(args)
     try:
-        record = generate(args.addr, args.text, decoding_overrides(args), timeout=args.timeout, tls=tls, token=token)
+        record = generate(args.addr, text, decoding_overrides(args), timeout=args.timeout, tls=tls, token=token)
     except CallError as exc:  # e.g. a missing token: one line, like specdec's own errors, not a traceback
         print(f"specdec generate: error: {exc}", file=sys.stderr)
         return 2
     print(format_record(record, args.json), flush=True)
+    note = None if args.json else degraded_note(record)
+    if note is not None:
+        print(f"specdec generate: {note}", file=sys.stderr)
     return 0
+
+
+def _generate_text(args: argparse.Namespace) -> str:
+    """The text of `generate`: the argument, --file, or stdin (no argument, or "-"); one trailing
+    newline of a file or stdin is not part of it."""
+    if args.text is not None and args.text != "-" and args.file is not None:
+        raise ValueError("give the text as an argument or with --file, not both")
+    if args.file is not None:
+        text = Path(args.file).read_text(encoding="utf-8")
+    elif args.text is not None and args.text != "-":
+        return args.text
+    else:
+        if sys.stdin.isatty():
+            print("specdec generate: reading the text from stdin (end it with Ctrl-D)", file=sys.stderr)
+        text = sys.stdin.read()
+    return text.removesuffix("\n").removesuffix("\r")
 
 
 def _cmd_loadtest(args: argparse.Namespace) -> int:
@@ -336,8 +393,44 @@ def _parse_ids(line: str) -> list[int]:
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # one line, no usage dump
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Every option that takes a value ends its help with its default ("none": unset), unless the
+    help already says it; flags (off unless given) and required options are left as they are."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or not action.option_strings or action.nargs == 0 or action.required:
+            return text
+        if action.default is argparse.SUPPRESS:
+            return text
+        shown = "none" if action.default is None else "%(default)s"
+        return f"{text} (default: {shown})".lstrip()
+
+
+def address_arg(text: str) -> str:
+    """HOST:PORT (or unix:PATH, or a gRPC target URI) as an argparse `type`: a port-less address
+    would silently dial port 443, so it is argparse's one-line error instead."""
+    if text.startswith("unix:") or "://" in text:
+        return text
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (e.g. {GATEWAY_ADDRESS})")
+    return text
+
+
+def _default_addr() -> str:
+    return os.environ.get(ADDR_ENV) or GATEWAY_ADDRESS
+
+
+ADDR_HELP = f"gateway address HOST:PORT (default: ${ADDR_ENV}, else {GATEWAY_ADDRESS})"
 
 
 def _add_client_security(p: argparse.ArgumentParser) -> None:
@@ -353,20 +446,23 @@ def _add_client_security(p: argparse.ArgumentParser) -> None:
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from specdec import __version__
+
     parser = _Parser(prog="specdec", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"specdec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     import_hf.add_parser(sub)
 
     p = sub.add_parser("tiny-bundle", help="write a deterministic random bundle for tests and demos")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.set_defaults(run=_cmd_tiny_bundle)
 
     p = sub.add_parser("decode", help="decode stdin lines in-process, one JSON object per line")
     p.add_argument("--bundle", help=f"model bundle directory (default: ${DEFAULT_BUNDLE_ENV} or bundles/ua-gec)")
     p.add_argument("--ids", action="store_true", help="lines are space-separated token ids, not text")
-    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="the models' dtype (torch)")
     p.add_argument("--backend", choices=BACKENDS, default=None, help=BACKEND_HELP)
     p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
     p.add_argument("--device", type=device_arg, default="auto", help=f"where the models run: {DEVICE_HELP}")
@@ -383,7 +479,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bundle", help=f"model bundle directory (default: ${DEFAULT_BUNDLE_ENV} or bundles/ua-gec)")
     p.add_argument("--out", required=True, help="model repository directory (tritonserver --model-repository)")
     p.add_argument("--model", default="specdec_verifier", help="model name (verifier_url triton://HOST:PORT/MODEL)")
-    p.add_argument("--backend", choices=BACKENDS, default=None, help="the verifier backend inside the model")
+    p.add_argument("--backend", choices=BACKENDS, default=None, help="the verifier backend inside the model "
+                   "(default: torch)")
     p.add_argument("--device", default="cpu", help="where the model runs inside Triton: cpu, cuda or cuda:N")
     p.add_argument("--max-sessions", type=int, default=64, help="sessions (sequences) the model holds at once")
     p.add_argument("--session-idle-s", type=float, default=300.0, help="the model frees sessions idle this long")
@@ -394,10 +491,20 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run the verifier, drafter or gateway service (or all three)")
     p.add_argument("role", choices=["verifier", "drafter", "gateway", "all"])
     p.add_argument("--bundle", help=f"model bundle directory (default: ${DEFAULT_BUNDLE_ENV} or bundles/ua-gec)")
-    p.add_argument("--config", help="TOML config file (see config/specdec.example.toml)")
-    p.add_argument("--gateway-addr", help=f"gateway listen address (default {GATEWAY_ADDRESS})")
-    p.add_argument("--verifier-addr", help=f"verifier address (default {VERIFIER_ADDRESS})")
-    p.add_argument("--drafter-addr", help=f"drafter address (default {DRAFTER_ADDRESS})")
+    p.add_argument("--config", help="TOML config file (see config/specdec.example.toml; default: none)")
+    p.add_argument("--gateway-addr", type=address_arg,
+                   help=f"gateway listen address (default: [gateway] address of the config, else {GATEWAY_ADDRESS})")
+    p.add_argument("--verifier-addr", type=address_arg,
+                   help=f"verifier address (default: [verifier] address of the config, else {VERIFIER_ADDRESS})")
+    p.add_argument("--drafter-addr", type=address_arg,
+                   help=f"drafter address (default: [drafter] address of the config, else {DRAFTER_ADDRESS})")
+    metrics = p.add_argument_group("metrics (Prometheus text at http://ADDR/metrics; off unless set)")
+    metrics.add_argument("--metrics-addr", metavar="HOST:PORT",
+                         help="the metrics endpoint of the one role served (not with `all`)")
+    for role in ("gateway", "verifier", "drafter"):
+        metrics.add_argument(f"--{role}-metrics-addr", metavar="HOST:PORT",
+                             help=f"the {role}'s metrics endpoint (default: [{role}] metrics_address of the config, "
+                             "else off)")
     p.add_argument("--backend", choices=BACKENDS, default=None, help=BACKEND_HELP)
     p.add_argument("--device", help=f"where the verifier's and drafter's models run: {DEVICE_HELP} "
                    "(default: auto, or the [verifier] and [drafter] device keys of the config)")
@@ -405,23 +512,25 @@ def _build_parser() -> argparse.ArgumentParser:
     for role in ("verifier", "drafter"):
         p.add_argument(f"--{role}-threads", type=int, default=None, metavar="N",
                        help=f"the {role}'s intra-op threads (ONNX Runtime; torch on the torch backend); 0: chosen "
-                       f"(all usable CPUs, at most 8; split with the other model under `all`), or [{role}] "
-                       "intra_op_threads of the config")
+                       f"(all usable CPUs, at most 8; split with the other model under `all`) (default: [{role}] "
+                       "intra_op_threads of the config, else 0)")
     add_batch_flags(p)
     p.add_argument("--processes", action="store_true",
                    help="with `all`: the verifier and the drafter in their own processes (one GIL each)")
     p.set_defaults(run=_cmd_serve)
 
     p = sub.add_parser("health", help="exit 0 when a server reports SERVING (grpc.health.v1), else 1")
-    p.add_argument("--addr", default=GATEWAY_ADDRESS, help=f"server address (default {GATEWAY_ADDRESS})")
+    p.add_argument("--addr", type=address_arg, default=_default_addr(),
+                   help=f"server address HOST:PORT (default: ${ADDR_ENV}, else {GATEWAY_ADDRESS})")
     p.add_argument("--service", default="", help="service name to ask about (default: the whole server)")
     p.add_argument("--timeout", type=float, default=3.0, help="deadline in seconds")
     p.add_argument("--tls-ca", help="connect over TLS, checking the server's certificate against this PEM CA")
     p.set_defaults(run=_cmd_health)
 
     p = sub.add_parser("generate", help="decode one text through a running gateway")
-    p.add_argument("text")
-    p.add_argument("--addr", default=GATEWAY_ADDRESS, help="gateway address")
+    p.add_argument("text", nargs="?", help="the text; without it (or with -), the text is read from stdin")
+    p.add_argument("--file", metavar="PATH", help="read the text from this file (UTF-8)")
+    p.add_argument("--addr", type=address_arg, default=_default_addr(), help=ADDR_HELP)
     p.add_argument("--json", action="store_true", help="print the same JSON object as `specdec decode`")
     p.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
     _add_client_security(p)
@@ -429,7 +538,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_cmd_generate)
 
     p = sub.add_parser("loadtest", help="drive a running gateway with concurrent requests; throughput and latency")
-    p.add_argument("--addr", "--address", dest="addr", default=GATEWAY_ADDRESS, help="gateway address")
+    p.add_argument("--addr", "--address", dest="addr", type=address_arg, default=_default_addr(), help=ADDR_HELP)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--inputs", metavar="FILE", help="input texts, one per line")
     src.add_argument("--ua-gec", type=int, metavar="N", help="the first N sentences of the UA-GEC test split "
@@ -438,14 +547,17 @@ def _build_parser() -> argparse.ArgumentParser:
     load = p.add_mutually_exclusive_group()
     load.add_argument("--concurrency", type=int, help="closed loop: this many clients, each sends its next "
                       "request when its previous one answered (default 1)")
-    load.add_argument("--rate", type=float, help="open loop: a request every 1/RATE seconds, answered or not")
-    p.add_argument("--sweep", metavar="N,N,...", help="a closed-loop run at each client count in turn; prints a table")
+    load.add_argument("--rate", type=float, help="open loop: a request every 1/RATE seconds, answered or not "
+                      "(default: closed loop)")
+    p.add_argument("--sweep", metavar="N,N,...", help="a closed-loop run at each client count in turn; prints a table "
+                   "(default: one run)")
     p.add_argument("--waves", action="store_true", help="closed loop in waves: the next N requests start "
                    "together once all of the previous N answered (a static batch)")
     p.add_argument("--stream", action="store_true", help="call GenerateStream (measures time to first token)")
     p.add_argument("--requests", type=int, help="requests per run (default: one pass over the inputs, "
                    "unless --duration bounds the run)")
-    p.add_argument("--duration", type=float, help="seconds after which no request starts (in-flight ones finish)")
+    p.add_argument("--duration", type=float, help="seconds after which no request starts (in-flight ones finish; "
+                   "default: no limit)")
     p.add_argument("--warmup", type=int, default=0, help="requests sent, unmeasured, before each run")
     p.add_argument("--timeout", type=float, default=120.0, help="per-request deadline in seconds")
     p.add_argument("--channels", type=int, default=1, help="gRPC channels (connections) the requests share")
@@ -453,7 +565,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    "fairness limit); default: one id per virtual client")
     p.add_argument("--metrics-url", action="append", help="a Prometheus endpoint (e.g. the verifier's "
                    "http://HOST:PORT/metrics) whose *batch_rows and *forward_seconds histograms give the mean rows per "
-                   "forward and the model worker's busy share; repeatable")
+                   "forward and the model worker's busy share; repeatable (default: none)")
     p.add_argument("--json", action="store_true", help="print one JSON object (a sweep's runs under \"sweep\")")
     p.add_argument("--progress", action="store_true", help="show the progress line on stderr even when it is "
                    "not a terminal")

@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from core.errors import SpecdecError
+from core.errors import SpecdecError, StatusCode
 from serving.auth import bearer_metadata
 from serving.channels import channel_options
 from serving.status import REQUEST_ID_KEY, specdec_code
@@ -36,7 +36,7 @@ def generate(
 ) -> dict[str, Any]:
     """Generate once; returns {"output_ids", "text", "stats"} as `specdec decode` prints it.
     `tls`: connect over TLS (None: plaintext); `token`: the gateway's bearer token."""
-    from gateway.wire import overrides_to_wire, stats_from_wire
+    from gateway.wire import overrides_to_wire, stats_dict
     from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
     request = gateway_pb2.GenerateRequest(text=text, input_ids=input_ids or [], config=overrides_to_wire(overrides))
@@ -48,14 +48,30 @@ def generate(
         try:
             response = stub.Generate(request, timeout=timeout, metadata=metadata)
         except grpc.RpcError as exc:
+            details = exc.details() or ""
+            if exc.code() == grpc.StatusCode.UNAVAILABLE and _NOT_REACHED in details:
+                raise SpecdecError(
+                    StatusCode.UNAVAILABLE,
+                    f"the gateway at {address} is not reachable ({details}); is it running? Start one with "
+                    "`specdec serve all`, or point --addr / $SPECDEC_ADDR at it",
+                ) from None
             code = specdec_code(exc.code())
             if code is None:
-                raise CallError(exc.code().name, exc.details() or "") from None
-            raise SpecdecError(code, exc.details() or "") from None
-    output_ids = list(response.output_ids)
-    stats = stats_from_wire(response.stats, len(output_ids))
-    return {"output_ids": output_ids, "text": response.text, "stats": stats.to_dict()}
+                raise CallError(exc.code().name, details) from None
+            raise SpecdecError(code, details) from None
+    return {"output_ids": list(response.output_ids), "text": response.text, "stats": stats_dict(response.stats)}
 
 
 def format_record(record: dict[str, Any], as_json: bool) -> str:
     return json.dumps(record, ensure_ascii=False) if as_json else record["text"]
+
+
+def degraded_note(record: dict[str, Any]) -> str | None:
+    """The line plain output adds (on stderr, apart from the text) when the gateway fell back to AR."""
+    if not record["stats"].get("degraded"):
+        return None
+    return "degraded: the drafter was unavailable, so the gateway decoded as plain AR through the verifier"
+
+
+# How grpc words a call that never reached a server (connection refused, no such host, ...).
+_NOT_REACHED = "failed to connect to all addresses"

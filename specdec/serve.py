@@ -13,7 +13,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from core.config import SERVICE_ADDRESSES, ServiceSection, check_security_keys, check_service_precision, parse_section
+import structlog
+
+from core.config import (
+    SERVICE_ADDRESSES,
+    ServiceSection,
+    check_security_keys,
+    check_service_precision,
+    parse_section,
+    with_origin,
+)
 from serving.logs import configure_logging
 
 ROLES = ("verifier", "drafter", "gateway", "all")
@@ -51,9 +60,33 @@ def serve_config(sections: Mapping[str, Mapping[str, Any]]) -> ServeConfig:
     from gateway.config import gateway_config
     from verifier_service.server import VerifierLimits
 
-    verifier, verifier_limits = _model_service("verifier", sections.get("verifier", {}), VerifierLimits)
-    drafter, drafter_limits = _model_service("drafter", sections.get("drafter", {}), DrafterLimits)
-    return ServeConfig(gateway_config(sections), verifier, verifier_limits, drafter, drafter_limits)
+    try:
+        verifier, verifier_limits = _model_service("verifier", sections.get("verifier", {}), VerifierLimits)
+        drafter, drafter_limits = _model_service("drafter", sections.get("drafter", {}), DrafterLimits)
+        return ServeConfig(gateway_config(sections), verifier, verifier_limits, drafter, drafter_limits)
+    except ValueError as exc:  # one set by an environment variable says so
+        raise with_origin(exc, sections) from None
+
+
+def config_keys() -> dict[str, set[str]]:
+    """Every key each section of the configuration accepts (the schema `serve_config` checks against)."""
+    from dataclasses import fields
+
+    from drafter_service.server import DrafterLimits
+    from gateway.config import FROM_OTHER_SECTIONS, GatewayConfig
+    from gateway.decoding_config import DecodingConfig, DecodingLimits
+    from verifier_service.server import VerifierLimits
+
+    def names(*schemas: type) -> set[str]:
+        return {f.name for schema in schemas for f in fields(schema)}
+
+    return {
+        "gateway": names(GatewayConfig) - FROM_OTHER_SECTIONS,
+        "defaults": names(DecodingConfig),
+        "limits": names(DecodingLimits),
+        "verifier": names(ServiceSection, VerifierLimits),
+        "drafter": names(ServiceSection, DrafterLimits),
+    }
 
 
 async def start_services(
@@ -61,19 +94,47 @@ async def start_services(
     bundle: Path | None,
     sections: Mapping[str, Mapping[str, Any]],
 ) -> Running:
-    """Start `role`'s server(s) from merged config sections (see core.config)."""
+    """Start `role`'s server(s) from merged config sections (see core.config). When one cannot start
+    (e.g. its address is taken), those already started are stopped and the error is raised."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; choose one of {ROLES}")
+    config = serve_config(sections)
+    _check_devices(role, config)
+    check_listen_addresses(role, config)
+    if role == "all":
+        config = share_host_threads(config)
+    running = Running()
+    try:
+        await _start_roles(role, bundle, config, running)
+    except BaseException:
+        await stop_services(running, 0)  # nothing stays up when one of the servers cannot start
+        raise
+    return running
+
+
+def check_listen_addresses(role: str, config: ServeConfig) -> None:
+    """Every address `role` would listen on (gRPC and metrics), checked free before any model loads:
+    a taken one is a BindError naming it (serving.host)."""
+    from serving.host import check_can_listen
+
+    listens = {
+        "verifier": (config.verifier.address, config.verifier.metrics_address),
+        "drafter": (config.drafter.address, config.drafter.metrics_address),
+        "gateway": (config.gateway.address, config.gateway.metrics_address),
+    }
+    for name, (address, metrics) in listens.items():
+        if role in (name, "all"):
+            check_can_listen(f"[{name}] address", address)
+            if metrics:
+                check_can_listen(f"[{name}] metrics_address", metrics)
+
+
+async def _start_roles(role: str, bundle: Path | None, config: ServeConfig, running: Running) -> None:
     from drafter_service.server import DrafterServer
     from gateway.server import start_gateway
     from seq2seq_models.bundle import load_bundle
     from verifier_service.server import VerifierServer
 
-    if role not in ROLES:
-        raise ValueError(f"unknown role {role!r}; choose one of {ROLES}")
-    config = serve_config(sections)
-    _check_devices(role, config)
-    if role == "all":
-        config = share_host_threads(config)
-    running = Running()
     loaded = load_bundle(bundle) if bundle is not None and role == "all" else None
     if role in ("verifier", "all"):
         v = config.verifier
@@ -97,7 +158,6 @@ async def start_services(
         tokenizer = loaded.tokenizer if loaded is not None else load_bundle_tokenizer(_need(bundle))
         running.gateway = await start_gateway(gateway, tokenizer)
         running.addresses["gateway"] = _with_port(gateway.address, running.gateway.host.port)
-    return running
 
 
 def has_drafter(bundle: Any) -> bool:
@@ -139,7 +199,17 @@ def serve_forever(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        running = await start_services(role, bundle, sections)
+        # Start-up may wait long for a peer (the gateway's startup_timeout_s): a signal ends it there.
+        starting = asyncio.ensure_future(start_services(role, bundle, sections))
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            structlog.get_logger(service=role).info("stopped_before_serving")
+            return
+        stopping.cancel()
+        running = starting.result()
         on_ready(running)
         await stop.wait()
         await stop_services(running, grace)
@@ -166,6 +236,7 @@ def serve_processes(
     import subprocess
     import sys
 
+    check_listen_addresses("all", serve_config(sections))  # a taken address starts no child
     children: dict[str, subprocess.Popen] = {}
     try:
         roles = ("verifier", "drafter") if has_drafter(bundle) else ("verifier",)
@@ -243,8 +314,12 @@ BATCH_FLAGS = (
 def add_batch_flags(parser: argparse.ArgumentParser) -> None:
     """--max-batch-rows, --max-batch-tokens, --batch-wait-ms: the batching keys of both model services."""
     group = parser.add_argument_group("batching (the [verifier] and [drafter] keys of the same names)")
+    from serving.model_service import SessionLimits
+
     for key, kind, help_text in BATCH_FLAGS:
-        group.add_argument("--" + key.replace("_", "-"), dest=key, type=kind, help=help_text)
+        default = getattr(SessionLimits, key)
+        group.add_argument("--" + key.replace("_", "-"), dest=key, type=kind,
+                           help=f"{help_text} (default: the config's key, else {default})")
 
 
 def batch_overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -36,7 +36,6 @@ from gateway.policies.adaptive import (
     LoadModel,
     choose_block_length,
     expected_tokens,
-    install_load_model,
     load_model,
     step_cost,
 )
@@ -240,14 +239,19 @@ def _drafter(trio: int) -> LocalDrafter:
 
 @functools.cache
 def _verifier(trio: int, policy: str) -> LocalVerifier:
-    """A verifier object per (trio, policy): the load model is per verifier, so each forced policy
-    has its own, and the learned one keeps learning across examples as a gateway's would."""
-    verifier = LocalVerifier(model_pool()[trio].verifier)
+    """A verifier object per (trio, policy): the load model is per verifier, so the learned policy
+    keeps learning across examples as a gateway's would."""
+    return LocalVerifier(model_pool()[trio].verifier)
+
+
+@functools.cache
+def _load(trio: int, policy: str) -> LoadModel | None:
+    """The load model a forced policy decodes with (None: the verifier's own, learned)."""
     if policy == "always-ar":
-        install_load_model(verifier, _Fixed(Cost(0.0, 1 * MS), Cost(1.0, 0.0)))
-    elif policy == "always-k-max":
-        install_load_model(verifier, _KMax())
-    return verifier
+        return _Fixed(Cost(0.0, 1 * MS), Cost(1.0, 0.0))
+    if policy == "always-k-max":
+        return _KMax()
+    return None
 
 
 @functools.cache
@@ -261,7 +265,7 @@ LOSSLESS = [(Mode.IAD, {}), (Mode.GAD, {}), (Mode.GAD_PLUS_PLUS, {"beta": 1})]
 
 def _adaptive_equals_greedy(trio, source, max_new, k, mode, extra, policy) -> DecodeStats:
     config = DecodingConfig(mode=mode, k=k, max_new_tokens=max_new, adaptive=True, **extra)
-    result = decode(source, config, _verifier(trio, policy), _drafter(trio))
+    result = decode(source, config, _verifier(trio, policy), _drafter(trio), load=_load(trio, policy))
     assert result.output_ids == _greedy(trio, tuple(source), max_new)
     stats = result.stats
     assert sum(stats.steps_per_draft_length) == stats.iterations
@@ -300,10 +304,10 @@ def test_adaptive_gad_equals_greedy_when_forced_to_k_max(trio, source, max_new, 
        mode=st.sampled_from(range(len(LOSSLESS))), seed=st.integers(0, 2**32 - 1))
 def test_adaptive_modes_equal_greedy_with_random_block_lengths(trio, source, max_new, k, mode, seed):
     verifier = LocalVerifier(model_pool()[trio].verifier)
-    install_load_model(verifier, _Sequence(seed))
     mode_, extra = LOSSLESS[mode]
     config = DecodingConfig(mode=mode_, k=k, max_new_tokens=max_new, adaptive=True, **extra)
-    assert decode(source, config, verifier, _drafter(trio)).output_ids == _greedy(trio, tuple(source), max_new)
+    result = decode(source, config, verifier, _drafter(trio), load=_Sequence(seed))
+    assert result.output_ids == _greedy(trio, tuple(source), max_new)
 
 
 def test_a_requests_first_draft_is_not_a_sample_of_the_drafters_cost() -> None:
@@ -426,12 +430,12 @@ class _InFlight(LoadModel):
 def test_every_request_decoding_on_a_verifier_counts_in_its_load() -> None:
     verifier = LocalVerifier(model_pool()[1].verifier)
     load = _InFlight(parties=3)
-    install_load_model(verifier, load)
     config = DecodingConfig(mode=Mode.GAD, k=4, max_new_tokens=MAX_LEN - 1, adaptive=True)
     sources = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15]]
     outputs: list[list[int]] = []
-    threads = [threading.Thread(target=lambda s=s: outputs.append(decode(s, config, verifier, _drafter(1)).output_ids))
-               for s in sources]
+    threads = [threading.Thread(
+        target=lambda s=s: outputs.append(decode(s, config, verifier, _drafter(1), load=load).output_ids)
+    ) for s in sources]
     for t in threads:
         t.start()
     for t in threads:
@@ -463,19 +467,18 @@ def test_an_adaptive_request_that_never_drafts_never_opens_the_drafter() -> None
     from tests.recording import RecordingDrafter
 
     verifier = LocalVerifier(model_pool()[0].verifier)
-    install_load_model(verifier, _Fixed(Cost(0.0, 1 * MS), Cost(1.0, 0.0)))  # drafting never pays
+    never_pays = _Fixed(Cost(0.0, 1 * MS), Cost(1.0, 0.0))  # drafting never pays
     recording = RecordingDrafter(_drafter(0))
     source = [5, 6, 7, 8, 9]
     max_new = min(PROBE_AFTER - 1, MAX_LEN - 1)  # ends before the gateway's first probe is due
     result = decode(source, DecodingConfig(mode=Mode.GAD, k=6, max_new_tokens=max_new, adaptive=True),
-                    verifier, recording)
+                    verifier, recording, load=never_pays)
     assert result.stats.drafted_tokens == 0 and recording.records == []
     greedy = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=max_new), verifier)
     assert result.output_ids == greedy.output_ids
     # Once it drafts (a forced long block), the session opens on that first call and closes at the end.
-    install_load_model(verifier, _KMax())
     drafted = decode(source, DecodingConfig(mode=Mode.GAD, k=6, max_new_tokens=max_new, adaptive=True),
-                     verifier, recording)
+                     verifier, recording, load=_KMax())
     assert drafted.stats.drafted_tokens > 0 and len(recording.records) == 1 and recording.records[0].closed
     assert drafted.output_ids == result.output_ids
 

@@ -98,14 +98,16 @@ def test_decode_with_ids(bundle_dir):
 BAD_FLAGS = {
     "--k 0": "k must be >= 1",
     "--k 1000": "OUT_OF_RANGE: k must be <=",
-    "--beta 0": "beta must be >= 1",
-    "--tau -1": "tau must be",
-    "--threshold 0": "threshold must be in (0, 1]",
-    "--threshold 1.5": "threshold must be in (0, 1]",
+    "--mode gad++ --beta 0": "beta must be >= 1",
+    "--mode gad++ --tau -1": "tau must be",
+    "--mode mjsd --threshold 0": "threshold must be in (0, 1]",
+    "--mode mjsd --threshold 1.5": "threshold must be in (0, 1]",
+    "--beta 3": "INVALID_ARGUMENT: --beta does not apply to mode gad (it takes --adaptive, --k, --overlap",
+    "--mode ar --k 4 --top-p 0.5": "INVALID_ARGUMENT: --k, --top-p do not apply to mode ar (it takes only",
     "--max-new-tokens 0": "max_new_tokens must be >= 1",
     "--max-new-tokens 100000": "OUT_OF_RANGE: max_new_tokens",
-    "--top-p 0": "top_p must be in (0, 1]",
-    "--temperature -0.5": "temperature must be",
+    "--mode spec --top-p 0": "top_p must be in (0, 1]",
+    "--mode spec --temperature -0.5": "temperature must be",
     "--mode fast": "invalid choice: 'fast'",
     "--k two": "invalid int value: 'two'",
     "--device gpu": "argument --device: must be auto",
@@ -213,3 +215,114 @@ def test_serve_gateway_without_bundle_uses_the_shipped_tokenizer():
         finally:
             proc.kill()
             proc.wait(30)
+
+
+def test_decode_writes_a_record_per_line_and_goes_on_after_a_bad_one(bundle_dir):
+    proc = _specdec("decode", "--bundle", str(bundle_dir), "--mode", "ar", "--max-new-tokens", "8",
+                    stdin="a\nb\n\nc\n")
+    assert proc.returncode == 2
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(records) == 4
+    assert records[2] == {"line": 3, "error": "input is empty", "code": "INVALID_ARGUMENT"}
+    assert all(r["output_ids"] for i, r in enumerate(records) if i != 2)
+    assert proc.stderr.strip() == "specdec decode: error: INVALID_ARGUMENT: line 3: input is empty"
+    # The stats are named as gRPC's DecodingStats, with the total wall time; AR commits a token a step.
+    from protos.specdec.v1 import gateway_pb2
+
+    stats = records[0]["stats"]
+    assert list(stats) == list(gateway_pb2.DecodingStats.DESCRIPTOR.fields_by_name)
+    assert stats["mean_accepted_length"] == 1.0 and stats["accepted_tokens"] == 0
+    assert stats["total_time_ms"] >= stats["verifier_time_ms"] > 0
+
+
+def test_version_and_every_default_in_the_help(capsys):
+    from specdec import __version__
+    from specdec.cli import _build_parser
+
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"specdec {__version__}"
+    parser = _build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    missing = []
+    for name, sub in commands.items():
+        formatter = sub._get_formatter()
+        for action in sub._actions:
+            takes_value = action.option_strings and action.nargs != 0 and not action.required
+            if takes_value and "default" not in formatter._expand_help(action):
+                missing.append(f"{name} {action.option_strings[0]}")
+    assert missing == []
+    help_text = commands["generate"].format_help()
+    assert "(default: 120.0)" in help_text and "$SPECDEC_ADDR" in help_text
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "localhost:", ":50051", "127.0.0.1:port"])
+def test_an_address_without_a_port_is_a_one_line_error(address, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["generate", "--addr", address, "x"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert f"argument --addr: {address!r} is not HOST:PORT" in err
+
+
+def test_a_refused_connection_says_the_gateway_is_not_reachable(capsys, monkeypatch):
+    from tests.services.conftest import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("SPECDEC_ADDR", address)  # the address when --addr is not given
+    assert cli_main(["generate", "--timeout", "10", "x"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"the gateway at {address} is not reachable" in err and "`specdec serve all`" in err
+
+
+@pytest.fixture(scope="module")
+def stack(bundle_dir):
+    from specdec.serve import ServiceStack
+
+    loopback = {"address": "127.0.0.1:0"}
+    with ServiceStack("all", bundle_dir, {"verifier": loopback, "drafter": loopback, "gateway": loopback}) as s:
+        yield s
+
+
+def test_generate_reads_stdin_a_file_or_the_argument(stack, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SPECDEC_ADDR", stack.running.addresses["gateway"])
+    flags = ["--mode", "gad", "--k", "4", "--max-new-tokens", "12", "--json"]
+    assert cli_main(["generate", *flags, TEXTS[1]]) == 0
+    by_argument = json.loads(capsys.readouterr().out)
+    assert by_argument["output_ids"]
+    for stdin_args in ([], ["-"]):
+        monkeypatch.setattr(sys, "stdin", io.StringIO(TEXTS[1] + "\n"))
+        assert cli_main(["generate", *flags, *stdin_args]) == 0
+        assert json.loads(capsys.readouterr().out)["output_ids"] == by_argument["output_ids"]
+    text_file = tmp_path / "text.txt"
+    text_file.write_text(TEXTS[1] + "\n", encoding="utf-8")
+    assert cli_main(["generate", *flags, "--file", str(text_file)]) == 0
+    assert json.loads(capsys.readouterr().out)["output_ids"] == by_argument["output_ids"]
+    assert cli_main(["generate", *flags, "--file", str(text_file), "other"]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def drafterless_gateway(bundle_dir):
+    """A gateway whose drafter is nowhere: drafter modes fall back to AR (degraded). Module-scoped, so
+    its servers log to the session's stderr, not to one test's captured one."""
+    from specdec.serve import ServiceStack
+    from tests.services.conftest import free_port
+
+    nowhere = f"127.0.0.1:{free_port()}"
+    with ServiceStack("verifier", bundle_dir, {"verifier": {"address": "127.0.0.1:0"}}) as v:
+        gateway = {"address": "127.0.0.1:0", "verifier_address": v.running.addresses["verifier"],
+                   "drafter_address": nowhere, "startup_timeout_s": 1.0}
+        with ServiceStack("gateway", bundle_dir, {"gateway": gateway}) as g:
+            yield g.running.addresses["gateway"]
+
+
+def test_plain_generate_output_says_when_it_was_degraded(drafterless_gateway, capsys):
+    args = ["generate", "--addr", drafterless_gateway, "--mode", "gad", "--max-new-tokens", "6"]
+    assert cli_main([*args, TEXTS[1]]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() and ("specdec generate: degraded: the drafter was unavailable, so the gateway decoded "
+                            "as plain AR through the verifier") in err.splitlines()
+    assert cli_main([*args, "--mode", "ar", TEXTS[1]]) == 0
+    assert "specdec generate: degraded" not in capsys.readouterr().err

@@ -21,7 +21,7 @@ from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.bundle import make_tiny_bundle
 from specdec.cli import _build_parser
-from specdec.serve import ServiceStack, serve_config
+from specdec.serve import ServiceStack, config_keys, serve_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -125,9 +125,26 @@ def test_a_bad_value_is_a_one_line_error_naming_the_key(section: str, key: str, 
     assert "\n" not in str(exc.value)
 
 
-def test_a_bad_environment_value_names_its_key() -> None:
-    with pytest.raises(ValueError, match=r"^\[verifier\] max_draft_len: expected int, got str 'many'$"):
+def test_a_bad_environment_value_names_its_key_and_variable() -> None:
+    with pytest.raises(ValueError, match=r"^\[verifier\] max_draft_len: expected int, got str 'many' \(set by the "
+                       r"environment variable SPECDEC__VERIFIER__MAX_DRAFT_LEN\)$"):
         serve_config(load_sections(environ={"SPECDEC__VERIFIER__MAX_DRAFT_LEN": "many"}))
+    with pytest.raises(ValueError, match=r"^\[gateway\] workers: must be at least 1; got 0 \(set by the environment "
+                       r"variable SPECDEC__GATEWAY__WORKERS\)$"):
+        serve_config(load_sections(environ={"SPECDEC__GATEWAY__WORKERS": "0"}))
+    with pytest.raises(ValueError, match=r"^\[gateway\] unknown key 'wrkers'; .* \(set by the environment variable "
+                       r"SPECDEC__GATEWAY__WRKERS\)$"):
+        serve_config(load_sections(environ={"SPECDEC__GATEWAY__WRKERS": "2"}))
+    # A flag over a bad variable: the flag's value is the one checked, and it is not the environment's.
+    with pytest.raises(ValueError, match=r"^\[gateway\] workers: must be at least 1; got 0$"):
+        serve_config(load_sections(environ={"SPECDEC__GATEWAY__WORKERS": "x"}, overrides={"gateway": {"workers": 0}}))
+
+
+@pytest.mark.parametrize("name", ["SPECDEC__GATWAY__WORKERS", "SPECDEC__GATEWAY", "SPECDEC__LIMITS__"])
+def test_an_unknown_environment_variable_is_refused_by_name(name: str) -> None:
+    with pytest.raises(ValueError, match=rf"^environment variable {name}: not a setting; expected "
+                       r"SPECDEC__<SECTION>__<KEY> with SECTION one of GATEWAY, DEFAULTS, LIMITS, VERIFIER, DRAFTER$"):
+        load_sections(environ={name: "4", "SPECDEC_BUNDLE": "elsewhere"})  # one underscore: not a setting
 
 
 def test_an_unknown_section_or_broken_file_is_an_error(tmp_path: Path) -> None:
@@ -299,7 +316,7 @@ def test_fallback_fail_answers_unavailable_once_the_drafter_is_gone(bundle_dir: 
             assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
             assert "no fallback configured" in exc.value.details()
             # Modes that need no drafter still run.
-            ar = gateway_pb2.GenerateRequest(text=TEXT, config=overrides_to_wire({**GAD, "mode": "ar"}))
+            ar = gateway_pb2.GenerateRequest(text=TEXT, config=overrides_to_wire({"mode": "ar", "max_new_tokens": 12}))
             assert stub.Generate(ar, timeout=60).output_ids
 
 
@@ -332,3 +349,28 @@ def test_the_example_config_is_valid_and_sets_every_key_it_shows() -> None:
     assert config.drafter.device == sections["drafter"]["device"]
     assert config.gateway.max_text_chars == sections["gateway"]["max_text_chars"]
     assert config.gateway.defaults.mode == Mode(sections["defaults"]["mode"])
+
+
+def _example_keys() -> dict[str, set[str]]:
+    """The keys config/specdec.example.toml shows, set or commented out, by section."""
+    keys: dict[str, set[str]] = {}
+    section = None
+    for line in (ROOT / "config" / "specdec.example.toml").read_text().splitlines():
+        if match := re.match(r"\s*\[(\w+)\]", line):
+            section = keys.setdefault(match.group(1), set())
+        elif section is not None and (match := re.match(r"\s*#?\s*(\w+)\s*=", line)):
+            section.add(match.group(1))
+    return keys
+
+
+def test_the_example_config_shows_exactly_the_keys_of_the_schema() -> None:
+    """The example file claims to list every key: the schema and it cannot drift apart."""
+    assert _example_keys() == config_keys()
+
+
+def test_the_config_docstring_names_every_key() -> None:
+    import core.config
+
+    for section in ("gateway", "verifier", "drafter"):
+        missing = {key for key in config_keys()[section] if not re.search(rf"\b{key}\b", core.config.__doc__ or "")}
+        assert missing == set(), section

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from drafter_service.session import LocalDrafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
-from gateway.policies.adaptive import AR_RUN, LoadModel, install_load_model
+from gateway.policies.adaptive import AR_RUN, LoadModel
 from gateway.policies.greedy import greedy_loop
 from gateway.policies.loop import DecodeStats
 from tests.zoo import MAX_LEN, model_pool
@@ -138,10 +138,9 @@ def test_adaptive_runs_of_plain_steps_stay_lossless(trio, source, max_new, mode,
     verifier = _verifier(trio)
     reference = decode(source, DecodingConfig(mode=Mode.AR, max_new_tokens=max_new), verifier)
     chunked = ChunkedVerifier(verifier, chunk=16)
-    install_load_model(chunked, _RandomK(seed))
     drafter = LocalDrafter(model_pool()[trio].drafter_models())
     config = DecodingConfig(mode=mode, k=k, adaptive=True, max_new_tokens=max_new)
-    result = decode(source, config, chunked, drafter)
+    result = decode(source, config, chunked, drafter, load=_RandomK(seed))
     assert result.output_ids == reference.output_ids
     assert result.stats.finish_reason == reference.stats.finish_reason
     (session,) = chunked.sessions
@@ -162,10 +161,9 @@ def test_a_loaded_adaptive_request_takes_its_plain_steps_in_runs():
     verifier = _verifier(2)  # runs these sources to the length limit
     reference = decode([5, 6, 7], DecodingConfig(mode=Mode.AR, max_new_tokens=60), verifier)
     chunked = ChunkedVerifier(verifier, chunk=16)
-    install_load_model(chunked, _Plain())
     drafter = LocalDrafter(model_pool()[2].drafter_models())
     config = DecodingConfig(mode=Mode.GAD, k=6, adaptive=True, max_new_tokens=60)
-    result = decode([5, 6, 7], config, chunked, drafter)
+    result = decode([5, 6, 7], config, chunked, drafter, load=_Plain())
     assert result.output_ids == reference.output_ids
     (session,) = chunked.sessions
     assert session.calls == [16, 16, 16, 12] and result.stats.drafted_tokens == 0

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
-from gateway.policies.adaptive import LoadModel, install_load_model
+from gateway.policies.adaptive import LoadModel
 from gateway.policies.loop import DecodeResult
 from gateway.policies.overlap import PREDRAFT_THREADS
 from gateway.wire import stats_from_wire, stats_to_wire
@@ -83,10 +83,9 @@ def test_adaptive_overlapped_loop_equals_the_adaptive_plain_loop(trio, source, m
     results = []
     for overlap in (False, True):
         verifier = LocalVerifier(model_pool()[trio].verifier)
-        install_load_model(verifier, _Lengths(seed))
         config = DecodingConfig(mode=mode, k=k, max_new_tokens=max_new, adaptive=True, overlap=overlap, preverify=False)
         recording = RecordingDrafter(local_drafter(trio))
-        result = decode(source, config, verifier, recording)
+        result = decode(source, config, verifier, recording, load=_Lengths(seed))
         results.append(result)
         # An adaptive request opens its drafter session on its first draft (none: never opened).
         assert len(recording.records) == (1 if result.stats.drafted_tokens or result.stats.predrafts else 0)

@@ -183,3 +183,35 @@ def test_a_source_over_the_length_limit_is_refused_before_its_ids_are_checked() 
     assert (error.code, error.message) == (StatusCode.OUT_OF_RANGE, "source has 20 tokens; the limit is 9")
     error = _refused(check_length, [1] * 10, 9, "append_ids")
     assert (error.code, error.message) == (StatusCode.OUT_OF_RANGE, "append_ids has 10 tokens; the limit is 9")
+
+
+def test_stats_are_named_alike_in_the_cli_grpc_and_kserve() -> None:
+    """One naming scheme (DecodingStats' fields, times in ms, a total wall time) for `specdec decode`
+    and `generate --json`, gRPC and the KServe response parameters."""
+    from tritonclient.grpc import service_pb2
+
+    from gateway.decoding_config import Mode
+    from gateway.kserve import _stats_parameters
+    from gateway.policies.loop import DecodeStats
+    from gateway.wire import stats_dict, stats_record, stats_to_wire
+
+    stats = DecodeStats(iterations=4, drafted_tokens=9, accepted_tokens=6, output_tokens=9, drafter_time_s=0.002,
+                        first_draft_time_s=0.001, verifier_time_s=0.003, finish_reason="eos")
+    record = stats_record(stats, Mode.GAD, 0.010)
+    wire = stats_to_wire(stats, Mode.GAD, 0.010)
+    assert list(record) == [f.name for f in wire.DESCRIPTOR.fields] and stats_dict(wire) == record
+    response = service_pb2.ModelInferResponse()
+    _stats_parameters(response, stats, Mode.GAD, 0.010)
+    assert set(response.parameters) == set(record)
+    assert record["total_time_ms"] == 10.0 and record["gateway_time_ms"] == 5.0 and record["first_draft_ms"] == 1.0
+    assert record["mode"] == "gad" and response.parameters["mode"].string_param == "gad"
+    assert not [name for name in record if name.endswith("_s")]
+
+
+def test_plain_ar_commits_one_token_per_iteration() -> None:
+    """mean_accepted_length counts the EOS the last step committed: AR is 1.0, not 24/25."""
+    from gateway.policies.loop import DecodeStats
+
+    assert DecodeStats(iterations=25, output_tokens=24, finish_reason="eos").mean_accepted_length == 1.0
+    assert DecodeStats(iterations=24, output_tokens=24, finish_reason="length").mean_accepted_length == 1.0
+    assert DecodeStats(iterations=4, output_tokens=11, finish_reason="eos").mean_accepted_length == 3.0

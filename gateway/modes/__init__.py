@@ -19,9 +19,14 @@ Adding a mode:
 
 from __future__ import annotations
 
-from gateway.decoding_config import Mode
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any
+
+from core.errors import invalid
+from gateway.decoding_config import DecodingConfig, Mode, cli_flag
 from gateway.modes import ar, beam, gad, gad_plus_plus, iad, mjsd, speculative
-from gateway.modes.mode_spec import DrafterMethod, ModeSpec, PolicyInputs
+from gateway.modes.mode_spec import COMMON_PARAMS, DrafterMethod, ModeSpec, PolicyInputs
 
 _SPECS = (ar.SPEC, beam.SPEC, iad.SPEC, gad.SPEC, gad_plus_plus.SPEC, mjsd.SPEC, speculative.SPEC)
 
@@ -31,7 +36,25 @@ LOSSLESS_MODES = frozenset(mode for mode, spec in MODES.items() if spec.lossless
 # Modes that need the drafter service (the gateway falls back to AR without it).
 DRAFTER_MODES = frozenset(mode for mode, spec in MODES.items() if spec.needs_drafter)
 
-__all__ = ["DRAFTER_MODES", "LOSSLESS_MODES", "MODES", "DrafterMethod", "ModeSpec", "PolicyInputs", "mode_names"]
+__all__ = [
+    "DRAFTER_MODES", "LOSSLESS_MODES", "MODES", "DrafterMethod", "ModeSpec", "PolicyInputs", "check_applicable",
+    "mode_names",
+]
+
+
+def check_applicable(overrides: Mapping[str, Any], mode: Mode, flags: bool = False) -> None:
+    """INVALID_ARGUMENT when a request sets a decoding parameter that `mode` does not read (a silently
+    ignored --beta with --mode gad would look as if it had been used). `flags`: name them as CLI flags."""
+    spec = MODES[mode]
+    extra = sorted(name for name, value in overrides.items() if value is not None and name not in spec.applicable)
+    if not extra:
+        return
+    names = {f.name: cli_flag(f) if flags else f.name for f in fields(DecodingConfig)}
+    own = ", ".join(names[t] for t in sorted(spec.applicable - COMMON_PARAMS))
+    common = " and ".join(names[c] for c in sorted(COMMON_PARAMS - {"mode"}))
+    takes = f"{own}, {common}" if own else f"only {common}"
+    verb = "does" if len(extra) == 1 else "do"
+    raise invalid(f"{', '.join(names[e] for e in extra)} {verb} not apply to mode {mode.value} (it takes {takes})")
 
 
 def mode_names() -> list[str]:

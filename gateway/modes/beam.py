@@ -26,4 +26,5 @@ def run(source_ids: list[int], config: DecodingConfig, verifier: Verifier, stats
 SPEC = ModeSpec(
     Mode.BEAM, wire="MODE_AR_BEAM", lossless=False, drafter=DrafterMethod.NONE, run=run, title="beam search",
     verifier_sessions=one_session,  # every live hypothesis is a row of one multi-row session
+    params=frozenset({"num_beams", "beam_delta", "beam_max_candidates"}),
 )

@@ -12,8 +12,9 @@ from gateway.policies.loop import Accept, Propose
 
 def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:
     assert inputs.drafter is not None
-    return maybe_adaptive(inputs.config, inputs.verifier, inputs.drafter.block, exact)
+    return maybe_adaptive(inputs.config, inputs.load, inputs.drafter.block, exact)
 
 
 SPEC = ModeSpec(Mode.GAD, wire="MODE_GAD", lossless=True, drafter=DrafterMethod.BLOCK, build=build, overlap=True,
-                preverify=lambda config: first_exact, realign=True, lookahead=True)
+                preverify=lambda config: first_exact, realign=True, lookahead=True,
+                params=frozenset({"k", "adaptive"}))

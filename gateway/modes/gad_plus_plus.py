@@ -19,7 +19,7 @@ def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:
     def accept(ids: list[int], draft: Draft, res: VerifyResult) -> tuple[int, int]:
         return accept_gad_plus_plus(ids, res, config.beta, config.tau)
 
-    return maybe_adaptive(config, inputs.verifier, inputs.drafter.block, accept)
+    return maybe_adaptive(config, inputs.load, inputs.drafter.block, accept)
 
 
 def first_rule(config: DecodingConfig):
@@ -32,5 +32,5 @@ def top_beta(config: DecodingConfig, vocab_size: int) -> int:
 
 SPEC = ModeSpec(
     Mode.GAD_PLUS_PLUS, wire="MODE_GAD_PLUS_PLUS", lossless=False, drafter=DrafterMethod.BLOCK, build=build,
-    top_k=top_beta, overlap=True, preverify=first_rule,
+    top_k=top_beta, overlap=True, preverify=first_rule, params=frozenset({"k", "beta", "tau", "adaptive"}),
 )

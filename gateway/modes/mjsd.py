@@ -22,4 +22,7 @@ def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:
     return partial(inputs.drafter.beam, gamma=config.gamma, num_beams=config.num_beams), accept
 
 
-SPEC = ModeSpec(Mode.MJSD, wire="MODE_MJSD", lossless=False, drafter=DrafterMethod.BEAM, build=build, overlap=True)
+SPEC = ModeSpec(
+    Mode.MJSD, wire="MODE_MJSD", lossless=False, drafter=DrafterMethod.BEAM, build=build, overlap=True,
+    params=frozenset({"gamma", "num_beams", "threshold"}),
+)

@@ -10,6 +10,7 @@ import numpy as np
 
 from core.interfaces import Verifier
 from gateway.decoding_config import DecodingConfig, Mode
+from gateway.policies.adaptive import LoadModel
 from gateway.policies.drafter_sync import DrafterSync
 from gateway.policies.loop import Accept, DecodeStats, Propose
 from gateway.policies.preverify import FirstPasses
@@ -33,6 +34,7 @@ class PolicyInputs:
     verifier: Verifier
     drafter: DrafterSync | None  # set exactly when the spec's drafter method is not NONE
     rng: np.random.Generator  # the request's stream, for modes that sample
+    load: LoadModel  # what adaptive speculation reads and learns (the verifier's, unless the caller chose)
 
 
 # build(inputs) -> (propose, accept) for the draft-verify loop.
@@ -55,6 +57,10 @@ def one_session(config: DecodingConfig) -> int:
 def top_1(config: DecodingConfig, vocab_size: int) -> int:
     """The top_k rule of the modes that only compare drafts with the verifier's argmax."""
     return 1
+
+
+# The DecodingConfig fields every mode reads.
+COMMON_PARAMS = frozenset({"mode", "seed", "max_new_tokens"})
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,17 @@ class ModeSpec:
     # Every step is a plain AR step (an empty draft, exact accept): a verifier session that runs
     # several per call (core.interfaces.GreedySession) may take them a run at a time.
     greedy: bool = False
+    # The DecodingConfig fields the mode reads besides those of every mode (COMMON_PARAMS) and
+    # overlap / preverify (which follow from the fields above): a request that sets another is refused.
+    params: frozenset[str] = frozenset()
+
+    @property
+    def applicable(self) -> frozenset[str]:
+        """Every DecodingConfig field a request of this mode may set."""
+        ahead = {"overlap"} if self.overlap else set()
+        if self.preverify is not None:
+            ahead.add("preverify")
+        return COMMON_PARAMS | self.params | ahead
 
     def __post_init__(self) -> None:
         if (self.build is None) == (self.run is None):

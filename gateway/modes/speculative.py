@@ -30,5 +30,5 @@ def whole_vocabulary(config: DecodingConfig, vocab_size: int) -> int:
 
 SPEC = ModeSpec(
     Mode.SPECULATIVE, wire="MODE_SPECULATIVE_SAMPLING", lossless=False, drafter=DrafterMethod.SAMPLE, build=build,
-    top_k=whole_vocabulary,
+    top_k=whole_vocabulary, params=frozenset({"gamma", "temperature", "top_k", "top_p"}),
 )

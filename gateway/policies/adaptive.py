@@ -42,7 +42,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from core.interfaces import Draft, VerifyResult
+from core.interfaces import Draft, VerifyResult, load_key_of
 from gateway.decoding_config import DecodingConfig
 from gateway.policies.forward_cost import FREE, Cost, CostEstimator
 from gateway.policies.loop import Accept, Propose
@@ -72,13 +72,13 @@ PROBE_CEILING = 0.95  # the best acceptance rate a probe could find (module docs
 
 
 def maybe_adaptive(
-    config: DecodingConfig, verifier: object, propose: SizedPropose, accept: Accept
+    config: DecodingConfig, load: LoadModel, propose: SizedPropose, accept: Accept
 ) -> tuple[Propose, Accept]:
-    """The (propose, accept) pair of a draft-verify mode, made adaptive when `config.adaptive`; else
-    every block asks for `config.k` tokens."""
+    """The (propose, accept) pair of a draft-verify mode, made adaptive (on `load`) when
+    `config.adaptive`; else every block asks for `config.k` tokens."""
     if not config.adaptive:
         return (lambda output, room: propose(output, room, config.k)), accept
-    blocks = AdaptiveBlocks(load_model(verifier), config.mode.value, config.k, propose, accept)
+    blocks = AdaptiveBlocks(load, config.mode.value, config.k, propose, accept)
     return blocks.propose, blocks.accept
 
 
@@ -235,15 +235,9 @@ def load_model(verifier: object) -> LoadModel:
         return model
 
 
-def install_load_model(verifier: object, model: LoadModel) -> None:
-    """Use `model` for every later adaptive request on `verifier` (benchmarks, forced policies)."""
-    with _MODELS_LOCK:
-        _MODELS[load_key(verifier)] = model
-
-
 def load_key(verifier: object) -> object:
-    """What a verifier's load is learnt per: its `load_key` when it has one, else itself."""
-    return getattr(verifier, "load_key", None) or verifier
+    """What a verifier's load is learnt per (`core.interfaces.load_key_of`)."""
+    return load_key_of(verifier)
 
 
 class AdaptiveBlocks:

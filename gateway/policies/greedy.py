@@ -27,7 +27,7 @@ def greedy_loop(
     """Decode until EOS or max_new_tokens (`draft_verify_loop`'s contract, with no draft)."""
     out: list[int] = list(prefix or [])
     sync = PrefixSync()
-    first_runs = getattr(session, "first_greedy_runs", ())
+    first_runs = session.first_greedy_runs
     runs = 0
     while True:
         chunk = first_runs[runs] if runs < len(first_runs) else session.max_greedy_steps

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from core.interfaces import Draft, GreedySession, VerifierSession, VerifyResult
+from core.interfaces import Draft, GreedySession, VerifierSession, VerifyResult, greedy_run_limit
 
 # propose(output so far, most tokens worth drafting) -> Draft
 Propose = Callable[[list[int], int], Draft]
@@ -81,8 +81,10 @@ class DecodeStats:
 
     @property
     def mean_accepted_length(self) -> float:
-        """Output tokens per iteration (accepted drafts plus the verifier's own token)."""
-        return self.output_tokens / self.iterations if self.iterations else 0.0
+        """Tokens committed per iteration (accepted drafts plus the verifier's own token), the EOS that
+        ended the output included, so plain AR is exactly 1.0."""
+        committed = self.output_tokens + (self.finish_reason == "eos")
+        return committed / self.iterations if self.iterations else 0.0
 
     @property
     def predraft_hit_rate(self) -> float:
@@ -142,30 +144,38 @@ class PrefixSync:
         return n, output[n:]
 
 
+@dataclass(frozen=True)
+class LoopOptions:
+    """What `draft_verify_loop` runs with besides the session and the mode's (propose, accept).
+
+    A `prefix` is output already committed (it is sent to the verifier with the first step and
+    counts towards max_new_tokens; `on_tokens` does not see it). With `overlap`, the next block is
+    drafted while the verifier verifies this one. With `preverify`, after a block that was cut the
+    verifier checks the next block's first position while the drafter drafts it, and a block cut
+    there is never verified. `ahead()`, asked every iteration, may hold both back (the load is too
+    high for work spent on guesses); None: always on. `on_verdict(ids, accepted, token)` hears every
+    block's verdict (of the drafted `ids`, `accepted` kept, then the verifier's `token`), pre-verify's
+    cuts included."""
+
+    top_k: int
+    max_new_tokens: int
+    eos_id: int
+    on_tokens: OnTokens | None = None
+    prefix: list[int] | None = None
+    overlap: Overlap | None = None
+    preverify: PreVerifyStep | None = None
+    ahead: Callable[[], bool] | None = None
+    on_verdict: Callable[[list[int], int, int], None] | None = None
+
+
 def draft_verify_loop(
-    session: VerifierSession,
-    propose: Propose,
-    accept: Accept,
-    top_k: int,
-    max_new_tokens: int,
-    eos_id: int,
-    stats: DecodeStats,
-    on_tokens: OnTokens | None = None,
-    prefix: list[int] | None = None,
-    overlap: Overlap | None = None,
-    preverify: PreVerifyStep | None = None,
-    ahead: Callable[[], bool] | None = None,
-    on_verdict: Callable[[list[int], int, int], None] | None = None,
+    session: VerifierSession, propose: Propose, accept: Accept, stats: DecodeStats, options: LoopOptions
 ) -> list[int]:
-    """Decode until EOS or max_new_tokens. A `prefix` is output already committed (it is sent to
-    the verifier with the first step and counts towards max_new_tokens; `on_tokens` does not see it).
-    With `overlap`, the next block is drafted while the verifier verifies this one; however the
-    loop ends, it waits for that drafting before it returns (the caller closes the sessions next).
-    With `preverify`, after a block that was cut the verifier checks the next block's first position
-    while the drafter drafts it, and a block cut there is never verified. `ahead()`, asked every
-    iteration, may hold both back (the load is too high for work spent on guesses); None: always on.
-    `on_verdict(ids, accepted, token)` hears every block's verdict (of the drafted `ids`, `accepted`
-    kept, then the verifier's `token`), pre-verify's cuts included."""
+    """Decode until EOS or max_new_tokens (see `LoopOptions`). However the loop ends, it waits for
+    an overlapped draft in flight before it returns (the caller closes the sessions next)."""
+    top_k, max_new_tokens, eos_id, on_tokens = options.top_k, options.max_new_tokens, options.eos_id, options.on_tokens
+    overlap, preverify, ahead, on_verdict = options.overlap, options.preverify, options.ahead, options.on_verdict
+    prefix = options.prefix
     try:
         out: list[int] = list(prefix or [])
         sync = PrefixSync()
@@ -201,7 +211,7 @@ def draft_verify_loop(
                 # The room after this block, if it is accepted in full with the verifier's token.
                 overlap.predraft(out, ids, room - len(ids) - 1)
             t1 = time.perf_counter()
-            if not ids and draft.ar_steps > 1 and getattr(session, "max_greedy_steps", 1) > 1:
+            if not ids and draft.ar_steps > 1 and greedy_run_limit(session) > 1:
                 # The policy commits to several plain AR steps: one verifier call runs them.
                 steps = min(draft.ar_steps, session.max_greedy_steps, max_new_tokens - len(out))
                 stats.add_drafter_time(t1 - t0)

@@ -36,7 +36,6 @@ exit, however it exits) waits for a pre-draft in flight before the sessions clos
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -48,7 +47,7 @@ from gateway.policies.loop import DecodeStats
 # Pre-draft threads shared by every request of the process (a request has at most one pre-draft in
 # flight). A pre-draft that finds no free thread waits in the queue; if the loop gets there first it
 # is cancelled and the draft made as without overlap, so a busy pool costs hits, never latency.
-PREDRAFT_THREADS = int(os.environ.get("SPECDEC_PREDRAFT_THREADS", "16"))
+PREDRAFT_THREADS = 16
 
 _EXECUTOR: ThreadPoolExecutor | None = None
 _EXECUTOR_LOCK = threading.Lock()

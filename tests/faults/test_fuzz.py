@@ -162,10 +162,25 @@ def _near_valid_config(rng: random.Random, vocab: int) -> gateway_pb2.DecodingCo
         gamma=rng.randint(1, 6), temperature=rng.choice([0.0, 0.7, 1.0, 1e-310, 1e-7, 50.0]),
         top_k=rng.choice([0, 1, 5, vocab]), top_p=rng.choice([1.0, 0.9, 1e-9]), max_new_tokens=rng.randint(1, 12),
     )
+    # Only the parameters the mode reads (others are refused): then the base config decodes.
+    for name in _parameters_besides(config.mode):
+        config.ClearField(name)
     fields = [f for f in config.DESCRIPTOR.fields if f.name != "max_new_tokens"]
     for f in rng.sample(fields, rng.randint(0, 2)):
         _fill_field(config, f, rng, vocab)
     return config
+
+
+def _parameters_besides(wire_mode: int) -> list[str]:
+    """The DecodingConfig wire fields a request of `wire_mode` may not set."""
+    from dataclasses import fields as dataclass_fields
+
+    from gateway.decoding_config import DecodingConfig, wire_name
+    from gateway.modes import MODES
+    from gateway.wire import WIRE_TO_MODE
+
+    applicable = MODES[WIRE_TO_MODE[wire_mode]].applicable
+    return [wire_name(f) for f in dataclass_fields(DecodingConfig) if f.name not in applicable]
 
 
 def _generate_request(rng: random.Random, vocab: int) -> gateway_pb2.GenerateRequest:

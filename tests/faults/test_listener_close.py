@@ -4,7 +4,7 @@ The cause it guards against, made deterministic: calls that reach the gateway wh
 is held up wait inside grpc with no handler; if grpc's `server.stop()` begins then, grpc core ends
 them CANCELLED without running any handler (grpc/grpc#41785), whatever the gateway's handlers would
 have answered. Under load this happened to about 1 request in 10-20 sent back to back across a
-SIGTERM (tests/faults/test_shutdown.py), with either `peer_streams` setting.
+SIGTERM (tests/faults/test_shutdown.py).
 
 Here the gateway's loop is held up for a moment while requests arrive, and the drain starts right
 after it with no notice window: with `drain_quiet_s` 0 (the old drain) grpc cancels some of them;
@@ -17,7 +17,6 @@ import asyncio
 import time
 
 import grpc
-import pytest
 
 from protos.specdec.v1 import gateway_pb2_grpc
 from specdec.serve import ServiceStack
@@ -29,8 +28,8 @@ HOLD_S = 0.3  # how long the gateway's loop is held up while the requests arrive
 ARRIVING = 12
 
 
-def _requests_across_a_held_up_stop(bundle_dir, peer_streams: str, quiet_s: float | None) -> list[tuple[str, str]]:
-    gateway = {**LOOPBACK["gateway"], "drain_notice_s": 0.0, "drain_grace_s": 5.0, "peer_streams": peer_streams}
+def _requests_across_a_held_up_stop(bundle_dir, quiet_s: float | None) -> list[tuple[str, str]]:
+    gateway = {**LOOPBACK["gateway"], "drain_notice_s": 0.0, "drain_grace_s": 5.0}
     if quiet_s is not None:
         gateway["drain_quiet_s"] = quiet_s
     stack = ServiceStack("all", bundle_dir, {**LOOPBACK, "gateway": gateway}).start()
@@ -65,15 +64,14 @@ def _requests_across_a_held_up_stop(bundle_dir, peer_streams: str, quiet_s: floa
         stack.stop()
 
 
-@pytest.mark.parametrize("peer_streams", ["aio", "sync"])
-def test_requests_arriving_as_the_drain_starts_are_answered_draining(bundle_dir, peer_streams):
-    outcomes = _requests_across_a_held_up_stop(bundle_dir, peer_streams, quiet_s=None)
+def test_requests_arriving_as_the_drain_starts_are_answered_draining(bundle_dir):
+    outcomes = _requests_across_a_held_up_stop(bundle_dir, quiet_s=None)
     assert outcomes == [("UNAVAILABLE", DRAINING)] * ARRIVING
 
 
 def test_without_the_quiet_wait_grpc_cancels_calls_that_race_the_listener_close(bundle_dir):
     """The cause, shown: if this ever fails, grpc answers such calls itself and `drain_quiet_s`
     could go (grpc/grpc#41785 asks for UNAVAILABLE)."""
-    outcomes = _requests_across_a_held_up_stop(bundle_dir, "aio", quiet_s=0.0)
+    outcomes = _requests_across_a_held_up_stop(bundle_dir, quiet_s=0.0)
     assert ("CANCELLED", "CANCELLED") in outcomes, outcomes
     assert set(outcomes) <= {("CANCELLED", "CANCELLED"), ("UNAVAILABLE", DRAINING)}, outcomes

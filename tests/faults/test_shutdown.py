@@ -6,7 +6,7 @@ drains is answered UNAVAILABLE by its handler with a reason, in-flight requests 
 `drain_grace_s`, what is left after it is cancelled through its `Cancellation` switch and answered
 UNAVAILABLE, and the process exits right after its last "stopped" line.
 
-With `peer_streams` aio or sync alike, a request sent just as the listener closed was sometimes
+A request sent just as the listener closed was sometimes
 CANCELLED by grpc itself (about 1 run in 5 on a loaded machine): the listener now closes only once
 calls have stopped arriving (`drain_quiet_s`; tests/faults/test_listener_close.py shows the cause).
 """

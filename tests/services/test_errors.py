@@ -35,7 +35,18 @@ BAD_REQUESTS = {
     "source over the length limit": (_request(text="", ids=[7] * 400), RANGE),
     "max_new_tokens 0": (_request(max_new_tokens=0), INVALID),
     "max_new_tokens over the limit": (_request(max_new_tokens=10_000), RANGE),
+    "beta with mode gad": (_request(beta=3), INVALID),
+    "k with mode ar": (_request(mode="ar", k=4), INVALID),
+    "temperature with mode mjsd": (_request(mode="mjsd", temperature=0.5), INVALID),
 }
+
+
+def test_a_parameter_the_mode_does_not_read_is_refused_by_name(gateway):
+    with pytest.raises(grpc.RpcError) as info:
+        gateway.Generate(_request(beta=3), timeout=30)
+    assert info.value.code() == INVALID
+    assert info.value.details() == ("beta does not apply to mode gad (it takes adaptive, k, overlap, preverify, "
+                                    "max_new_tokens and seed)")
 
 
 @pytest.mark.parametrize("case", list(BAD_REQUESTS))

@@ -69,6 +69,28 @@ def test_cancel_mid_stream_frees_sessions(stack, gateway):
     assert stack.running.verifier.streams.m_active.value() == 0
 
 
+def test_a_cancelled_stream_leaves_no_task_pending(stack, gateway):
+    """A GenerateStream cut short by its client ends its wait for the next block: nothing pending is
+    left to be garbage-collected ("Task was destroyed but it is pending!")."""
+    import gc
+
+    messages: list[str] = []
+    stack.loop.set_exception_handler(lambda loop, context: messages.append(context.get("message", "")))
+    try:
+        for _ in range(3):
+            call = gateway.GenerateStream(gateway_pb2.GenerateRequest(text=TEXT, config=overrides_to_wire(LONG)),
+                                          timeout=60)
+            next(call)
+            call.cancel()
+        running = stack.running
+        assert wait_until(lambda: running.verifier.active_sessions == 0 and running.drafter.active_sessions == 0)
+        time.sleep(0.2)
+        gc.collect()
+    finally:
+        stack.loop.set_exception_handler(None)
+    assert [m for m in messages if "destroyed" in m] == []
+
+
 def test_verifier_stream_cancel_frees_session(stack):
     with grpc.insecure_channel(stack.running.addresses["verifier"]) as channel:
         stub = verifier_pb2_grpc.VerifierServiceStub(channel)

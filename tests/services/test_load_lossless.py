@@ -18,7 +18,8 @@ import grpc
 import pytest
 
 from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig
+from gateway.decoding_config import DecodingConfig, Mode
+from gateway.modes import MODES as MODE_SPECS
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from specdec.serve import ServiceStack
@@ -90,6 +91,8 @@ def _run(stub, job: Job, start: threading.Barrier) -> tuple[str, list[int]]:
     """(status name, output ids) of one job; a cancelled job's output is what it got before the cancel."""
     if job.kind.startswith("cancel") or job.kind == "deadline":
         config = {**LONG_CONFIG, **{k: v for k, v in MODES[job.mode].items() if k != "k"}}
+        if "k" not in MODE_SPECS[Mode(config["mode"])].applicable:  # a mode without blocks takes no k
+            del config["k"]
         request = gateway_pb2.GenerateRequest(input_ids=LONG_IDS, config=overrides_to_wire(config))
     else:
         config = {**MODES[job.mode], "max_new_tokens": MAX_NEW}

@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields
 
 import grpc
 import pytest
@@ -34,11 +35,9 @@ from gateway.remote import (
     fetch_drafter_info,
     fetch_verifier_info,
 )
-from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from serving.channels import channel_options
-from specdec.serve import ServiceStack
 from tests.faults.servers import Served, write_config
-from tests.services.conftest import LOOPBACK, wait_until
+from tests.services.conftest import wait_until
 
 SOURCES = [[7, 8, 9, 10, 11], [12, 13, 12, 13, 14, 15, 16], [20, 21, 22]]
 HANG_S = 0.3  # how long a step is left hanging before it is cancelled or its deadline passes
@@ -129,24 +128,11 @@ def test_closing_frees_the_peer_session(stack, peers):
     assert wait_until(lambda: verifier_server.active_sessions == before, 5.0)
 
 
-def test_a_gateway_on_sync_peer_streams_answers_as_the_default(bundle_dir, stack, gateway):
-    """`[gateway] peer_streams = "sync"` (the old path, kept to measure against) still serves, with
-    the outputs of the default (aio) gateway."""
-    assert GatewayConfig().peer_streams == "aio"
-    assert isinstance(stack.running.gateway.verifier_streams, PeerChannel)  # the shared stack runs the default
-    sections = {**LOOPBACK, "gateway": {**LOOPBACK["gateway"], "peer_streams": "sync"}}
-    with ServiceStack("all", bundle_dir, sections) as sync_stack, grpc.insecure_channel(
-        sync_stack.running.addresses["gateway"]
-    ) as channel:
-        assert not isinstance(sync_stack.running.gateway.verifier_streams, PeerChannel)
-        sync_gateway = gateway_pb2_grpc.GatewayServiceStub(channel)
-        for mode in ("MODE_AR_GREEDY", "MODE_GAD"):
-            config = gateway_pb2.DecodingConfig(mode=mode, max_new_tokens=16)
-            for source in SOURCES:
-                request = gateway_pb2.GenerateRequest(input_ids=source, config=config)
-                assert list(sync_gateway.Generate(request, timeout=60).output_ids) == list(
-                    gateway.Generate(request, timeout=60).output_ids
-                )
+def test_the_gateway_drives_its_peer_streams_on_grpc_aio(stack):
+    """The gateway's verifier and drafter session streams are grpc.aio calls on its own loop."""
+    assert isinstance(stack.running.gateway.verifier_streams, PeerChannel)
+    assert isinstance(stack.running.gateway.drafter.streams, PeerChannel)
+    assert "peer_streams" not in {f.name for f in fields(GatewayConfig)}  # no longer a setting
 
 
 # ---- faults, on servers of their own ----------------------------------------------------------

@@ -94,6 +94,9 @@ def test_every_mode_equals_generate(client, gateway, mode):
         assert stats["accepted_tokens"].int64_param == expected.stats.accepted_tokens
         assert stats["finish_reason"].string_param == expected.stats.finish_reason
         assert not stats["degraded"].bool_param
+        # Named as gRPC's DecodingStats fields, every one of them (times in ms, the total included).
+        assert set(stats) == set(gateway_pb2.DecodingStats.DESCRIPTOR.fields_by_name)
+        assert stats["total_time_ms"].double_param > 0
 
 
 def test_input_ids_and_string_values(client, gateway, bundle):
@@ -153,6 +156,7 @@ CASES = {
     "k as a float": (lambda: [text_input("a b")], {"k": 2.5}, INVALID),
     "k as text": (lambda: [text_input("a b")], {"k": "ten"}, INVALID),
     "k as a bool": (lambda: [text_input("a b")], {"k": True}, INVALID),
+    "beta with mode gad": (lambda: [text_input("a b")], {"mode": "gad", "beta": 3}, INVALID),
 }
 
 
