@@ -21,13 +21,14 @@ def _names(requirements: list[str]) -> set[str]:
 def test_the_base_install_is_what_serving_on_onnx_runtime_needs() -> None:
     base = _names(PROJECT["dependencies"])
     assert base.isdisjoint({"torch", "ctranslate2", "pytest", "pytest-xdist", "triton", "ua-gec", "transformers"})
-    assert {"onnxruntime", "grpcio", "numpy", "sentencepiece"} <= base
+    # tokenizers runs an imported checkpoint's own tokenizer.json (no transformers at run time).
+    assert {"onnxruntime", "grpcio", "numpy", "sentencepiece", "tokenizers"} <= base
 
 
 def test_the_extras_and_the_torch_pin() -> None:
     extras = PROJECT["optional-dependencies"]
     assert extras["torch"] == [TORCH]
-    assert extras["hf"] == [TORCH, "transformers>=4.40", "tokenizers>=0.15"]
+    assert TORCH in extras["hf"] and "transformers" in _names(extras["hf"])
     assert {TORCH, "ua-gec>=2.1"} <= set(extras["train"])
     assert extras["all"] == ["specdec[torch,train,hf,dev,bench]"]
     # torch, wherever it is named, is the exact pin: nothing may pull a newer (multi-GB CUDA) build.
