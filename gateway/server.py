@@ -29,7 +29,7 @@ from gateway.arrivals import CallArrivals
 from gateway.config import GatewayConfig, verifier_of
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode, parse_mode, validate
-from gateway.inputs import check_input_size, source_ids
+from gateway.inputs import check_input_size, forced_first_tokens, source_ids
 from gateway.metrics import GatewayMetrics
 from gateway.modes import DRAFTER_MODES, check_applicable
 from gateway.peers import DrafterPeer, StartupWait
@@ -287,7 +287,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         try:
             if self.host.draining:
                 raise SpecdecError(StatusCode.UNAVAILABLE, "the gateway is draining")
-            source, config = await self._prepare(request)
+            source, config, first = await self._prepare(request)
             remaining = context.time_remaining()
             deadline = time.monotonic() + (remaining if remaining is not None else self.config.request_timeout_s)
             options = CallOptions(
@@ -295,7 +295,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             )
             need = sessions_needed(config, self.drafter is not None)
             async with self.admission.slot(client_of(context), need, deadline - time.monotonic()):
-                result = await self._submit(source, config, options, on_tokens, log)
+                result = await self._submit(source, config, options, on_tokens, log, first)
         except asyncio.CancelledError:
             # grpc cancels the handler when the client cancels or its deadline passes.
             cancellation.cancel()
@@ -339,7 +339,13 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         return result, config.mode, total_s
 
     async def _submit(
-        self, source: list[int], config: DecodingConfig, options: CallOptions, on_tokens: OnTokens, log
+        self,
+        source: list[int],
+        config: DecodingConfig,
+        options: CallOptions,
+        on_tokens: OnTokens,
+        log,
+        first: list[int],
     ) -> DecodeResult:
         """Decode on a worker thread. `gateway_active_requests` counts the request until its worker
         has really stopped (or never started), not just until the RPC ended."""
@@ -348,7 +354,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         def work() -> DecodeResult:
             assert options.cancellation is not None
             options.cancellation.check()  # cancelled while queued: open no session at all
-            return self._decode(source, config, options, on_tokens, log)
+            return self._decode(source, config, options, on_tokens, log, first)
 
         try:
             future = self.pool.submit(work)
@@ -371,7 +377,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             self.metrics.cancelled.inc()
             log.info("request_cancelled")
 
-    async def _prepare(self, request: gateway_pb2.GenerateRequest) -> tuple[list[int], DecodingConfig]:
+    async def _prepare(self, request: gateway_pb2.GenerateRequest) -> tuple[list[int], DecodingConfig, list[int]]:
         """Sizes first (free), then the decoding config, then tokenising off the loop (gateway.inputs)."""
         assert self.verifier_info is not None
         max_source_len = source_len_from_wire(self.verifier_info.max_source_len)
@@ -380,16 +386,22 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         check_applicable(overrides, parse_mode(overrides.get("mode", self.config.defaults.mode)))
         if "seed" not in overrides and not self.config.seed_from_defaults:
             overrides["seed"] = secrets.randbits(63)  # unset seed: a fresh one per request
-        config = self.config.defaults.with_overrides(overrides)
         max_target_len = target_len_from_wire(self.verifier_info.max_target_len)
+        if "max_new_tokens" not in overrides:  # the default never asks for more than the model takes
+            overrides["max_new_tokens"] = min(self.config.defaults.max_new_tokens, max_target_len)
+        config = self.config.defaults.with_overrides(overrides)
         validate(config, self.config.limits, max_target_len, self.verifier_info.vocab_size)
+        first = forced_first_tokens(self.tokenizer, request.target_lang, config)
         source = await source_ids(request, self.tokenizer, self.pool, max_source_len)
         if not source:
             raise invalid("input is empty")
-        return source, config
+        return source, config, first
 
-    def _decode(self, source, config: DecodingConfig, options: CallOptions, on_tokens: OnTokens, log) -> DecodeResult:
-        """Worker thread: decode through the services; on drafter trouble, again as plain AR."""
+    def _decode(
+        self, source, config: DecodingConfig, options: CallOptions, on_tokens: OnTokens, log, first: list[int]
+    ) -> DecodeResult:
+        """Worker thread: decode through the services; on drafter trouble, again as plain AR.
+        `first`: the output's forced first tokens (a target language), committed before decoding."""
         assert self.verifier_info is not None
         runs = (self.config.greedy_chunk, self.config.stream_greedy_chunk)
         verifier = (
@@ -402,11 +414,14 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             on_tokens(block)
             committed.extend(block)
 
+        if first:  # streamed like any other output token; the loops continue after it
+            counting(first)
+        prefix = list(first) or None
         if config.mode in DRAFTER_MODES:
             drafter = None if self.drafter is None else self.drafter.for_request(options, self.verifier_info)
             if drafter is not None:
                 try:
-                    return decode(source, config, verifier, drafter, counting)
+                    return decode(source, config, verifier, drafter, counting, prefix=prefix)
                 except DrafterFailure as exc:
                     assert self.drafter is not None
                     self.drafter.failed(exc.cause, log)
@@ -426,7 +441,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             result = decode(source, ar, verifier, None, on_tokens, prefix=committed)
             result.stats.degraded = True
             return result
-        return decode(source, config, verifier, None, counting)
+        return decode(source, config, verifier, None, counting, prefix=prefix)
 
     def _budget(self) -> Budget:
         """What admission may hand out: the workers, and the sessions the peers report (0: unknown)."""

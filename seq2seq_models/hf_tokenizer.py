@@ -33,8 +33,10 @@ class FirstTokens:
     def first_tokens(self, target_lang: str = "") -> list[int]:
         """The ids every output starts with: the code of `target_lang`, else the default."""
         if target_lang:
+            if not self.languages:
+                raise ValueError("this model has no target languages: leave target_lang unset")
             if target_lang not in self.languages:
-                known = ", ".join(sorted(self.languages)[:8]) or "none"
+                known = ", ".join(sorted(self.languages)[:8])
                 more = "..." if len(self.languages) > 8 else ""
                 raise ValueError(f"unknown target language {target_lang!r}; this model's codes: {known}{more}")
             return [self.languages[target_lang]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -120,6 +121,7 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     from drafter_service.session import make_drafter
     from gateway.decode import decode
     from gateway.decoding_config import DecodingConfig, DecodingLimits, validate
+    from gateway.inputs import forced_first_tokens
     from gateway.modes import DRAFTER_MODES, check_applicable
     from gateway.wire import stats_record
     from seq2seq_models.bundle import load_bundle
@@ -132,11 +134,16 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     backend, precision = args.backend or DEFAULT_BACKEND, args.precision or DEFAULT_PRECISION
     check_precision(backend, precision)  # before the bundle loads: one line, not a traceback
     verifier = make_verifier(bundle, backend, device=args.device, precision=precision)
+    if "max_new_tokens" not in overrides:  # the default never asks for more than the model takes
+        config = dataclasses.replace(config, max_new_tokens=min(config.max_new_tokens, verifier.max_target_len))
     validate(config, DecodingLimits(), verifier.max_target_len)
     drafter = make_drafter(bundle, backend, device=args.device, precision=precision)
     if config.mode in DRAFTER_MODES and drafter is None:
-        raise ValueError(f"mode {config.mode.value} needs a drafter and {bundle.path} has none")
+        raise ValueError(
+            f"mode {config.mode.value} needs a drafter and {bundle.path} has none: use --mode ar or iad"
+        )
     tokenizer = bundle.tokenizer
+    first = forced_first_tokens(tokenizer, args.target_lang, config)
     failed = 0
     for number, line in enumerate(sys.stdin, start=1):
         line = line.rstrip("\n")
@@ -144,7 +151,7 @@ def _cmd_decode(args: argparse.Namespace) -> int:
         try:
             source = [] if not line.strip() else _parse_ids(line) if args.ids else tokenizer.encode(line)
             started = time.perf_counter()
-            result = decode(source, config, verifier, drafter)
+            result = decode(source, config, verifier, drafter, prefix=list(first) or None)
         except SpecdecError as exc:
             failed += 1
             print(f"specdec decode: error: {exc.code.value}: line {number}: {exc.message}", file=sys.stderr)
@@ -227,7 +234,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     tls, token = _client_security(args)
     text = _generate_text(args)
     try:
-        record = generate(args.addr, text, decoding_overrides(args), timeout=args.timeout, tls=tls, token=token)
+        record = generate(args.addr, text, decoding_overrides(args), timeout=args.timeout, tls=tls, token=token,
+                          target_lang=args.target_lang)
     except CallError as exc:  # e.g. a missing token: one line, like specdec's own errors, not a traceback
         print(f"specdec generate: error: {exc}", file=sys.stderr)
         return 2
@@ -466,6 +474,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKENDS, default=None, help=BACKEND_HELP)
     p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
     p.add_argument("--device", type=device_arg, default="auto", help=f"where the models run: {DEVICE_HELP}")
+    p.add_argument("--target-lang", default="", metavar="CODE",
+                   help="a many-to-many model's target language (NLLB fra_Latn, M2M100 fr, mBART-50 fr_XX); "
+                        "empty: the model's default")
     add_decoding_flags(p)
     p.set_defaults(run=_cmd_decode)
 
@@ -532,6 +543,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--file", metavar="PATH", help="read the text from this file (UTF-8)")
     p.add_argument("--addr", type=address_arg, default=_default_addr(), help=ADDR_HELP)
     p.add_argument("--json", action="store_true", help="print the same JSON object as `specdec decode`")
+    p.add_argument("--target-lang", default="", metavar="CODE",
+                   help="a many-to-many model's target language (NLLB fra_Latn, M2M100 fr, mBART-50 fr_XX); "
+                        "empty: the model's default")
     p.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
     _add_client_security(p)
     add_decoding_flags(p)

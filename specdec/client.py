@@ -33,13 +33,17 @@ def generate(
     request_id: str | None = None,
     tls: ClientTLS | None = None,
     token: str | None = None,
+    target_lang: str = "",
 ) -> dict[str, Any]:
     """Generate once; returns {"output_ids", "text", "stats"} as `specdec decode` prints it.
-    `tls`: connect over TLS (None: plaintext); `token`: the gateway's bearer token."""
+    `tls`: connect over TLS (None: plaintext); `token`: the gateway's bearer token; `target_lang`:
+    a many-to-many model's target language code (empty: the model's default)."""
     from gateway.wire import overrides_to_wire, stats_dict
     from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 
-    request = gateway_pb2.GenerateRequest(text=text, input_ids=input_ids or [], config=overrides_to_wire(overrides))
+    request = gateway_pb2.GenerateRequest(
+        text=text, input_ids=input_ids or [], config=overrides_to_wire(overrides), target_lang=target_lang
+    )
     metadata = [(REQUEST_ID_KEY, request_id or uuid.uuid4().hex)]
     if token:
         metadata.append(bearer_metadata(token))

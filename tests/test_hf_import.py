@@ -385,3 +385,41 @@ def test_lossless_modes_through_serve_all(imported, pair, which):
             assert reply.stats.degraded
             greedy = decode(bundle.tokenizer.encode(TEXTS[0]), _config(mode="ar"), verifier)
             assert list(reply.output_ids) == greedy.output_ids
+
+
+def test_a_target_language_through_serve_all_and_decode(imported, tmp_path, capsys, monkeypatch):
+    """The request field (and `--target-lang`) picks the forced first token; an unknown code is
+    INVALID_ARGUMENT with the codes the model has; a model without codes refuses any."""
+    import grpc
+
+    model, tok, bundle_dir = imported["m2m100"]
+    cfg = load_bundle(bundle_dir).config("verifier")
+    with ServiceStack("all", bundle_dir, LOOPBACK) as stack, grpc.insecure_channel(
+        stack.running.addresses["gateway"]
+    ) as channel:
+        gateway = gateway_pb2_grpc.GatewayServiceStub(channel)
+        for lang in ("", "ru"):
+            forced = tok.lang_code_to_id[lang or "de"]
+            for text in TEXTS[:2]:
+                want = _hf_greedy(model, tok(text)["input_ids"][:-1], cfg.eos_id, forced_bos=forced)
+                config = overrides_to_wire({"mode": "iad", "k": 4, "max_new_tokens": MAX_NEW})
+                request = gateway_pb2.GenerateRequest(text=text, target_lang=lang, config=config)
+                assert list(gateway.Generate(request, timeout=60).output_ids) == want, (lang, text)
+                streamed = [i for chunk in gateway.GenerateStream(request, timeout=60) for i in chunk.output_ids]
+                assert streamed == want, (lang, text)
+        with pytest.raises(grpc.RpcError) as err:
+            gateway.Generate(gateway_pb2.GenerateRequest(text=TEXTS[0], target_lang="xx"), timeout=60)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'xx'" in err.value.details()
+        assert "ru" in err.value.details() or "de" in err.value.details()
+    monkeypatch.setattr("sys.stdin", io.StringIO(TEXTS[0] + "\n"))
+    capsys.readouterr()
+    assert cli_main(["decode", "--bundle", str(bundle_dir), "--backend", "torch", "--mode", "iad",
+                     "--target-lang", "ru", "--max-new-tokens", str(MAX_NEW)]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    forced = tok.lang_code_to_id["ru"]
+    assert record["output_ids"] == _hf_greedy(model, tok(TEXTS[0])["input_ids"][:-1], cfg.eos_id, forced_bos=forced)
+    t5_dir = imported["t5"][2]
+    monkeypatch.setattr("sys.stdin", io.StringIO(TEXTS[0] + "\n"))
+    args = ["decode", "--bundle", str(t5_dir), "--backend", "torch", "--mode", "ar", "--target-lang", "ru"]
+    assert cli_main(args) == 2
+    assert "no target languages" in capsys.readouterr().err
