@@ -44,6 +44,8 @@ from serving.status import grpc_code
 SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 MODEL_VERSION = "1"
 TEXT, INPUT_IDS, OUTPUT_IDS = "TEXT", "INPUT_IDS", "OUTPUT_IDS"
+# A request parameter that is not a decoding one: a many-to-many model's target language code.
+TARGET_LANG = "target_lang"
 OUTPUTS = (TEXT, OUTPUT_IDS)
 # Parameters a KServe/Triton client may send that are not decoding settings: accepted and ignored
 # (the deadline travels as the gRPC deadline; the gateway has no priorities).
@@ -194,10 +196,20 @@ def generate_request(request: service_pb2.ModelInferRequest) -> gateway_pb2.Gene
     raw = request.raw_input_contents[index] if request.raw_input_contents else None
     if request.raw_input_contents and len(request.raw_input_contents) != len(request.inputs):
         raise invalid("raw_input_contents must have one entry per input")
-    config = overrides_to_wire(decoding_overrides(request.parameters))
+    parameters = dict(request.parameters)
+    target = parameters.pop(TARGET_LANG, None)
+    target_lang = "" if target is None else _target_lang(target)
+    config = overrides_to_wire(decoding_overrides(parameters))
     if name == TEXT:
-        return gateway_pb2.GenerateRequest(text=_text(tensor, raw), config=config)
-    return gateway_pb2.GenerateRequest(input_ids=_ids(tensor, raw), config=config)
+        return gateway_pb2.GenerateRequest(text=_text(tensor, raw), config=config, target_lang=target_lang)
+    return gateway_pb2.GenerateRequest(input_ids=_ids(tensor, raw), config=config, target_lang=target_lang)
+
+
+def _target_lang(param) -> str:
+    """The `target_lang` request parameter: a many-to-many model's target language code."""
+    if param.WhichOneof("parameter_choice") != "string_param":
+        raise invalid(f"parameter {TARGET_LANG!r} must be a string (a language code such as fra_Latn)")
+    return param.string_param
 
 
 def decoding_overrides(parameters) -> dict[str, Any]:

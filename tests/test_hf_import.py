@@ -407,6 +407,18 @@ def test_a_target_language_through_serve_all_and_decode(imported, tmp_path, caps
                 assert list(gateway.Generate(request, timeout=60).output_ids) == want, (lang, text)
                 streamed = [i for chunk in gateway.GenerateStream(request, timeout=60) for i in chunk.output_ids]
                 assert streamed == want, (lang, text)
+        # KServe: the same choice as a request parameter, through the real tritonclient.
+        import numpy as np
+        import tritonclient.grpc as triton_grpc
+
+        text_in = triton_grpc.InferInput("TEXT", [1], "BYTES")
+        text_in.set_data_from_numpy(np.array([TEXTS[0].encode()], dtype=np.object_))
+        with triton_grpc.InferenceServerClient(stack.running.addresses["gateway"]) as client:
+            reply = client.infer("specdec", [text_in], parameters={"target_lang": "ru", "mode": "ar",
+                                                                    "max_new_tokens": MAX_NEW})
+        forced = tok.lang_code_to_id["ru"]
+        want = _hf_greedy(model, tok(TEXTS[0])["input_ids"][:-1], cfg.eos_id, forced_bos=forced)
+        assert reply.as_numpy("OUTPUT_IDS").tolist() == want
         with pytest.raises(grpc.RpcError) as err:
             gateway.Generate(gateway_pb2.GenerateRequest(text=TEXTS[0], target_lang="xx"), timeout=60)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'xx'" in err.value.details()
