@@ -209,6 +209,12 @@ def _bart_like(model_type: str, c: Any, gen: Any, w: dict, mask_id: int | None) 
     vocab = c.vocab_size
     if model_type == "marian":
         vocab = getattr(c, "decoder_vocab_size", None) or c.vocab_size
+    if not shared and c.vocab_size != vocab:
+        # The services check source ids against one vocabulary size, the target's.
+        raise UnsupportedModel(
+            f"separate source and target vocabularies of different sizes ({c.vocab_size} and {vocab}) "
+            "are not supported"
+        )
     activation = _activation(c.activation_function)
     if c.encoder_attention_heads != c.decoder_attention_heads or c.encoder_ffn_dim != c.decoder_ffn_dim:
         raise UnsupportedModel("encoder and decoder of different widths are not supported")
