@@ -208,6 +208,7 @@ def run_benchmark(
         # On a shared CPU an intra-op pool wider than the free cores stalls at every barrier.
         torch.set_num_threads(threads)
     bundle = load_bundle(bundle_dir)
+    configs = _runnable(configs, bundle, progress)
     verifier = _make_verifier(bundle, backend, device)
     max_new_tokens = min(max_new_tokens, verifier.max_target_len)
     sentences = select_sentences(items, bundle.tokenizer, verifier.max_source_len, limit)
@@ -349,6 +350,21 @@ def _make_verifier(bundle, backend: str, device: str = "auto"):
     from verifier_service.session import make_verifier
 
     return make_verifier(bundle, backend, device=device)
+
+
+def _runnable(configs: Sequence[BenchConfig], bundle, progress: Callable[[str], None] | None) -> list[BenchConfig]:
+    """The configurations the bundle can run: without a drafter (an imported checkpoint), the
+    drafter modes are left out, and said so."""
+    from gateway.decoding_config import Mode
+    from gateway.modes import DRAFTER_MODES
+
+    if any(role in bundle.models for role in ("nar_drafter", "ar_drafter")):
+        return list(configs)
+    kept = [c for c in configs if Mode(c.overrides.get("mode", "ar")) not in DRAFTER_MODES]
+    skipped = [c.name for c in configs if c not in kept]
+    if skipped and progress is not None:
+        progress(f"{bundle.path} has no drafter: skipping {', '.join(skipped)}")
+    return kept
 
 
 def _make_drafter(bundle, backend: str, device: str = "auto"):
