@@ -315,6 +315,17 @@ def test_an_ar_drafter_of_the_same_vocabulary_runs_mjsd_sampling_and_gad(pair):
         assert gad.stats.drafted_tokens > 0
 
 
+def test_int8_gad_with_the_ar_drafter_equals_int8_greedy(pair, tmp_path):
+    """On ONNX Runtime, int8 verifier (and the AR drafter's own export): GAD equals int8 greedy."""
+    bundle = load_bundle(pair)
+    verifier = make_verifier(bundle, "onnxruntime", cache_root=tmp_path, precision="int8")
+    drafter = make_drafter(bundle, "onnxruntime", cache_root=tmp_path, precision="int8")
+    for source in _sources(bundle, seed=7):
+        greedy = decode(source, _config(mode="ar"), verifier)
+        gad = decode(source, _config(mode="gad", k=5), verifier, drafter)
+        assert gad.output_ids == greedy.output_ids and gad.stats.drafted_tokens > 0
+
+
 def test_gad_with_the_verifier_as_its_own_ar_drafter_accepts_whole_blocks(imported, tmp_path):
     """The classic draft-model check: a drafter equal to the verifier has every drafted token accepted."""
     model, tok, _ = imported["t5"]
