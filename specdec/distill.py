@@ -20,7 +20,7 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -94,7 +94,22 @@ class DistillOptions:
     ar_width: int | None = None
     seed: int = 1
     name: str | None = None
-    command: str = ""
+
+    def command(self) -> str:
+        """The command line that makes this run (the flags that differ from their defaults)."""
+        words = ["specdec", "distill", "--bundle", str(self.bundle), "--sources", str(self.sources), "--out",
+                 str(self.out)]
+        defaults = DistillOptions(self.bundle, self.sources, self.out, self.work)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("bundle", "sources", "out") or value == getattr(defaults, f.name):
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                words.append(flag)
+            else:
+                words += [flag, ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]
+        return " ".join(words)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,13 +122,13 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps, ar_drafter=args.ar_drafter, ar_steps=args.ar_steps, k_max=args.k_max,
         batch_tokens=args.batch_tokens, lr=args.lr, warmup=args.warmup, nar_layers=args.nar_layers,
         nar_width=args.nar_width, ar_layers=args.ar_layers, ar_width=args.ar_width, seed=args.seed, name=args.name,
-        command=" ".join(["specdec", *sys.argv[1:]]),
     )
     stream = sys.stderr if args.progress or sys.stderr.isatty() else None
     try:
         written = distill(options, progress=stream)
     except Interrupted as exc:
-        print(f"specdec distill: {exc}", file=sys.stderr)
+        where = str(exc).split(";")[0]  # "<stage>: stopped at ..."; distill has no --resume: it always continues
+        print(f"specdec distill: {where}; rerun the same command to continue from {options.work}", file=sys.stderr)
         return 143
     print(f"wrote {written}", file=sys.stderr)
     return 0
@@ -173,7 +188,7 @@ def distill(options: DistillOptions, progress: TextIO | None = None, report: Tex
         "device": device,
         "hardware": _hardware(device),
         "torch_version": torch.__version__,
-        "command": o.command,
+        "command": o.command(),
         "roles": results,
     }
     return write_distilled_bundle(o.bundle, o.out, drafters, info, o.name)

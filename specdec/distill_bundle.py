@@ -14,13 +14,13 @@ SECTION = """
 ## Distilled drafters (`specdec distill`)
 
 Sequence-level knowledge distillation: the verifier decoded {lines} source lines of `{file}`
-(sha256 `{sha256_short}`; {dropped} longer than the verifier takes were left out) greedily, and the
-drafters learnt its outputs: {train_pairs} pairs trained on, {valid_pairs} held out for validation
-(every {valid_every}th; with fewer than {valid_every} pairs, all of them). Labelling took {labelling}.
+(sha256 `{sha256_short}`{dropped}) greedily, and the drafters learnt its outputs: {split}.
+Labelling took {labelling}.
 
 | role | use | layers (enc+dec) | width | heads | ffn | parameters | steps | epochs | valid loss | valid acc. | time |
 |---|---|---|---|---|---|---|---|---|---|---|---|
 {rows}
+
 {notes}
 Device {device} ({hardware}), torch {torch_version}.
 
@@ -68,6 +68,12 @@ def render_section(info: dict[str, Any]) -> str:
     """The MODEL_CARD.md section for `info` (`specdec.distill.distill`'s record of the run)."""
     s = info["sources"]
     rows = [_row(role, r) for role, r in info["roles"].items()]
+    dropped = f"; {s['dropped_too_long']} longer than the verifier takes left out" if s["dropped_too_long"] else ""
+    if s["valid_pairs"] == s["labelled"]:
+        split = f"{s['labelled']} pairs, too few to hold any out (validated on the training pairs)"
+    else:
+        split = (f"{s['train_pairs']} pairs trained on, {s['valid_pairs']} (every {s['valid_every']}th) held out for "
+                 f"validation")
     notes = []
     for role, r in info["roles"].items():
         note = f"- **{role}**: token embeddings {r['embeddings']}, rescaled to the drafter's initial scale."
@@ -76,11 +82,10 @@ def render_section(info: dict[str, Any]) -> str:
                      f"with glancing (ratio {r['glat']}); its validation scores are on blocks of {r['k_max']}.")
         notes.append(note)
     return SECTION.format(
-        lines=s["lines"], file=s["file"], sha256_short=s["sha256"][:16], dropped=s["dropped_too_long"],
-        train_pairs=s["train_pairs"], valid_pairs=s["valid_pairs"], valid_every=s["valid_every"],
+        lines=s["lines"], file=s["file"], sha256_short=s["sha256"][:16], dropped=dropped, split=split,
         labelling=_duration(s["labelling_seconds"]), rows="\n".join(rows), notes="\n".join(notes) + "\n",
         device=info["device"], hardware=info["hardware"], torch_version=info["torch_version"],
-        command=info["command"] or "specdec distill",
+        command=info["command"],
     )
 
 

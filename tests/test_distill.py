@@ -102,21 +102,33 @@ def test_the_new_bundle_keeps_the_verifier_and_its_ids_and_has_a_card(distilled)
     assert "## Distilled drafters" in card and "| nar_drafter | GAD / GAD++ drafter | " in card, card
 
 
-def test_a_rerun_continues_from_the_work_directory(distilled, tmp_path):
-    """More steps on the same work directory resume the checkpoint rather than starting again; the
-    labels are not made again."""
+def test_a_rerun_continues_from_the_work_directory_and_adds_an_ar_drafter(distilled, tmp_path):
+    """More steps on the same work directory resume the NAR drafter's checkpoint rather than starting
+    again, the labels are not made again, and `--ar-drafter` adds a small AR drafter that MJSD and
+    GAD both run with, equal to greedy."""
     labels = (distilled["work"] / "targets.jsonl").stat().st_mtime_ns
     sources = distilled["root"] / "sources.txt"
     code = cli_main(["distill", "--bundle", str(distilled["bundle"]), "--sources", str(sources), "--ids",
                      "--out", str(tmp_path / "more"), "--work", str(distilled["work"]), "--device", "cpu",
-                     *DISTILL_FLAGS, "--steps", str(DISTILL_STEPS + 20)])
+                     *DISTILL_FLAGS, "--steps", str(DISTILL_STEPS + 20), "--ar-drafter", "--ar-steps", "40"])
     assert code == 0
     log = [json.loads(line) for line in (distilled["work"] / "nar_drafter" / "log.jsonl").read_text().splitlines()]
-    starts = [r["step"] for r in log if r["event"] == "start"]
-    assert starts == [0, DISTILL_STEPS]
+    assert [r["step"] for r in log if r["event"] == "start"] == [0, DISTILL_STEPS]
     assert (distilled["work"] / "targets.jsonl").stat().st_mtime_ns == labels
-    assert json.loads((tmp_path / "more" / "config.json").read_text())["metadata"]["distill"]["roles"][
-        "nar_drafter"]["steps"] == DISTILL_STEPS + 20
+    config = json.loads((tmp_path / "more" / "config.json").read_text())
+    assert config["metadata"]["distill"]["roles"]["nar_drafter"]["steps"] == DISTILL_STEPS + 20
+    assert config["metadata"]["distill"]["roles"]["ar_drafter"]["steps"] == 40
+    assert f"--steps {DISTILL_STEPS + 20}" in config["metadata"]["distill"]["command"]
+    bundle = load_bundle(tmp_path / "more")
+    verifier = make_verifier(bundle, "torch")
+    drafter = make_drafter(bundle, "torch")
+    rng = random.Random(7)
+    for _ in range(4):
+        source = random_source(rng)
+        greedy = decode(source, DecodingConfig(mode="ar", max_new_tokens=MAX_NEW), verifier).output_ids
+        for mode in ("mjsd", "gad"):
+            assert decode(source, DecodingConfig(mode=mode, k=K, max_new_tokens=MAX_NEW), verifier,
+                          drafter).output_ids == greedy, mode
 
 
 @pytest.mark.parametrize(
