@@ -1,7 +1,8 @@
 """`specdec distill`: drafters for a bundle's verifier, learnt from its own greedy outputs.
 
 Sequence-level knowledge distillation (Kim and Rush 2016): the verifier decodes the user's
-unlabelled sources greedily (batched, `training.distill.distill_pairs` at width 1), and the NAR
+unlabelled sources greedily (batched: `training.greedy_labels`, chunk by chunk through
+`training.distill.distill_pairs`, which makes the labelling resumable), and the NAR
 block drafter (and, with `--ar-drafter`, a small AR drafter) learns those outputs with the
 project's own objectives and batching (`training.train.train_role`: k [MASK]s after a causal prefix
 with glancing for the NAR drafter, teacher forcing for the AR one). Greedy output is what GAD's
@@ -146,6 +147,7 @@ def distill(options: DistillOptions, progress: TextIO | None = None, report: Tex
     from specdec.distill_bundle import write_distilled_bundle
     from training.data import IdPair
     from training.distill import distill_pairs
+    from training.greedy_labels import greedy_outputs
 
     bundle = load_bundle(o.bundle, roles=["verifier"])
     verifier_cfg = bundle.config("verifier")
@@ -154,20 +156,24 @@ def distill(options: DistillOptions, progress: TextIO | None = None, report: Tex
     device = resolve_device(o.device)
     plans = _plans(o, verifier_cfg)
     o.work.mkdir(parents=True, exist_ok=True)
+    first = forced_first_tokens(bundle.metadata)
     _check_work(o.work / "labels.key.json", {"bundle": bundle.fingerprint, "sources_sha256": reading["sha256"],
-                                             "ids": o.ids})
+                                             "ids": o.ids, "first": first})
 
     line = ProgressLine(progress, "labelling", len(sources), "sources")
     started = time.perf_counter()
     verifier = bundle.verifier.to(device)
-    pairs = distill_pairs(
-        verifier, [IdPair(s, []) for s in sources], o.work / "targets.jsonl", num_beams=1,
-        # Room after the longest target for the BOS and a whole block of masks (NAR training rows).
-        max_tokens=verifier_cfg.max_len - o.k_max, chunk_size=256, batch_tokens=o.batch_tokens,
-        log=lambda **r: line.show(r["done"]),
-    )
+    # Room after the longest target for the BOS, a whole block of masks (NAR training rows) and EOS.
+    max_tokens = verifier_cfg.max_len - o.k_max - 1
+    try:
+        pairs = distill_pairs(
+            verifier, [IdPair(s, []) for s in sources], o.work / "targets.jsonl", max_tokens=max_tokens + 1,
+            chunk_size=256, log=lambda **r: line.show(r["done"]),
+            search=lambda chunk: greedy_outputs(verifier, chunk, max_tokens, first, o.batch_tokens),
+        )
+    finally:
+        line.close()
     labelling = _stage_seconds(o.work / "labels.json", time.perf_counter() - started, len(pairs))
-    line.close()
     verifier.to("cpu")  # the device's memory is the drafters' now; the CPU copy gives their embeddings
     if not pairs:
         raise ValueError("the verifier's greedy output was empty or too long for every source: nothing to learn")
@@ -184,7 +190,8 @@ def distill(options: DistillOptions, progress: TextIO | None = None, report: Tex
               f"token accuracy {r['valid_acc']:.3f} ({r['seconds']:.0f} s)", file=report)
     info = {
         "sources": {**reading, "file": o.sources.name, "labelled": len(pairs), "train_pairs": len(train),
-                    "valid_pairs": len(valid), "valid_every": VALID_EVERY, "labelling_seconds": labelling["seconds"]},
+                    "valid_pairs": len(valid), "valid_every": VALID_EVERY, "labelling_seconds": labelling["seconds"],
+                    "first_tokens": first},
         "device": device,
         "hardware": _hardware(device),
         "torch_version": torch.__version__,
@@ -224,6 +231,13 @@ def read_sources(
         raise ValueError(f"--sources {path}: {detail}")
     return sources, {"lines": lines, "kept": len(sources), "dropped_too_long": dropped,
                      "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def forced_first_tokens(metadata: dict[str, Any]) -> list[int]:
+    """The tokens every greedy output starts with: an imported many-to-many checkpoint's
+    forced_bos_token_id (its default target language), else none."""
+    forced = metadata.get("generation", {}).get("forced_bos_token_id")
+    return [] if forced is None else [int(forced)]
 
 
 def split_pairs(pairs: list[Any]) -> tuple[list[Any], list[Any]]:
@@ -330,10 +344,12 @@ def _train_drafter(
         (role_dir / "init.json").write_text(json.dumps({"embeddings": how}) + "\n")
     if result is None or result["steps"] != plan.train_config.max_steps:
         line = ProgressLine(progress, role, plan.train_config.max_steps, "steps")
-        result = train_role(role, plan.model_config, plan.train_config, train, valid, role_dir, resume=True,
-                            device=device, echo=None, init_from=init_path,
-                            on_step=lambda step, loss: line.show(step, f"loss {loss:.3f}"))
-        line.close()
+        try:
+            result = train_role(role, plan.model_config, plan.train_config, train, valid, role_dir, resume=True,
+                                device=device, echo=None, init_from=init_path,
+                                on_step=lambda step, loss: line.show(step, f"loss {loss:.3f}"))
+        finally:
+            line.close()
     init = json.loads((role_dir / "init.json").read_text())
     summary = {
         "steps": result["steps"], "epochs": result["epochs"], "valid_loss": result["valid_loss"],

@@ -14,7 +14,7 @@ SECTION = """
 ## Distilled drafters (`specdec distill`)
 
 Sequence-level knowledge distillation: the verifier decoded {lines} source lines of `{file}`
-(sha256 `{sha256_short}`{dropped}) greedily, and the drafters learnt its outputs: {split}.
+(sha256 `{sha256_short}`{dropped}) greedily{first}, and the drafters learnt its outputs: {split}.
 Labelling took {labelling}.
 
 | role | use | layers (enc+dec) | width | heads | ffn | parameters | steps | epochs | valid loss | valid acc. | time |
@@ -69,6 +69,7 @@ def render_section(info: dict[str, Any]) -> str:
     s = info["sources"]
     rows = [_row(role, r) for role, r in info["roles"].items()]
     dropped = f"; {s['dropped_too_long']} longer than the verifier takes left out" if s["dropped_too_long"] else ""
+    first = f" after the forced first token {s['first_tokens'][0]}" if s.get("first_tokens") else ""
     if s["valid_pairs"] == s["labelled"]:
         split = f"{s['labelled']} pairs, too few to hold any out (validated on the training pairs)"
     else:
@@ -82,7 +83,7 @@ def render_section(info: dict[str, Any]) -> str:
                      f"with glancing (ratio {r['glat']}); its validation scores are on blocks of {r['k_max']}.")
         notes.append(note)
     return SECTION.format(
-        lines=s["lines"], file=s["file"], sha256_short=s["sha256"][:16], dropped=dropped, split=split,
+        lines=s["lines"], file=s["file"], sha256_short=s["sha256"][:16], dropped=dropped, split=split, first=first,
         labelling=_duration(s["labelling_seconds"]), rows="\n".join(rows), notes="\n".join(notes) + "\n",
         device=info["device"], hardware=info["hardware"], torch_version=info["torch_version"],
         command=info["command"],

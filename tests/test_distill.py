@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from pathlib import Path
 
 import pytest
 
@@ -199,3 +200,45 @@ def _train_verifier():
         optimizer.step()
         step, loss = step + 1, float(out.loss.detach())
     return model.eval(), step, loss
+
+
+def test_a_bundle_of_our_own_takes_text_sources_and_gets_its_drafters_replaced(tmp_path):
+    """Text lines through the bundle's SentencePiece tokenizer; the new bundle is written by
+    `save_bundle` with the old tokenizer, and its NAR drafter is the distilled one."""
+    bundle = make_tiny_bundle(tmp_path / "bundle", seed=0)
+    corpus = (Path(__file__).resolve().parents[1] / "seq2seq_models" / "data" / "tiny_corpus.txt").read_text()
+    (tmp_path / "sources.txt").write_text(corpus)
+    code = cli_main(["distill", "--bundle", str(bundle), "--sources", str(tmp_path / "sources.txt"),
+                     "--out", str(tmp_path / "out"), "--device", "cpu", "--steps", "3", "--k-max", "4",
+                     "--nar-layers", "2,1", "--nar-width", "32"])
+    assert code == 0
+    old = json.loads((bundle / "config.json").read_text())
+    new = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert new["tokenizer"] == old["tokenizer"] and new["special_ids"] == old["special_ids"]
+    assert new["models"]["nar_drafter"]["sha256"] != old["models"]["nar_drafter"]["sha256"]
+    assert new["models"]["ar_drafter"]["sha256"] == old["models"]["ar_drafter"]["sha256"]
+    assert "projected onto their 32 leading principal directions" in new["metadata"]["distill"]["roles"][
+        "nar_drafter"]["embeddings"]
+    loaded = load_bundle(tmp_path / "out")
+    verifier, drafter = make_verifier(loaded, "torch"), make_drafter(loaded, "torch")
+    source = loaded.tokenizer.encode(corpus.splitlines()[0])
+    greedy = decode(source, DecodingConfig(mode="ar", max_new_tokens=12), verifier).output_ids
+    assert decode(source, DecodingConfig(mode="gad", k=4, max_new_tokens=12), verifier, drafter).output_ids == greedy
+
+
+@pytest.mark.parametrize("first", [[], [7]])
+def test_the_labels_are_the_verifiers_greedy_outputs(tmp_path, first):
+    """`greedy_outputs` (batched, sources of different lengths) equals the AR mode one source at a
+    time, after a forced first token too, up to the same length limit."""
+    from training.greedy_labels import greedy_outputs
+
+    bundle = load_bundle(make_tiny_bundle(tmp_path / "bundle", seed=3))
+    verifier = make_verifier(bundle, "torch")
+    rng = random.Random(5)
+    sources = [[rng.randrange(5, bundle.config("verifier").vocab_size) for _ in range(rng.randint(1, 12))]
+               for _ in range(12)]
+    limit = 20
+    labels = greedy_outputs(bundle.verifier, sources, max_tokens=limit, first=first, batch_tokens=40)
+    for source, label in zip(sources, labels, strict=True):
+        greedy = decode(source, DecodingConfig(mode="ar", max_new_tokens=limit), verifier, prefix=list(first) or None)
+        assert label == greedy.output_ids, source
