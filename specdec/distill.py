@@ -145,9 +145,6 @@ def distill(options: DistillOptions, progress: TextIO | None = None, report: Tex
     from seq2seq_models.bundle import load_bundle
     from seq2seq_models.ort_runner import resolve_device
     from specdec.distill_bundle import write_distilled_bundle
-    from training.data import IdPair
-    from training.distill import distill_pairs
-    from training.greedy_labels import greedy_outputs
 
     bundle = load_bundle(o.bundle, roles=["verifier"])
     verifier_cfg = bundle.config("verifier")
@@ -160,23 +157,9 @@ def distill(options: DistillOptions, progress: TextIO | None = None, report: Tex
     _check_work(o.work / "labels.key.json", {"bundle": bundle.fingerprint, "sources_sha256": reading["sha256"],
                                              "ids": o.ids, "first": first})
 
-    line = ProgressLine(progress, "labelling", len(sources), "sources")
-    started = time.perf_counter()
-    verifier = bundle.verifier.to(device)
-    # Room after the longest target for the BOS, a whole block of masks (NAR training rows) and EOS.
-    max_tokens = verifier_cfg.max_len - o.k_max - 1
-    try:
-        pairs = distill_pairs(
-            verifier, [IdPair(s, []) for s in sources], o.work / "targets.jsonl", max_tokens=max_tokens + 1,
-            chunk_size=256, log=lambda **r: line.show(r["done"]),
-            search=lambda chunk: greedy_outputs(verifier, chunk, max_tokens, first, o.batch_tokens),
-        )
-    finally:
-        line.close()
-    labelling = _stage_seconds(o.work / "labels.json", time.perf_counter() - started, len(pairs))
-    verifier.to("cpu")  # the device's memory is the drafters' now; the CPU copy gives their embeddings
+    pairs, labelling = _label(bundle, sources, first, o, device, progress)
     if not pairs:
-        raise ValueError("the verifier's greedy output was empty or too long for every source: nothing to learn")
+        raise ValueError("the verifier's greedy output was empty for every source: nothing to learn")
     print(f"specdec distill: {len(pairs)} sources labelled with the verifier's greedy output "
           f"({labelling['seconds']:.0f} s)", file=report)
     train, valid = split_pairs(pairs)
@@ -317,6 +300,33 @@ def _plans(o: DistillOptions, verifier_cfg: Any) -> dict[str, _Plan]:
             TrainConfig(objective="ar", peak_lr=o.lr, **schedule(o.ar_steps)),
         )
     return plans
+
+
+def _label(
+    bundle: Any, sources: list[list[int]], first: list[int], o: DistillOptions, device: str,
+    progress: TextIO | None,
+) -> tuple[list[Any], dict[str, Any]]:
+    """The verifier's greedy output for every source, as training pairs (resumable: the work
+    directory's targets.jsonl), and the labelling's wall time."""
+    from training.data import IdPair
+    from training.distill import distill_pairs
+    from training.greedy_labels import greedy_outputs
+
+    # The longest target leaves room for the BOS and a whole block of masks (NAR training rows).
+    longest = bundle.config("verifier").max_len - o.k_max - 1
+    line = ProgressLine(progress, "labelling", len(sources), "sources")
+    started = time.perf_counter()
+    verifier = bundle.verifier.to(device)
+    try:
+        pairs = distill_pairs(
+            verifier, [IdPair(s, []) for s in sources], o.work / "targets.jsonl", max_tokens=longest + 1,
+            chunk_size=256, log=lambda **r: line.show(r["done"]),
+            search=lambda chunk: greedy_outputs(verifier, chunk, longest, first, o.batch_tokens),
+        )
+    finally:
+        line.close()
+        verifier.to("cpu")  # the device's memory is the drafters' now; the CPU copy gives their embeddings
+    return pairs, _stage_seconds(o.work / "labels.json", time.perf_counter() - started, len(pairs))
 
 
 def _train_drafter(
