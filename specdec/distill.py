@@ -150,6 +150,9 @@ def distill(options: DistillOptions, progress: TextIO | None = None, report: Tex
     verifier_cfg = bundle.config("verifier")
     sources, reading = read_sources(o.sources, bundle.tokenizer, o.ids, verifier_cfg.vocab_size,
                                     verifier_cfg.max_len)
+    if o.k_max > verifier_cfg.max_len // 2:
+        raise ValueError(f"--k-max {o.k_max} leaves too little of the verifier's {verifier_cfg.max_len} positions "
+                         f"for the output (at most {verifier_cfg.max_len // 2})")
     device = resolve_device(o.device)
     plans = _plans(o, verifier_cfg)
     o.work.mkdir(parents=True, exist_ok=True)
@@ -226,10 +229,9 @@ def forced_first_tokens(metadata: dict[str, Any]) -> list[int]:
 def split_pairs(pairs: list[Any]) -> tuple[list[Any], list[Any]]:
     """(train, valid): every VALID_EVERY-th pair held out, up to VALID_MAX; a handful of pairs
     are all trained on and validated on (too few to spare any)."""
-    held = {i for i in range(0, len(pairs), VALID_EVERY)}
-    held = set(sorted(held)[:VALID_MAX])
     if len(pairs) < VALID_EVERY:
         return list(pairs), list(pairs)
+    held = set(range(0, len(pairs), VALID_EVERY)[:VALID_MAX])
     return [p for i, p in enumerate(pairs) if i not in held], [pairs[i] for i in sorted(held)]
 
 

@@ -140,9 +140,11 @@ def test_a_rerun_continues_from_the_work_directory_and_adds_an_ar_drafter(distil
         ("\n  \n", ["--ids"], "no source lines"),
         ("5 6 7\n5 x 7\n", ["--ids"], "line 2: not space-separated token ids"),
         ("5 6 99999\n", ["--ids"], "line 1: id 99999 is outside the vocabulary"),
+        ("5 6 7\n", ["--ids", "--k-max", "200"], "--k-max 200 leaves too little"),
+        ("5 6 7\n", ["--ids", "--steps", "0"], "--steps must be at least 1"),
     ],
 )
-def test_bad_sources_are_one_line(tmp_path, capsys, content, flags, message):
+def test_bad_sources_and_settings_are_one_line(tmp_path, capsys, content, flags, message):
     bundle = make_tiny_bundle(tmp_path / "bundle", seed=0)
     sources = tmp_path / "sources.txt"
     if content is not None:
