@@ -58,7 +58,8 @@ def add_parser(sub: Any) -> None:
                    f"(default {DEFAULT_AR_STEPS})")
     p.add_argument("--k-max", type=int, default=DEFAULT_K_MAX, help=f"longest block the NAR drafter is trained "
                    f"to draft (default {DEFAULT_K_MAX}); serve with k up to it")
-    p.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per training batch (default 4096)")
+    p.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per training batch, and source "
+                   "tokens per labelling batch (default 4096)")
     p.add_argument("--lr", type=float, default=DEFAULT_LR, help=f"peak learning rate (default {DEFAULT_LR}; "
                    "a small drafter learns faster with more)")
     p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help=f"warm-up steps (default {DEFAULT_WARMUP})")
