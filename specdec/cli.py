@@ -16,7 +16,7 @@ from pathlib import Path
 from core.backends import BACKENDS, DEFAULT_BACKEND, DEFAULT_PRECISION, PRECISIONS, check_precision
 from core.config import DEVICE_HELP, DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS, device_arg
 from core.errors import BindError, SpecdecError
-from specdec import import_hf
+from specdec import distill, import_hf
 from specdec.serve import add_batch_flags
 
 # Where `decode` looks for a bundle when --bundle is not given.
@@ -461,6 +461,7 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     import_hf.add_parser(sub)
+    distill.add_parser(sub)
 
     p = sub.add_parser("tiny-bundle", help="write a deterministic random bundle for tests and demos")
     p.add_argument("--out", required=True, help="output directory")

@@ -25,8 +25,10 @@ def distill_pairs(
     chunk_size: int = 512,
     batch_tokens: int = 8192,
     log: Callable[..., None] | None = None,
+    search: Callable[[list[list[int]]], list[list[int]]] | None = None,
 ) -> list[IdPair]:
     """Write `out_path` (id pairs: original source, verifier output) and return its pairs.
+    `search` gives the outputs of a chunk of sources (default: the beam search of `num_beams`).
 
     Progress is appended to `out_path.partial` chunk by chunk, so an interrupted run resumes
     where it stopped: SIGTERM / Ctrl-C finish the chunk in hand and raise `Interrupted`; a process
@@ -48,12 +50,15 @@ def distill_pairs(
                                   f"rerun with --resume")
             chunk = todo[start : start + chunk_size]
             with torch.no_grad():
-                results = beam_search_texts(
-                    model, [pairs[i].source for i in chunk], batch_tokens=batch_tokens, num_beams=num_beams
-                )
-            for i, r in zip(chunk, results, strict=True):
-                done[i] = r.tokens
-                f.write(json.dumps({"i": i, "target": r.tokens}) + "\n")
+                sources = [pairs[i].source for i in chunk]
+                if search is not None:
+                    outputs = search(sources)
+                else:
+                    results = beam_search_texts(model, sources, batch_tokens=batch_tokens, num_beams=num_beams)
+                    outputs = [r.tokens for r in results]
+            for i, tokens in zip(chunk, outputs, strict=True):
+                done[i] = tokens
+                f.write(json.dumps({"i": i, "target": tokens}) + "\n")
             f.flush()
             if log is not None:
                 elapsed = time.perf_counter() - started

@@ -15,7 +15,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -85,6 +85,7 @@ def train_role(
     device: str | torch.device = "cpu",
     echo: TextIO | None = sys.stdout,
     init_from: str | Path | None = None,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> dict[str, Any]:
     """Train one model to `config.max_steps`; returns the final validation scores.
 
@@ -92,7 +93,8 @@ def train_role(
     exactly (same batches, dropout masks and NAR prefixes), given the same thread count.
     `init_from` (a state dict file, e.g. a pre-training run's best.pt) gives the starting weights of
     a fresh run, from a model of the same width and at most as many layers (`load_initial_weights`);
-    a resumed run has them in its checkpoint.
+    a resumed run has them in its checkpoint. `on_step(step, loss)` is called after every optimizer
+    step (a progress display).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -183,6 +185,8 @@ def train_role(
                 step += 1
                 batch_index += 1
                 window.add(n_tokens, float(loss.detach()))
+                if on_step is not None:
+                    on_step(step, window.losses[-1])
                 if step % config.log_every == 0:
                     log.write(
                         event="train", step=step, epoch=epoch, loss=window.mean_loss(), lr=scheduler.get_last_lr()[0],
