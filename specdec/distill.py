@@ -48,6 +48,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", required=True, help="the new bundle: a copy of --bundle with the drafters added")
     p.add_argument("--ids", action="store_true", help="source lines are space-separated token ids (needed for a "
                    "bundle without a tokenizer)")
+    p.add_argument("--target-lang", default="", metavar="CODE", help="a many-to-many model's target language: "
+                   "the drafters learn the verifier's outputs into it (default: the model's default)")
     p.add_argument("--work", help="checkpoint directory; rerunning with it continues (default: OUT.work)")
     p.add_argument("--device", type=device_arg, default="auto", help=DEVICE_HELP)
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"NAR drafter training steps "
@@ -96,6 +98,7 @@ class DistillOptions:
     ar_width: int | None = None
     seed: int = 1
     name: str | None = None
+    target_lang: str = ""
 
     def command(self) -> str:
         """The command line that makes this run (the flags that differ from their defaults)."""
@@ -124,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps, ar_drafter=args.ar_drafter, ar_steps=args.ar_steps, k_max=args.k_max,
         batch_tokens=args.batch_tokens, lr=args.lr, warmup=args.warmup, nar_layers=args.nar_layers,
         nar_width=args.nar_width, ar_layers=args.ar_layers, ar_width=args.ar_width, seed=args.seed, name=args.name,
+        target_lang=args.target_lang,
     )
     stream = sys.stderr if args.progress or sys.stderr.isatty() else None
     try:
@@ -157,7 +161,8 @@ def distill(options: DistillOptions, progress: TextIO | None = None, report: Tex
     device = resolve_device(o.device)
     plans = _plans(o, verifier_cfg)
     o.work.mkdir(parents=True, exist_ok=True)
-    first = forced_first_tokens(bundle.metadata)
+    # The verifier's outputs start as served ones do: the target language's code, or the default.
+    first = bundle.tokenizer.first_tokens(o.target_lang)
     _check_work(o.work / "labels.key.json", {"bundle": bundle.fingerprint, "sources_sha256": reading["sha256"],
                                              "ids": o.ids, "first": first})
 
@@ -218,13 +223,6 @@ def read_sources(
         raise ValueError(f"--sources {path}: {detail}")
     return sources, {"lines": lines, "kept": len(sources), "dropped_too_long": dropped,
                      "sha256": hashlib.sha256(data).hexdigest()}
-
-
-def forced_first_tokens(metadata: dict[str, Any]) -> list[int]:
-    """The tokens every greedy output starts with: an imported many-to-many checkpoint's
-    forced_bos_token_id (its default target language), else none."""
-    forced = metadata.get("generation", {}).get("forced_bos_token_id")
-    return [] if forced is None else [int(forced)]
 
 
 def split_pairs(pairs: list[Any]) -> tuple[list[Any], list[Any]]:
