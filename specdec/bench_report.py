@@ -64,13 +64,14 @@ def machine_stamp(*facts: str) -> str:
     return "; ".join(parts)
 
 
-def median_seconds(fn, repeats: int) -> float:
-    """Median wall time of `repeats` calls of `fn`, after one untimed call (ONNX Runtime allocates its
-    buffers for the shapes on the first)."""
+def median_seconds(fn, repeats: int, warmup: int = 1) -> float:
+    """Median wall time of `repeats` calls of `fn`, after `warmup` untimed calls (ONNX Runtime allocates
+    its buffers for the shapes on the first)."""
     import statistics
     import time
 
-    fn()
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
