@@ -18,10 +18,8 @@ import argparse
 import datetime as dt
 import os
 import shlex
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -30,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from seq2seq_models.config import ModelConfig
 from seq2seq_models.transformer import Seq2SeqTransformer
-from specdec.bench_report import cpu_name, write_section
+from specdec.bench_report import cpu_name, median_seconds, write_section
 from verifier_service.onnx_backend import OnnxVerifier
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,14 +80,7 @@ def _measure(shape: dict, args: argparse.Namespace) -> tuple[float, float, dict[
 
 
 def _median_ms(call, repeats: int) -> float:
-    for _ in range(10):
-        call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return median_seconds(call, repeats, warmup=10) * 1e3
 
 
 def _table(rows, blocks: list[int]) -> str:

@@ -14,7 +14,6 @@ Median ms per source over the groups' passes, interleaved.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -26,7 +25,7 @@ from seq2seq_models.onnx_cache import bundle_cache_root
 from seq2seq_models.onnx_export import ensure_export
 from seq2seq_models.ort_engine import OrtBatchEngine
 from seq2seq_models.ort_runner import open_runner
-from specdec.bench_report import machine_stamp, write_section
+from specdec.bench_report import bench_parser, machine_stamp, write_section
 from specdec.loadtest import ua_gec_texts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,14 +33,10 @@ SECTION = "## Encoder runs of new sessions (CPU)"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", default=str(ROOT / "bundles" / "ua-gec"))
-    p.add_argument("--data-dir", help="prepared data dir whose test.text.jsonl to use (default: ua-gec)")
+    p = bench_parser(__doc__, ROOT)
     p.add_argument("--sentences", type=int, default=256)
     p.add_argument("--groups", default="1,2,4,8,16", help="sources per group (B)")
     p.add_argument("--passes", type=int, default=3)
-    p.add_argument("--write", action="store_true")
-    p.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
     args = p.parse_args(argv)
     bundle = load_bundle(args.bundle, roles=["verifier"])
     export = ensure_export(bundle.verifier, bundle.fingerprint, bundle_cache_root(Path(args.bundle)))

@@ -18,7 +18,6 @@ position after it, as the pre-draft's 1-token guess drafts it).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import Counter
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch
 
 from seq2seq_models.bundle import load_bundle
 from seq2seq_models.transformer import Seq2SeqTransformer
-from specdec.bench_report import machine_stamp, write_section
+from specdec.bench_report import bench_parser, machine_stamp, write_section
 from specdec.loadtest import ua_gec_texts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,14 +35,10 @@ RANKS = 5  # ranks from here up are counted together
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", default=str(ROOT / "bundles" / "ua-gec"))
-    p.add_argument("--data-dir", help="prepared data dir whose test.text.jsonl to use (default: ua-gec)")
+    p = bench_parser(__doc__, ROOT)
     p.add_argument("--sentences", type=int, default=300)
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--write", action="store_true")
-    p.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
     args = p.parse_args(argv)
     bundle = load_bundle(args.bundle, roles=("verifier", "nar_drafter"))
     verifier, drafter = bundle.verifier.eval(), bundle.nar_drafter.eval()

@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from core.backends import BACKENDS
 from specdec.bench_report import accelerator_note, cpu_name, start_services, write_section
+from specdec.benchmark import BenchConfig
 from specdec.loadtest import LoadReport, LoadSpec, run_load, ua_gec_texts
 
 SECTION = "## Load (serve all)"
@@ -58,12 +59,6 @@ MODES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 MODEL_SECTIONS = ("verifier", "drafter")
 WARMUP_REQUESTS = 4
-
-
-@dataclass(frozen=True)
-class Mode:
-    name: str
-    overrides: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -84,7 +79,7 @@ class Cell:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     clients = _counts(args.clients)
-    modes = [Mode(*MODES[m]) for m in args.modes.split(",")] + [_extra_mode(text) for text in args.extra_mode]
+    modes = [BenchConfig(*MODES[m]) for m in args.modes.split(",")] + [_extra_mode(text) for text in args.extra_mode]
     modes = [m for m in modes if m is not None]
     texts = ua_gec_texts(args.sentences, args.data_dir)
     settings, note = _batching_settings(args)
@@ -201,8 +196,8 @@ def _counts(text: str) -> list[int]:
     return counts
 
 
-def _extra_mode(text: str) -> Mode | None:
-    """'NAME:field=value,...' as a Mode; None (with a note) when DecodingConfig has no such field."""
+def _extra_mode(text: str) -> BenchConfig | None:
+    """'NAME:field=value,...' as a BenchConfig; None (with a note) when DecodingConfig has no such field."""
     import tomllib
 
     from gateway.decoding_config import DecodingConfig
@@ -224,7 +219,7 @@ def _extra_mode(text: str) -> Mode | None:
     except Exception as exc:  # an unknown field: the helper that adds it has not been merged yet
         print(f"bench_load: skipping --extra-mode {name}: {exc}", file=sys.stderr)
         return None
-    return Mode(name, overrides)
+    return BenchConfig(name, overrides)
 
 
 def _batching_settings(args) -> tuple[list[Batching], str]:
@@ -261,7 +256,7 @@ def _accepts_batching_keys(section: str) -> bool:
     return True
 
 
-def _run_interleaved(args, settings: list[Batching], modes: list[Mode], clients: list[int],
+def _run_interleaved(args, settings: list[Batching], modes: list[BenchConfig], clients: list[int],
                      texts: list[str]) -> list[Cell]:
     """Every batching setting's `serve all` runs at once (an idle stack costs nothing), and each
     (mode, clients) cell is measured on every stack in turn, so a drift of the machine's speed over

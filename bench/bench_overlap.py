@@ -34,7 +34,6 @@ ms per iteration) a sentence.
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -47,7 +46,7 @@ import grpc
 from core.backends import BACKENDS
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
-from specdec.bench_report import machine_stamp, start_services, write_section
+from specdec.bench_report import bench_parser, machine_stamp, start_services, write_section
 from specdec.loadtest import ua_gec_texts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,17 +56,13 @@ PREVERIFY_MODES = ("gad", "gad++")  # modes whose accept rule decides each posit
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", default=str(ROOT / "bundles" / "ua-gec"))
+    p = bench_parser(__doc__, ROOT)
     p.add_argument("--backend", default="onnxruntime", choices=BACKENDS)
     p.add_argument("--precision", default="fp32", choices=("fp32", "int8"),
                    help="the verifier's and the NAR drafter's precision (int8: ONNX Runtime only)")
-    p.add_argument("--data-dir", help="prepared data dir whose test.text.jsonl to use (default: ua-gec)")
     p.add_argument("--sentences", type=int, default=300)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--write", action="store_true")
-    p.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
     p.add_argument("--layouts", default="shared,own-cores",
                    help="comma-separated: shared (serve all --processes, every core for each model), own-cores "
                         "(verifier and drafter each pinned to a core of its own, one thread: their own devices), "

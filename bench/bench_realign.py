@@ -16,7 +16,6 @@ give the verifier's greedy output (asserted).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 import time
@@ -31,7 +30,7 @@ from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.modes import MODES
 from seq2seq_models.bundle import load_bundle
-from specdec.bench_report import machine_stamp, write_section
+from specdec.bench_report import bench_parser, machine_stamp, write_section
 from specdec.loadtest import ua_gec_texts
 from verifier_service.session import make_verifier
 
@@ -40,15 +39,11 @@ SECTION = "## Realigned drafts (GAD)"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", default=str(ROOT / "bundles" / "ua-gec"))
-    p.add_argument("--data-dir", help="prepared data dir whose test.text.jsonl to use (default: ua-gec)")
+    p = bench_parser(__doc__, ROOT)
     p.add_argument("--sentences", type=int, default=300)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--write", action="store_true")
-    p.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
     args = p.parse_args(argv)
     bundle = load_bundle(args.bundle)
     verifier = make_verifier(bundle, DEFAULT_BACKEND)

@@ -13,7 +13,6 @@ on every round trip of the accept loop.
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ import grpc
 
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
-from specdec.bench_report import machine_stamp, start_services, write_section
+from specdec.bench_report import bench_parser, machine_stamp, start_services, write_section
 from specdec.loadtest import ua_gec_texts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,13 +32,10 @@ MODES = {"AR greedy": {"mode": "ar"}, "GAD k=10": {"mode": "gad", "k": 10}}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", default=str(ROOT / "bundles" / "ua-gec"))
+    p = bench_parser(__doc__, ROOT, data_dir=False)
     p.add_argument("--sentences", type=int, default=30)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--write", action="store_true")
-    p.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
     args = p.parse_args(argv)
     texts = ua_gec_texts(args.sentences)
     with tempfile.TemporaryDirectory() as tmp:

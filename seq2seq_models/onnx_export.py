@@ -317,23 +317,22 @@ class _DecoderStep(_ModelGraph):
         self, tokens: Tensor, past_len: Tensor, past_k: Tensor, past_v: Tensor, cross_k: Tensor,
         cross_v: Tensor, head_from: Tensor, targets: Tensor, top_k: Tensor,
     ) -> tuple[Tensor, ...]:
-        t = tokens.shape[1]
-        positions = past_len + torch.arange(t)  # [T]
-        causal = torch.arange(past_len + t)[None, :] <= positions[:, None]  # [T, past_len + T]
         m = self.model
-        hidden, present_k, present_v = _decode_block(
-            m, tokens, past_len, positions, past_k, past_v, cross_k, cross_v, causal
-        )
-        rows = hidden.index_select(0, torch.arange(head_from, t))
+        hidden, present_k, present_v = _decode_block(m, tokens, past_len, past_k, past_v, cross_k, cross_v)
+        rows = hidden.index_select(0, torch.arange(head_from, tokens.shape[1]))
         head = output_head_graph(rows, m.head_weight, m.out_bias, top_k, targets)
         return present_k, present_v, head.topk_logprobs, head.topk_ids, head.target_logprobs
 
 
-class _BatchedVerifierStep(_ModelGraph):
+class _BatchedStep(_ModelGraph):
+    """A graph over `BatchedDecoder` (rows of several sessions' blocks): subclasses add the head."""
+
     def __init__(self, model: Seq2SeqTransformer) -> None:
         super().__init__(model)
         self.decoder = BatchedDecoder(model, BATCHED)
 
+
+class _BatchedVerifierStep(_BatchedStep):
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
         *batch, targets, top_k = inputs
         rows, block_k, block_v = self.decoder(*batch)
@@ -342,11 +341,7 @@ class _BatchedVerifierStep(_ModelGraph):
         return block_k, block_v, head.topk_logprobs, head.topk_ids, head.target_logprobs
 
 
-class _BatchedNarStep(_ModelGraph):
-    def __init__(self, model: Seq2SeqTransformer) -> None:
-        super().__init__(model)
-        self.decoder = BatchedDecoder(model, BATCHED)
-
+class _BatchedNarStep(_BatchedStep):
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
         rows, block_k, block_v = self.decoder(*inputs)
         m = self.model
@@ -354,11 +349,7 @@ class _BatchedNarStep(_ModelGraph):
         return block_k, block_v, draft_ids
 
 
-class _BatchedArStep(_ModelGraph):
-    def __init__(self, model: Seq2SeqTransformer) -> None:
-        super().__init__(model)
-        self.decoder = BatchedDecoder(model, BATCHED)
-
+class _BatchedArStep(_BatchedStep):
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
         rows, block_k, block_v = self.decoder(*inputs)
         return block_k, block_v, self.model.logits(rows)
@@ -368,13 +359,9 @@ class _ArDecoderStep(_ModelGraph):
     def forward(
         self, tokens: Tensor, past_len: Tensor, past_k: Tensor, past_v: Tensor, cross_k: Tensor, cross_v: Tensor,
     ) -> tuple[Tensor, ...]:
-        t = tokens.shape[1]
-        positions = past_len + torch.arange(t)
-        causal = torch.arange(past_len + t)[None, :] <= positions[:, None]
         m = self.model
-        hidden, present_k, present_v = _decode_block(
-            m, tokens, past_len, positions, past_k, past_v, cross_k, cross_v, causal
-        )
+        hidden, present_k, present_v = _decode_block(m, tokens, past_len, past_k, past_v, cross_k, cross_v)
+        t = tokens.shape[1]
         last = hidden.index_select(0, torch.arange(t - 1, t))  # the position that predicts the next token
         return present_k, present_v, m.logits(last)
 
@@ -384,27 +371,29 @@ class _NarDecoderStep(_ModelGraph):
         self, tokens: Tensor, past_len: Tensor, past_k: Tensor, past_v: Tensor, cross_k: Tensor,
         cross_v: Tensor, mask_from: Tensor,
     ) -> tuple[Tensor, ...]:
-        t = tokens.shape[1]
-        offsets = torch.arange(t)
-        positions = past_len + offsets
-        # Committed tokens causally; each [MASK] sees every key (the prefix and the whole block).
-        causal = torch.arange(past_len + t)[None, :] <= positions[:, None]
-        visible = causal | (offsets >= mask_from)[:, None]
         m = self.model
         hidden, present_k, present_v = _decode_block(
-            m, tokens, past_len, positions, past_k, past_v, cross_k, cross_v, visible
+            m, tokens, past_len, past_k, past_v, cross_k, cross_v, mask_from=mask_from
         )
-        rows = hidden.index_select(0, torch.arange(mask_from, t))
+        rows = hidden.index_select(0, torch.arange(mask_from, tokens.shape[1]))
         draft_ids = F.linear(rows, m.head_weight, m.out_bias).argmax(-1)  # ties: lowest id, as torch
         return present_k, present_v, draft_ids
 
 
 def _decode_block(
-    m: Seq2SeqTransformer, tokens: Tensor, past_len: Tensor, positions: Tensor, past_k: Tensor, past_v: Tensor,
-    cross_k: Tensor, cross_v: Tensor, visible: Tensor,
+    m: Seq2SeqTransformer, tokens: Tensor, past_len: Tensor, past_k: Tensor, past_v: Tensor,
+    cross_k: Tensor, cross_v: Tensor, mask_from: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Final-layer states [T, D] of a block after the first `past_len` cached positions, and
-    the present K/V (the kept past plus the block's own) of every layer, stacked."""
+    the present K/V (the kept past plus the block's own) of every layer, stacked. The block's
+    tokens attend causally; with `mask_from`, the block's positions from there on ([MASK]s) see
+    every key (the prefix and the whole block)."""
+    t = tokens.shape[1]
+    offsets = torch.arange(t)
+    positions = past_len + offsets  # [T]
+    visible = torch.arange(past_len + t)[None, :] <= positions[:, None]  # [T, past_len + T]
+    if mask_from is not None:
+        visible = visible | (offsets >= mask_from)[:, None]
     x = m.embed_target(tokens, positions[None])
     # Index tensors rather than Python slices: a slice bound would be traced as a constant.
     kept = torch.arange(past_len)

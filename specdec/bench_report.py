@@ -3,12 +3,26 @@ and BENCHMARKS.md, where each benchmark owns one `## ` section and replaces only
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+
+def bench_parser(doc: str | None, root: Path, data_dir: bool = True) -> argparse.ArgumentParser:
+    """The flags a benchmark script under `root`/bench shares: `--bundle` (default the repository's
+    ua-gec), `--data-dir` (whose test texts; unless `data_dir` is false), and `--write` to replace its
+    section of `--output` (default BENCHMARKS.md); the script adds its own."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bundle", default=str(root / "bundles" / "ua-gec"))
+    if data_dir:
+        p.add_argument("--data-dir", help="prepared data dir whose test.text.jsonl to use (default: ua-gec)")
+    p.add_argument("--write", action="store_true")
+    p.add_argument("--output", type=Path, default=root / "BENCHMARKS.md")
+    return p
 
 
 def cpu_name() -> str:
@@ -64,13 +78,14 @@ def machine_stamp(*facts: str) -> str:
     return "; ".join(parts)
 
 
-def median_seconds(fn, repeats: int) -> float:
-    """Median wall time of `repeats` calls of `fn`, after one untimed call (ONNX Runtime allocates its
-    buffers for the shapes on the first)."""
+def median_seconds(fn, repeats: int, warmup: int = 1) -> float:
+    """Median wall time of `repeats` calls of `fn`, after `warmup` untimed calls (ONNX Runtime allocates
+    its buffers for the shapes on the first)."""
     import statistics
     import time
 
-    fn()
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()

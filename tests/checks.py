@@ -1,12 +1,15 @@
-"""Assertions more than one test file makes, against any verifier or drafter implementation."""
+"""Assertions more than one test file makes, against any verifier or drafter implementation, and the
+implementations they compare."""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
 from core.errors import SpecdecError, StatusCode
+from drafter_service.session import LocalDrafter, make_drafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from tests.zoo import FIRST_WORD
@@ -46,3 +49,8 @@ def assert_gad_equals_greedy_on_random_sources(
         for k in ks:
             gad = decode(source, DecodingConfig(mode=Mode.GAD, k=k, max_new_tokens=max_new), verifier, drafter)
             assert gad.output_ids == greedy, (source, k)
+
+
+def torch_and_onnx_drafters(bundle, cache_root: Path) -> tuple[LocalDrafter | None, LocalDrafter | None]:
+    """The bundle's drafters on torch and on ONNX Runtime (exported under `cache_root`), to compare."""
+    return make_drafter(bundle, "torch"), make_drafter(bundle, "onnxruntime", cache_root=cache_root)

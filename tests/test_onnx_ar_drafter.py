@@ -11,11 +11,11 @@ import pytest
 
 from core.sampling import SamplingParams
 from drafter_service.onnx_ar import OnnxArDrafter, expand_beams
-from drafter_service.session import make_drafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from seq2seq_models.beam_step import expand_beams as torch_expand_beams
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
+from tests.checks import torch_and_onnx_drafters
 from tests.zoo import FIRST_WORD
 from verifier_service.session import make_verifier
 
@@ -28,8 +28,7 @@ def bundle(tmp_path_factory):
 @pytest.fixture(scope="module")
 def drafters(bundle, tmp_path_factory):
     """(torch, onnxruntime) drafters over the tiny bundle."""
-    root = tmp_path_factory.mktemp("onnx")
-    return make_drafter(bundle, "torch"), make_drafter(bundle, "onnxruntime", cache_root=root)
+    return torch_and_onnx_drafters(bundle, tmp_path_factory.mktemp("onnx"))
 
 
 def _source(rng: random.Random, vocab: int) -> list[int]:

@@ -17,7 +17,7 @@ from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
 from seq2seq_models.onnx_export import ensure_export
-from tests.checks import assert_gad_equals_greedy_on_random_sources, status_code
+from tests.checks import assert_gad_equals_greedy_on_random_sources, status_code, torch_and_onnx_drafters
 from tests.zoo import FIRST_WORD, MAX_LEN, model_pool, random_source
 from tests.zoo import sources as zoo_sources
 from verifier_service.session import LocalVerifier
@@ -31,8 +31,7 @@ def bundle(tmp_path_factory):
 @pytest.fixture(scope="module")
 def drafters(bundle, tmp_path_factory):
     """(torch, onnxruntime) drafters over the tiny bundle."""
-    root = tmp_path_factory.mktemp("onnx")
-    return make_drafter(bundle, "torch"), make_drafter(bundle, "onnxruntime", cache_root=root)
+    return torch_and_onnx_drafters(bundle, tmp_path_factory.mktemp("onnx"))
 
 
 @pytest.fixture(scope="module")
