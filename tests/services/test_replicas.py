@@ -9,6 +9,7 @@ SIGKILL under load, and restarted: tests/faults/test_replica_failover.py.)
 
 from __future__ import annotations
 
+import argparse
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -206,3 +207,28 @@ class _Quiet:
 
     def __getattr__(self, name: str):
         return lambda *args, **kwargs: None
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("127.0.0.1:50052,", "[gateway] verifier_address: empty address in '127.0.0.1:50052,'"),
+        ("dns:///verifiers", "[gateway] verifier_address: 'dns:///verifiers': expected dns:///HOST:PORT"),
+    ],
+)
+def test_a_malformed_replica_address_is_an_error_naming_the_key(value: str, message: str):
+    from gateway.config import gateway_config
+
+    with pytest.raises(ValueError) as raised:
+        gateway_config({"gateway": {"verifier_address": value}})
+    assert str(raised.value).startswith(message)
+
+
+def test_the_replica_flags_take_a_list():
+    from specdec.cli import addresses_arg
+
+    assert addresses_arg("10.0.0.1:50052,10.0.0.2:50052") == "10.0.0.1:50052,10.0.0.2:50052"
+    assert addresses_arg("dns:///specdec-verifier:50052") == "dns:///specdec-verifier:50052"
+    with pytest.raises(argparse.ArgumentTypeError) as raised:
+        addresses_arg("10.0.0.1:50052,10.0.0.2")
+    assert str(raised.value).startswith("'10.0.0.2' is not HOST:PORT")
