@@ -1,11 +1,13 @@
 """The GatewayService: tokenises, validates, and runs `decode()` against remote sessions.
 
 `decode()` is synchronous; each request runs it on a worker thread over `gateway.remote`'s
-gRPC sessions, so the event loop only moves messages. When the drafter is unreachable, fails or
-times out, the request goes on as plain AR through the verifier from the tokens already committed
-(`stats.degraded`), which for the lossless modes gives the same output.
+gRPC sessions, so the event loop only moves messages. The verifier and the drafter are replica
+sets (`gateway.replicas`): each session goes to the replica with the most free sessions, and a
+request whose replica fails goes on on another one from the tokens already committed
+(`gateway.failover`); with no drafter replica left it goes on as plain AR through the verifier
+(`stats.degraded`). For the lossless modes both give the same output.
 
-The peers' start-up waits and the drafter's health live in `gateway.peers`, the metrics in
+The peers' start-up waits and the drafter replicas live in `gateway.peers`, the metrics in
 `gateway.metrics`, the KServe v2 endpoint in `gateway.kserve` (which calls `run`).
 """
 
