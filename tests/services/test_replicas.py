@@ -209,6 +209,44 @@ class _Quiet:
         return lambda *args, **kwargs: None
 
 
+def test_a_drafter_replica_failing_mid_request_moves_the_request_to_the_other(bundle_dir, bundle, replicas):
+    """Four long GAD streams over two drafter replicas; the one holding sessions stops at once (no
+    grace): its requests go on with the other drafter, not degraded, and lossless."""
+    long = {"mode": "gad", "k": 4, "max_new_tokens": 200, "seed": 1}
+    verifier = make_verifier(bundle, "onnxruntime")
+    config = DecodingConfig(mode=Mode.AR, max_new_tokens=200)
+    expected = {t: decode(bundle.tokenizer.encode(t), config, verifier, None).output_ids for t in TEXTS}
+    drafters = [ServiceStack("drafter", bundle_dir, {"drafter": LOOP}).start() for _ in range(2)]
+    running = list(drafters)
+    try:
+        listed = addresses(drafters, "drafter")
+        with (
+            gateway_over(bundle_dir, addresses(replicas["verifier"], "verifier"), listed) as gateway,
+            grpc.insecure_channel(f"127.0.0.1:{gateway.host.port}") as channel,
+        ):
+            stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+            texts = [TEXTS[i % len(TEXTS)] for i in range(4)]
+            calls = [stub.GenerateStream(gateway_pb2.GenerateRequest(text=t, config=overrides_to_wire(long)),
+                                         timeout=60) for t in texts]
+            chunks = [[next(call)] for call in calls]  # every request is decoding with a drafter
+            held = {d: gateway.metrics.replica_sessions.value(role="drafter", replica=d.running.addresses["drafter"])
+                    for d in drafters}
+            victim = max(held, key=held.get)
+            assert held[victim] > 0
+            running.remove(victim)
+            victim.stop(grace=0.0)  # its streams end at once
+            for got, call in zip(chunks, calls, strict=True):
+                got += list(call)
+            for text, got in zip(texts, chunks, strict=True):
+                assert [i for c in got for i in c.output_ids] == expected[text]
+                assert not got[-1].stats.degraded
+            assert gateway.metrics.failovers.value(role="drafter") >= 1
+            assert gateway.metrics.degraded.value() == 0
+    finally:
+        for d in running:
+            d.stop()
+
+
 @pytest.mark.parametrize(
     ("value", "message"),
     [
