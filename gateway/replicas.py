@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -103,7 +103,7 @@ class ReplicaSet:
     # ---- from any thread -------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def lease(self, exclude: set[str] = frozenset()) -> Iterator[Replica | None]:
+    def lease(self, exclude: Collection[str] = ()) -> Iterator[Replica | None]:
         """The replica a new session goes to (None: no usable one outside `exclude`), its session
         counted on it for as long as the block runs."""
         with self._lock:
