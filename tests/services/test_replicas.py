@@ -138,17 +138,20 @@ def test_a_draining_replica_gets_no_new_sessions(bundle_dir, replicas, expected)
 
 
 def test_a_replica_serving_another_bundle_is_refused(bundle_dir, replicas, expected, tmp_path):
+    """The first replica accepted sets the bundle; one that comes up later with another is refused."""
     other = make_tiny_bundle(tmp_path / "other", seed=4)
-    with ServiceStack("verifier", other, {"verifier": LOOP}) as stranger:
-        kept = replicas["verifier"][0].running.addresses["verifier"]
-        refused = stranger.running.addresses["verifier"]
-        with gateway_over(bundle_dir, f"{kept},{refused}") as gateway:
+    kept = replicas["verifier"][0].running.addresses["verifier"]
+    refused = f"127.0.0.1:{free_port()}"
+    with gateway_over(bundle_dir, f"{kept},{refused}") as gateway:
+        assert gateway.verifiers.usable() == [kept]
+        with ServiceStack("verifier", other, {"verifier": {"address": refused}}):
             by_address = gateway.verifiers.replicas
-            assert wait_until(lambda: by_address[refused].refused is not None, 5.0)
+            assert wait_until(lambda: by_address[refused].refused is not None, 10.0)
             assert "serves bundle" in by_address[refused].refused
             results = generate_all(gateway, AR, 4, 2)
             assert all(output == expected[text] for text, output in results)
             assert placed(gateway, "verifier", refused) == 0
+            assert gateway.verifiers.usable() == [kept]
 
 
 def test_a_dns_name_is_followed_as_its_addresses_change(bundle_dir, expected):
