@@ -4,9 +4,9 @@ One file configures all three services (see config/specdec.example.toml, which l
 
     [gateway]   address, verifier_address, verifier_url (grpc:// or triton://), drafter_address,
                 kserve_model, metrics_address, workers, max_queued, max_per_client, request_timeout_s,
-                drafter_timeout_s, startup_timeout_s, drafter_retry_s, drain_grace_s, drain_notice_s,
-                drain_quiet_s, fallback ("ar": run plain AR through the verifier when the drafter fails;
-                "fail": answer UNAVAILABLE), greedy_chunk, stream_greedy_chunk,
+                drafter_timeout_s, startup_timeout_s, drafter_retry_s, replica_retry_s, resolve_interval_s,
+                drain_grace_s, drain_notice_s, drain_quiet_s, fallback ("ar": run plain AR through the
+                verifier when the drafter fails; "fail": answer UNAVAILABLE), greedy_chunk, stream_greedy_chunk,
                 max_request_bytes, max_text_chars, the TLS keys below, tls_peer_ca, tls_client_cert,
                 tls_client_key (the gateway's channels to verifier and drafter), auth_token or
                 auth_token_file (clients must send `authorization: Bearer <token>`)

@@ -11,6 +11,7 @@ from typing import Any
 
 from core.config import DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS, check_security_keys, parse_section
 from gateway.decoding_config import DecodingConfig, DecodingLimits
+from gateway.dns import parse_targets
 
 FALLBACK_POLICIES = ("ar", "fail")
 
@@ -18,6 +19,9 @@ FALLBACK_POLICIES = ("ar", "fail")
 @dataclass(frozen=True)
 class GatewayConfig:
     address: str = GATEWAY_ADDRESS
+    # The verifier replicas: a comma-separated list of gRPC targets, each one server or a
+    # `dns:///NAME:PORT` (`dns://DNS-SERVER/NAME:PORT`) name for all the addresses it resolves to
+    # (gateway.replicas). The same for drafter_address.
     verifier_address: str = VERIFIER_ADDRESS
     # Where the verifier runs, as a URL: "grpc://HOST:PORT" (a specdec verifier, the same as
     # verifier_address) or "triton://HOST:PORT/MODEL" (the model `specdec export-triton` writes, on a
@@ -37,6 +41,8 @@ class GatewayConfig:
     drafter_timeout_s: float = 30.0  # the drafter's share of a request; past it, fall back
     startup_timeout_s: float = 60.0  # how long start-up waits for each peer (the verifier, then the drafter)
     drafter_retry_s: float = 1.0  # after a drafter failure, skip it this long before retrying
+    replica_retry_s: float = 1.0  # after a session failed on a verifier replica, no new ones there this long
+    resolve_interval_s: float = 5.0  # how often the dns: names of the replica addresses are resolved again
     # SIGTERM: in-flight requests get drain_grace_s to finish, then are cancelled (UNAVAILABLE); new
     # requests are answered UNAVAILABLE by the handler for at least drain_notice_s before the listener
     # closes, and until no call has arrived for drain_quiet_s (within the grace): grpc ends a call that
@@ -74,6 +80,11 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if self.verifier_url is not None:
             verifier_target(self.verifier_url)  # a malformed URL fails at start-up, naming the key
+        parse_targets(self.verifier_address, "verifier_address")  # a malformed list or name, likewise
+        if self.drafter_address:
+            parse_targets(self.drafter_address, "drafter_address")
+        if self.resolve_interval_s <= 0:
+            raise ValueError(f"[gateway] resolve_interval_s: must be positive; got {self.resolve_interval_s}")
         if not self.kserve_model:
             raise ValueError("[gateway] kserve_model: must not be empty")
         for name, least in (("workers", 1), ("max_queued", 0), ("max_per_client", 1), ("greedy_chunk", 0),

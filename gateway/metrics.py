@@ -43,6 +43,23 @@ class GatewayMetrics:
         self.deadline = r.counter("gateway_deadline_exceeded", "requests whose own deadline passed")
         self.queued = r.gauge("gateway_queued_requests", "requests waiting for a worker and model sessions")
         self.admitted_v = r.gauge("gateway_verifier_sessions", "verifier sessions held by admitted requests")
+        # Replica sets (gateway.replicas), by role (verifier, drafter) and replica address.
+        by_replica = ("role", "replica")
+        self.replica_sessions = r.gauge(
+            "gateway_replica_sessions", "sessions this gateway holds on a replica", labels=by_replica
+        )
+        self.replica_requests = r.counter(
+            "gateway_replica_requests", "sessions placed on a replica", labels=by_replica
+        )
+        self.replica_failures = r.counter(
+            "gateway_replica_failures", "sessions that failed on a replica", labels=by_replica
+        )
+        self.replica_usable = r.gauge(
+            "gateway_replica_usable", "1 while a replica is SERVING and accepted, else 0", labels=by_replica
+        )
+        self.failovers = r.counter(
+            "gateway_failovers", "requests moved to another replica mid-request, by role", labels=("role",)
+        )
         # Load: histograms in seconds (1 ms to 60 s) of requests that completed.
         self.latency = r.histogram(
             "gateway_request_seconds", "request latency, admission wait included, by mode and rpc",

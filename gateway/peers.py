@@ -1,5 +1,5 @@
 """The gateway's peers as it sees them: waiting for them at start-up (logged, abandoned on SIGTERM),
-and the drafter's health (its checked ModelInfo, the retry window after a failure, reconnecting).
+and the drafter replicas (each checked against the verifier, the retry window after a failure).
 
 The verifier is required: the gateway does not serve without it. The drafter is optional: while it
 is down, requests of the drafter modes fall back to plain AR through the verifier (`fallback = "ar"`).
@@ -7,9 +7,10 @@ is down, requests of the drafter modes fall back to plain AR through the verifie
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import grpc
 import structlog
@@ -17,16 +18,17 @@ import structlog
 from core.errors import SpecdecError, StatusCode
 from core.wire import SPECIAL_ID_FIELDS
 from gateway.config import GatewayConfig
-from gateway.peer_streams import PeerChannel
-from gateway.remote import CallOptions, RemoteDrafter, fetch_drafter_info
+from gateway.metrics import GatewayMetrics
+from gateway.remote import CallOptions, RemoteDrafter
+from gateway.replicas import Replica, ReplicaSet
 from gateway.triton_verifier import TritonVerifierClient
 from protos.specdec.v1 import common_pb2
-from serving.channels import channel_options
-from serving.tls import ClientTLS, open_channel
+from serving.tls import ClientTLS
 
 # Waiting for a peer at start-up: how often the wait looks at SIGTERM, and how often it is logged.
 WAIT_POLL_S = 0.5
 WAIT_LOG_S = 5.0
+SET_POLL_S = 0.05  # how often a wait for a replica set looks at it
 
 
 class StartAbandoned(Exception):
@@ -42,19 +44,22 @@ class StartupWait:
         self.log = log
         self.abandon = abandon
 
-    def ready(self, channel: grpc.Channel, peer: str, address: str | None) -> None:
-        """Until `channel` connects; grpc.FutureTimeoutError past the timeout."""
-        future = grpc.channel_ready_future(channel)
-        poll = self.poller(peer, address)
-        try:
-            while True:
-                try:
-                    future.result(timeout=WAIT_POLL_S)
-                    return
-                except grpc.FutureTimeoutError:
-                    poll()
-        finally:
-            future.cancel()
+    def replicas(self, replicas: ReplicaSet, peer: str) -> list[str]:
+        """Until a replica of the set is usable (their addresses); grpc.FutureTimeoutError past the
+        timeout; ValueError (the reasons) while every replica known has been refused."""
+        poll = self.poller(peer, replicas.spec)
+        polled = time.monotonic()
+        while True:
+            usable = replicas.usable()
+            if usable:
+                return usable
+            refused = replicas.refusals()
+            if refused:
+                raise ValueError("; ".join(refused))
+            time.sleep(SET_POLL_S)
+            if time.monotonic() - polled >= WAIT_POLL_S:
+                polled = time.monotonic()
+                poll()
 
     def triton_info(self, triton: TritonVerifierClient, address: str) -> common_pb2.ModelInfo:
         """The Triton-hosted verifier's ModelInfo, once the server is up and the model loaded."""
@@ -90,74 +95,66 @@ class StartupWait:
 
 
 class DrafterPeer:
-    """The drafter service: its channels (a synchronous one for GetModelInfo from worker threads, a
-    grpc.aio one for the session streams), its ModelInfo once checked against the verifier's, and
-    the retry window: after a failed attempt it is skipped for `drafter_retry_s`, then tried again."""
+    """The drafter replicas (`gateway.replicas`), each checked against the verifier's ModelInfo, and
+    the retry window: after a failed attempt a replica is skipped for `drafter_retry_s`, then tried
+    again."""
 
-    def __init__(self, config: GatewayConfig, tls: ClientTLS | None, on_fallback: Callable[[], None]) -> None:
+    def __init__(self, config: GatewayConfig, tls: ClientTLS | None, metrics: GatewayMetrics) -> None:
         assert config.drafter_address
         self.address = config.drafter_address
         self.config = config
-        self.channel = open_channel(self.address, tls, channel_options())
-        self.streams = PeerChannel(self.address, tls, channel_options())
-        self.info: common_pb2.ModelInfo | None = None
-        self._on_fallback = on_fallback
-        self._lock = threading.Lock()
-        self._retry_at = 0.0
+        self.replicas = ReplicaSet("drafter", self.address, tls, self._check, metrics, config.resolve_interval_s)
+        self.verifier: common_pb2.ModelInfo | None = None
         self.log = structlog.get_logger(service="gateway")
 
-    def check_at_start(self, verifier: common_pb2.ModelInfo, wait: StartupWait) -> None:
-        """Wait for the drafter and check it against the verifier; unreachable is an error only with
-        `fallback = "fail"` (else the gateway starts, and reconnects on a later request)."""
+    @property
+    def info(self) -> common_pb2.ModelInfo | None:
+        """The first accepted drafter replica's ModelInfo (every other one serves the same bundle)."""
+        return self.replicas.reference
+
+    async def start(self, verifier: common_pb2.ModelInfo) -> None:
+        """Start watching the replicas, each checked against `verifier` (on the event loop)."""
+        self.verifier = verifier
+        await self.replicas.start()
+
+    def check_at_start(self, wait: StartupWait) -> None:
+        """Wait for a drafter replica; none within the timeout is an error only with `fallback =
+        "fail"` (else the gateway starts and uses replicas as they come). A replica that disagrees
+        with the verifier, while no other is known, is a ValueError."""
         try:
-            wait.ready(self.channel, "drafter", self.address)
-            info = fetch_drafter_info(self.channel, timeout=wait.timeout)
-        except (grpc.RpcError, grpc.FutureTimeoutError) as exc:
+            usable = wait.replicas(self.replicas, "drafter")
+        except grpc.FutureTimeoutError:
             if self.config.fallback != "ar":
-                raise SpecdecError(StatusCode.UNAVAILABLE, f"drafter at {self.address}: {exc}") from None
+                raise SpecdecError(
+                    StatusCode.UNAVAILABLE, f"drafter at {self.address}: no replica SERVING within {wait.timeout}s"
+                ) from None
             self.log.warning("drafter_unreachable_at_start", address=self.address)
             return
-        self._accept(info, verifier)
+        self.log.info("drafter_replicas", usable=usable, address=self.address)
 
-    def for_request(self, options: CallOptions, verifier: common_pb2.ModelInfo) -> RemoteDrafter | None:
-        """The drafter for one request, or None while it is down (then the request falls back)."""
-        with self._lock:
-            if time.monotonic() < self._retry_at:
-                return None
-            if self.info is None:  # down at start-up: reconnect now that it may be back
-                try:
-                    self._accept(fetch_drafter_info(self.channel, timeout=1.0), verifier)
-                    self.log.info("drafter_reconnected")
-                except grpc.RpcError:
-                    self._retry_at = time.monotonic() + self.config.drafter_retry_s
-                    return None
-            info = self.info
-        return RemoteDrafter(self.streams, info, options, self.config.drafter_timeout_s)
+    @contextlib.contextmanager
+    def lease(self, options: CallOptions, exclude: set[str]) -> Iterator[tuple[RemoteDrafter, Replica] | None]:
+        """A drafter on the replica with the most free sessions, or None while none is usable."""
+        with self.replicas.lease(exclude) as replica:
+            if replica is None or replica.info is None:
+                yield None
+                return
+            yield RemoteDrafter(replica.channel, replica.info, options, self.config.drafter_timeout_s), replica
 
-    def failed(self, exc: Exception, log) -> None:
-        """A real attempt at the drafter failed: skip it for drafter_retry_s, then try again."""
-        with self._lock:
-            self._retry_at = time.monotonic() + self.config.drafter_retry_s
-        log.warning("drafter_failed_fallback_to_ar", error=str(exc))
-        self._on_fallback()
-
-    def skipped(self, log) -> None:
-        """A request went without the drafter inside the retry window."""
-        # No attempt was made, so the window must not move: under steady traffic, extending it on
-        # every request would never let the drafter back in.
-        log.info("drafter_down_fallback_to_ar")
-        self._on_fallback()
+    def failed(self, replica: Replica, exc: Exception) -> None:
+        """A real attempt at `replica` failed: skip it for drafter_retry_s, then try again."""
+        self.replicas.failed(replica, self.config.drafter_retry_s, exc)
 
     async def close(self) -> None:
-        self.channel.close()
-        await self.streams.close()
+        await self.replicas.close()
 
-    def _accept(self, info: common_pb2.ModelInfo, verifier: common_pb2.ModelInfo) -> None:
+    def _check(self, info: common_pb2.ModelInfo) -> str | None:
+        assert self.verifier is not None
         mismatch = [
             name
             for name in ("vocab_size", "tokenizer_fingerprint", *SPECIAL_ID_FIELDS)
-            if getattr(info, name) != getattr(verifier, name)
+            if getattr(info, name) != getattr(self.verifier, name)
         ]
         if mismatch:
-            raise ValueError(f"drafter and verifier disagree on {', '.join(mismatch)}; refusing to combine them")
-        self.info = info
+            return f"drafter and verifier disagree on {', '.join(mismatch)}; refusing to combine them"
+        return None

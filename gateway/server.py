@@ -1,18 +1,19 @@
 """The GatewayService: tokenises, validates, and runs `decode()` against remote sessions.
 
 `decode()` is synchronous; each request runs it on a worker thread over `gateway.remote`'s
-gRPC sessions, so the event loop only moves messages. When the drafter is unreachable, fails or
-times out, the request goes on as plain AR through the verifier from the tokens already committed
-(`stats.degraded`), which for the lossless modes gives the same output.
+gRPC sessions, so the event loop only moves messages. The verifier and the drafter are replica
+sets (`gateway.replicas`): each session goes to the replica with the most free sessions, and a
+request whose replica fails goes on on another one from the tokens already committed
+(`gateway.failover`); with no drafter replica left it goes on as plain AR through the verifier
+(`stats.degraded`). For the lossless modes both give the same output.
 
-The peers' start-up waits and the drafter's health live in `gateway.peers`, the metrics in
+The peers' start-up waits and the drafter replicas live in `gateway.peers`, the metrics in
 `gateway.metrics`, the KServe v2 endpoint in `gateway.kserve` (which calls `run`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import secrets
 import threading
 import time
@@ -27,34 +28,31 @@ from gateway import kserve
 from gateway.admission import Admission, AdmissionQueue, Budget, client_of, sessions_needed
 from gateway.arrivals import CallArrivals
 from gateway.config import GatewayConfig, verifier_of
-from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode, parse_mode, validate
+from gateway.failover import Peers, decode_on_replicas
 from gateway.inputs import check_input_size, forced_first_tokens, source_ids
 from gateway.metrics import GatewayMetrics
-from gateway.modes import DRAFTER_MODES, check_applicable
+from gateway.modes import check_applicable
 from gateway.peers import DrafterPeer, StartupWait
 from gateway.policies.loop import DecodeResult, OnTokens
 from gateway.remote import (
     CallOptions,
     Cancellation,
-    DrafterFailure,
-    PeerChannel,
     RemoteCallError,
     RemoteVerifier,
     RequestCancelled,
     RequestDeadlineExceeded,
-    fetch_verifier_info,
 )
-from gateway.triton_verifier import TritonVerifierClient
+from gateway.replicas import Replica, ReplicaSet
+from gateway.triton_verifier import TritonVerifier, TritonVerifierClient
 from gateway.wire import overrides_from_wire, stats_to_wire
 from protos.specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.tokenizer import Tokenizer
 from serving.auth import BearerTokenInterceptor, read_token
-from serving.channels import channel_options
 from serving.host import ServiceHost
 from serving.metrics import Registry
 from serving.status import grpc_code, request_id_of
-from serving.tls import ServerTLS, open_channel, peer_tls
+from serving.tls import ServerTLS, peer_tls
 
 # How close to its deadline a request must be for an unexplained end of its RPC to count as the deadline.
 _DEADLINE_SLACK_S = 0.02
@@ -69,6 +67,7 @@ async def start_gateway(config: GatewayConfig, tokenizer: Tokenizer) -> GatewayS
     """Check the peers (vocabulary, tokenizer fingerprint), start serving, report SERVING."""
     server = GatewayServer(config, tokenizer)
     try:
+        await server.start_peers()
         await asyncio.get_running_loop().run_in_executor(None, server.check_peers)
         await server.host.start(config.address, config.metrics_address, ServerTLS.of(config))
     except BaseException:
@@ -88,15 +87,19 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.log = structlog.get_logger(service="gateway")
         peers = peer_tls(config)
         target = verifier_of(config)
-        # verifier_url = "triton://HOST:PORT/MODEL": the Triton-hosted verifier (gateway.triton_verifier).
-        self.triton = TritonVerifierClient(target.address, target.model) if target.kind == "triton" else None
-        # A synchronous channel for the one-off calls (GetModelInfo at start-up) and grpc.aio session
-        # streams on this (the gateway's) loop, driven from the worker threads.
-        self.verifier_channel = open_channel(target.address, peers, channel_options())
-        self.verifier_streams = PeerChannel(target.address, peers, channel_options()) if self.triton is None else None
         self.registry = Registry()
         self.metrics = GatewayMetrics(self.registry)
-        self.drafter = DrafterPeer(config, peers, self.metrics.degraded.inc) if config.drafter_address else None
+        # verifier_url = "triton://HOST:PORT/MODEL": the Triton-hosted verifier (gateway.triton_verifier);
+        # else the verifier replicas, watched on this (the gateway's) loop and driven from the
+        # worker threads through grpc.aio session streams (gateway.replicas, gateway.failover).
+        self.triton = TritonVerifierClient(target.address, target.model) if target.kind == "triton" else None
+        self.verifiers = (
+            ReplicaSet("verifier", target.address, peers, self._check_verifier, self.metrics, config.resolve_interval_s)
+            if self.triton is None else None
+        )
+        self.drafter = DrafterPeer(config, peers, self.metrics) if config.drafter_address else None
+        self.peers = Peers(config, self.metrics, self.verifiers, self.drafter, self._verifier_for)
+        self.loop = asyncio.get_running_loop()
         self.verifier_info: common_pb2.ModelInfo | None = None
         # Requests whose handler is running, by their cancel switch: what a drain waits for and,
         # once its grace is over, cancels.
@@ -127,22 +130,43 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
 
     # ---- start-up and peers ----------------------------------------------------------------------
 
+    async def start_peers(self) -> None:
+        """Resolve the verifier replicas and start watching them (on the event loop)."""
+        if self.verifiers is not None:
+            await self.verifiers.start()
+
     def check_peers(self) -> None:
-        """Wait for the verifier; check a reachable drafter against it and the tokenizer."""
+        """Wait for a verifier replica (checked against the tokenizer); then start the drafter
+        replicas, checked against it (a worker thread: the waits block)."""
         wait = StartupWait(self.config.startup_timeout_s, self.log, self.abandon_start)
         verifier = verifier_of(self.config)
         try:
             if self.triton is not None:
                 self.verifier_info = wait.triton_info(self.triton, verifier.address)
+                self._check_tokenizer(self.verifier_info)
             else:
-                wait.ready(self.verifier_channel, "verifier", verifier.address)
-                self.verifier_info = fetch_verifier_info(self.verifier_channel, timeout=wait.timeout)
+                assert self.verifiers is not None
+                usable = wait.replicas(self.verifiers, "verifier")
+                self.log.info("verifier_replicas", usable=usable, address=verifier.address)
+                self.verifier_info = self.verifiers.reference
         except (grpc.RpcError, grpc.FutureTimeoutError) as exc:
-            raise SpecdecError(StatusCode.UNAVAILABLE, f"verifier at {verifier.address}: {exc}") from None
-        if self.verifier_info.tokenizer_fingerprint != self.tokenizer.fingerprint:
-            raise ValueError("the verifier's tokenizer fingerprint differs from the gateway's bundle tokenizer")
+            why = str(exc) or f"no replica SERVING within {wait.timeout}s"
+            raise SpecdecError(StatusCode.UNAVAILABLE, f"verifier at {verifier.address}: {why}") from None
         if self.drafter is not None:
-            self.drafter.check_at_start(self.verifier_info, wait)
+            assert self.verifier_info is not None
+            asyncio.run_coroutine_threadsafe(self.drafter.start(self.verifier_info), self.loop).result()
+            self.drafter.check_at_start(wait)
+
+    def _check_verifier(self, info: common_pb2.ModelInfo) -> str | None:
+        """Why a verifier replica may not serve this gateway (None: it may)."""
+        if info.tokenizer_fingerprint != self.tokenizer.fingerprint:
+            return "the verifier's tokenizer fingerprint differs from the gateway's bundle tokenizer"
+        return None
+
+    def _check_tokenizer(self, info: common_pb2.ModelInfo) -> None:
+        reason = self._check_verifier(info)
+        if reason:
+            raise ValueError(reason)
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain: new requests get UNAVAILABLE from the handler, in-flight ones get `grace` seconds
@@ -182,13 +206,12 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         await self.close_peers()
 
     async def close_peers(self) -> None:
-        """Close the channels to verifier and drafter and the worker pool."""
+        """Close the channels to the verifier and drafter replicas and the worker pool."""
         self.pool.shutdown(wait=False, cancel_futures=True)
-        self.verifier_channel.close()
         if self.triton is not None:
             self.triton.close()
-        if self.verifier_streams is not None:
-            await self.verifier_streams.close()
+        if self.verifiers is not None:
+            await self.verifiers.close()
         if self.drafter is not None:
             await self.drafter.close()
 
@@ -400,53 +423,27 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
     def _decode(
         self, source, config: DecodingConfig, options: CallOptions, on_tokens: OnTokens, log, first: list[int]
     ) -> DecodeResult:
-        """Worker thread: decode through the services; on drafter trouble, again as plain AR.
-        `first`: the output's forced first tokens (a target language), committed before decoding."""
+        """Worker thread: decode through the replicas, failing over between them (gateway.failover)."""
+        return decode_on_replicas(self.peers, source, config, options, on_tokens, log, first)
+
+    def _verifier_for(self, replica: Replica | None, options: CallOptions) -> RemoteVerifier | TritonVerifier:
+        """The verifier of one attempt: on `replica`, or the Triton-hosted one (replica None)."""
         assert self.verifier_info is not None
         runs = (self.config.greedy_chunk, self.config.stream_greedy_chunk)
-        verifier = (
-            self.triton.verifier(self.verifier_info, options, *runs) if self.triton is not None
-            else RemoteVerifier(self.verifier_streams, self.verifier_info, options, *runs)
-        )
-        committed: list[int] = []
-
-        def counting(block: list[int]) -> None:
-            on_tokens(block)
-            committed.extend(block)
-
-        if first:  # streamed like any other output token; the loops continue after it
-            counting(first)
-        prefix = list(first) or None
-        if config.mode in DRAFTER_MODES:
-            drafter = None if self.drafter is None else self.drafter.for_request(options, self.verifier_info)
-            if drafter is not None:
-                try:
-                    return decode(source, config, verifier, drafter, counting, prefix=prefix)
-                except DrafterFailure as exc:
-                    assert self.drafter is not None
-                    self.drafter.failed(exc.cause, log)
-                    failure: Exception = exc
-            else:
-                failure = SpecdecError(StatusCode.UNAVAILABLE, "the drafter is down")
-                if self.drafter is not None:
-                    self.drafter.skipped(log)
-                else:  # no drafter configured
-                    log.info("drafter_down_fallback_to_ar")
-                    self.metrics.degraded.inc()
-            if self.config.fallback != "ar":
-                raise SpecdecError(StatusCode.UNAVAILABLE, f"no fallback configured: {failure}")
-            # Go on from what is already committed (and maybe streamed): for the lossless modes
-            # this is the same output; for the others the stream stays one consistent sequence.
-            ar = dataclasses.replace(config, mode=Mode.AR)
-            result = decode(source, ar, verifier, None, on_tokens, prefix=committed)
-            result.stats.degraded = True
-            return result
-        return decode(source, config, verifier, None, counting, prefix=prefix)
+        if replica is None:
+            assert self.triton is not None
+            return self.triton.verifier(self.verifier_info, options, *runs)
+        assert replica.info is not None
+        return RemoteVerifier(replica.channel, replica.info, options, *runs)
 
     def _budget(self) -> Budget:
-        """What admission may hand out: the workers, and the sessions the peers report (0: unknown)."""
-        v, d = self.verifier_info, None if self.drafter is None else self.drafter.info
-        return Budget(self.config.workers, v.max_sessions if v else 0, d.max_sessions if d else 0)
+        """What admission may hand out: the workers, and the sessions of the usable replicas (0: unknown)."""
+        if self.verifiers is not None:
+            verifier_sessions = self.verifiers.session_budget()
+        else:
+            verifier_sessions = self.verifier_info.max_sessions if self.verifier_info else 0
+        drafter_sessions = 0 if self.drafter is None else self.drafter.replicas.session_budget()
+        return Budget(self.config.workers, verifier_sessions, drafter_sessions)
 
 
 def _consume(task: asyncio.Future) -> None:

@@ -10,6 +10,7 @@ it arrives, after the messages before it were served).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -75,7 +76,15 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
                 async for response in inner_us(request, context):
                     yield response
 
-            return handler._replace(request_deserializer=deserialize, unary_stream=unary_stream)
+            async def unary_stream_writing(request: Any, context: grpc.aio.ServicerContext) -> None:
+                if isinstance(request, _Malformed):
+                    await refuse(request, context)
+                await inner_us(request, context)
+
+            # A handler that writes its answers with `context.write` (the health service's Watch) is a
+            # coroutine, not an async generator, and grpc refuses a mix of the two styles.
+            wrapped = unary_stream if inspect.isasyncgenfunction(inner_us) else unary_stream_writing
+            return handler._replace(request_deserializer=deserialize, unary_stream=wrapped)
         if handler.stream_unary is not None:
             inner_su = handler.stream_unary
 

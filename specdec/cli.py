@@ -434,6 +434,13 @@ def address_arg(text: str) -> str:
     return text
 
 
+def addresses_arg(text: str) -> str:
+    """`address_arg`, or a comma-separated list of such addresses (the gateway's replicas)."""
+    for part in text.split(","):
+        address_arg(part)
+    return text
+
+
 def _default_addr() -> str:
     return os.environ.get(ADDR_ENV) or GATEWAY_ADDRESS
 
@@ -506,10 +513,12 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="TOML config file (see config/specdec.example.toml; default: none)")
     p.add_argument("--gateway-addr", type=address_arg,
                    help=f"gateway listen address (default: [gateway] address of the config, else {GATEWAY_ADDRESS})")
-    p.add_argument("--verifier-addr", type=address_arg,
-                   help=f"verifier address (default: [verifier] address of the config, else {VERIFIER_ADDRESS})")
-    p.add_argument("--drafter-addr", type=address_arg,
-                   help=f"drafter address (default: [drafter] address of the config, else {DRAFTER_ADDRESS})")
+    p.add_argument("--verifier-addr", type=addresses_arg,
+                   help=f"verifier address (default: [verifier] address of the config, else {VERIFIER_ADDRESS}); "
+                        "for `serve gateway` its replicas: a comma-separated list, or dns:///NAME:PORT")
+    p.add_argument("--drafter-addr", type=addresses_arg,
+                   help=f"drafter address (default: [drafter] address of the config, else {DRAFTER_ADDRESS}); "
+                        "for `serve gateway` its replicas, as --verifier-addr")
     metrics = p.add_argument_group("metrics (Prometheus text at http://ADDR/metrics; off unless set)")
     metrics.add_argument("--metrics-addr", metavar="HOST:PORT",
                          help="the metrics endpoint of the one role served (not with `all`)")
