@@ -21,9 +21,8 @@ Runtime, `max_new_tokens = STEPS`, on sources whose greedy emits no EOS within S
 row decodes the same number of steps). ms / sentence is the wall time of one call, encoder
 included; ms / step is that over the decoder steps (one per output token). Each engine runs at 1 and
 2 intra-op threads (torch's `set_num_threads`, CTranslate2's `intra_threads`, ONNX Runtime's
-`intra_op_num_threads`); the faster of the two is marked. Rows are timed in interleaved rounds
-(each round every row decodes its share of the sources in turn) so drift of a shared machine hits
-all rows alike.
+`intra_op_num_threads`); the faster of the two is marked. Rows are timed interleaved (one round
+per source, every row in turn) so drift of a shared machine hits all rows alike.
 """
 
 from __future__ import annotations
@@ -48,7 +47,6 @@ SECTION = "## Hugging Face checkpoints against CTranslate2"
 NEAR_TIE = 1e-3  # HF's top-2 logit gap (float32) below which a difference is a near-tie
 SMALL_FAMILIES = ("marian", "bart", "mbart", "m2m100", "t5", "t5-v1.1")
 STEPS = 64
-ROUNDS = 3
 WARMUP = 1
 THREADS = (1, 2)
 
@@ -104,46 +102,44 @@ def main() -> int:
     p.add_argument("--write", action="store_true", help=f"replace the '{SECTION}' section of BENCHMARKS.md")
     p.add_argument("--output", type=Path, default=REPO / "BENCHMARKS.md")
     args = p.parse_args()
-    log = _progress
+    load_at_start = os.getloadavg()
 
     base = args.model or build_once("marian", args.work / "marian-base" / "hf", MARIAN_BASE)
-    checkpoints = {f"{base.name if args.model else 'marian-base'}": base}
+    checkpoints = {base.name if args.model else "marian-base": base}
     for i, family in enumerate(f for f in args.families.split(",") if f):
         checkpoints[family] = build_once(family, args.work / family / "hf", Shape(), seed=i + 1)
+    agreements = check_all(checkpoints, base, args)
+    problems = [f"{a.name}: {m}" for a in agreements for m in a.mismatches]
+    if not args.no_speed:
+        rows, sources = speed_rows(base, *prepare(base, args.work / next(iter(checkpoints))), args.sentences,
+                                   args.work)
+        run_interleaved(rows, sources, _progress)
+        body = section_body(args, base, agreements, speed_table(rows), load_at_start, os.getloadavg(), len(sources))
+        print(body)
+        problems += [f"{row.engine} {row.precision} {row.threads} thread(s): an output is not {STEPS} tokens long"
+                     for row in rows if any(len(out) != STEPS for out in row.outputs)]
+        if args.write:
+            from specdec.bench_report import write_section
+
+            write_section(args.output, SECTION, body)
+    for line in problems:
+        print(f"PROBLEM {line}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def check_all(checkpoints: dict[str, Path], base: Path, args: argparse.Namespace) -> list[Agreement]:
+    """Import, convert and compare every checkpoint; prints each result as it comes."""
     agreements = []
     for name, hf_dir in checkpoints.items():
-        log(f"{name}: import, convert, compare")
+        _progress(f"{name}: import, convert, compare")
         bundle_dir, ct2_dir = prepare(hf_dir, args.work / name)
         max_new = STEPS if hf_dir == base else 24
-        agreements.append(check_agreement(name, hf_dir, bundle_dir, ct2_dir, args.sources, max_new, args.work))
-        print(agreements[-1].line(), flush=True)
-    problems = [f"{a.name}: {m}" for a in agreements for m in a.mismatches]
-    for a in agreements:
-        for tie in a.near_ties:
-            print(f"  {a.name} near-tie: {tie}")
-    for line in problems:
-        print(f"MISMATCH {line}", file=sys.stderr)
-    if args.no_speed:
-        return 1 if problems else 0
-
-    load_before = os.getloadavg()
-    bundle_dir, ct2_dir = prepare(base, args.work / next(iter(checkpoints)))
-    rows, sources = speed_rows(base, bundle_dir, ct2_dir, args.sentences, args.work)
-    run_interleaved(rows, sources, log)
-    load_after = os.getloadavg()
-    table = speed_table(rows)
-    body = section_body(args, base, agreements, table, load_before, load_after, len(sources))
-    print(body)
-    for row in rows:
-        short = [i for i, out in enumerate(row.outputs) if len(out) != STEPS]
-        if short:
-            problems.append(f"{row.engine} {row.precision}: {len(short)} output(s) not {STEPS} tokens long")
-            print(f"LENGTH {problems[-1]}", file=sys.stderr)
-    if args.write:
-        from specdec.bench_report import write_section
-
-        write_section(args.output, SECTION, body)
-    return 1 if problems else 0
+        agreement = check_agreement(name, hf_dir, bundle_dir, ct2_dir, args.sources, max_new, args.work)
+        print(agreement.line(), flush=True)
+        for tie in agreement.near_ties:
+            print(f"  near-tie: {tie}")
+        agreements.append(agreement)
+    return agreements
 
 
 def build_once(family: str, out: Path, shape: Shape, seed: int = 0) -> Path:
@@ -315,27 +311,29 @@ def speed_rows(hf_dir: Path, bundle_dir: Path, ct2_dir: Path, n: int, cache: Pat
                             lambda ids, v=verifier: decode(ids, config, v).output_ids))
     fp32 = next(r for r in rows if r.engine.startswith("specdec") and r.precision == "fp32")
     usable = len(ct2_vocabularies(ct2_dir)[0])
-    candidates = random_sources(bundle, usable, 4 * n, seed=7, max_len=30)
-    sources = [s for s in candidates if len(fp32.decode(s)) == STEPS][:n]
+    sources: list[list[int]] = []
+    for source in random_sources(bundle, usable, 4 * n, seed=7, max_len=30):
+        if len(sources) < n and len(fp32.decode(source)) == STEPS:
+            sources.append(source)
     return rows, sources
 
 
 def run_interleaved(rows: list[Row], sources: list[list[int]], progress: Callable[[str], None]) -> None:
-    """ROUNDS rounds; in each, every row in turn decodes every ROUNDS-th source, timed per call."""
+    """One round per source: every row decodes it in turn (the order reversed every other round), timed
+    per call, so a burst of other work on the machine lands on neighbouring rows alike."""
     for row in rows:
         for ids in sources[:WARMUP]:
             row.decode(ids)
         row.outputs = [[] for _ in sources]
-    for r in range(ROUNDS):
-        for row in rows:
-            for i in range(r, len(sources), ROUNDS):
-                started = time.perf_counter()
-                out = row.decode(sources[i])
-                row.seconds += time.perf_counter() - started
-                row.outputs[i] = out
-                row.sentences += 1
-                row.steps += len(out)
-        progress(f"round {r + 1}/{ROUNDS} done")
+    for i, source in enumerate(sources):
+        for row in rows if i % 2 == 0 else rows[::-1]:
+            started = time.perf_counter()
+            out = row.decode(source)
+            row.seconds += time.perf_counter() - started
+            row.outputs[i] = out
+            row.sentences += 1
+            row.steps += len(out)
+        progress(f"source {i + 1}/{len(sources)} done")
 
 
 def speed_table(rows: list[Row]) -> str:
@@ -344,12 +342,14 @@ def speed_table(rows: list[Row]) -> str:
         key = (row.engine, row.precision)
         if key not in best or row.ms_step() < best[key].ms_step():
             best[key] = row
-    lines = ["| engine | precision | intra-op threads | ms / sentence | ms / step | steps / sentence |",
-             "|---|---|---:|---:|---:|---:|"]
+    reference = best["specdec (ONNX Runtime)", "fp32"].outputs
+    lines = ["| engine | precision | intra-op threads | ms / sentence | ms / step | steps / sentence | "
+             "= specdec fp32 greedy |", "|---|---|---:|---:|---:|---:|---:|"]
     for row in rows:
         mark = " (best)" if best[row.engine, row.precision] is row else ""
+        same = sum(a == b for a, b in zip(row.outputs, reference, strict=True))
         lines.append(f"| {row.engine} | {row.precision} | {row.threads}{mark} | {row.ms_sentence():.1f} | "
-                     f"{row.ms_step():.2f} | {row.steps / row.sentences:.1f} |")
+                     f"{row.ms_step():.2f} | {row.steps / row.sentences:.1f} | {same}/{len(reference)} |")
     verdicts = []
     for precision in ("fp32", "int8"):
         ours, theirs = best["specdec (ONNX Runtime)", precision], best["CTranslate2", precision]
@@ -375,9 +375,10 @@ def section_body(args: argparse.Namespace, base: Path, agreements: list[Agreemen
                   f"(d_model {MARIAN_BASE.d_model}, {MARIAN_BASE.layers}+{MARIAN_BASE.layers} layers, "
                   f"{MARIAN_BASE.heads} heads, ffn {MARIAN_BASE.ffn}, vocabulary {MARIAN_BASE.vocab}, "
                   "SentencePiece tokenizer files)")
-    stamp = (f"Machine: {cpu_name()}, {os.cpu_count()} cores, load average {load_before[0]:.2f} before and "
-             f"{load_after[0]:.2f} after the timing; {versions}; date {dt.date.today().isoformat()}; command "
-             f"`{shlex.join(['python', 'bench/bench_hf_ctranslate2.py', *sys.argv[1:]])}`")
+    command = shlex.join(["python", "bench/bench_hf_ctranslate2.py", *sys.argv[1:]])
+    stamp = (f"Machine: {cpu_name()}, {os.cpu_count()} cores, 1-minute load average {load_before[0]:.2f} at the "
+             f"start and {load_after[0]:.2f} after the timing (other work shares the machine); {versions}; "
+             f"date {dt.date.today().isoformat()}; command `{command}`")
     method = (f"Checkpoint: {checkpoint}, imported with `specdec import-hf` and converted with CTranslate2's "
               "own `TransformersConverter`. Batch 1, every output exactly "
               f"{STEPS} tokens: transformers `generate` with `min_new_tokens = max_new_tokens = {STEPS}`, "
@@ -385,9 +386,10 @@ def section_body(args: argparse.Namespace, base: Path, agreements: list[Agreemen
               f"specdec AR greedy in-process (`gateway.decode.decode`, ONNX Runtime, `precision` fp32 / int8) "
               f"with `max_new_tokens = {STEPS}` on {timed} random sources (1-30 ids) whose fp32 greedy emits no "
               f"EOS within {STEPS} tokens; all rows decode the same sources. ms / sentence is one call's wall "
-              "time, encoder included; ms / step is that over the output tokens (one decoder step each). "
-              f"{ROUNDS} interleaved rounds after {WARMUP} warm-up source(s) per row; each engine at 1 and 2 "
-              "intra-op threads, the faster marked (best).")
+              "time, encoder included; ms / step is that over the output tokens (one decoder step each); "
+              "`= specdec fp32 greedy`: sources whose output equals specdec fp32's. "
+              f"One round per source, every row in turn (order reversed every other round), after {WARMUP} "
+              "warm-up source(s) per row; each engine at 1 and 2 intra-op threads, the faster marked (best).")
     agreement = "Greedy agreement (fp32, random sources; a difference only where HF's own top-2 gap is a near-tie):\n\n"
     agreement += "\n".join(f"- {a.line()}" for a in agreements)
     return "\n\n".join([stamp, method, table, agreement])
