@@ -7,7 +7,8 @@ vocabulary from the tokenizer). Three details of hub checkpoints that a model bu
 lacks, and the converter relies on, are reproduced:
 
 * Marian: the padding row of the embedding is zero (opus-mt's conversion appends it so); HF starts
-  the decoder from that row, CTranslate2 from a zero embedding.
+  the decoder from that row, CTranslate2 from a zero embedding. `bad_words_ids` forbids the padding
+  token, as opus-mt's generation config does (CTranslate2 drops it from the vocabulary).
 * BART / mBART: config.json carries `normalize_before` (fairseq-era configs do; the converter reads
   it and transformers no longer writes it).
 * M2M100: the vocabulary holds the tokenizer's made-up words (the converter appends them).
@@ -62,6 +63,7 @@ def build(family: str, out: Path, shape: Shape = Shape(), seed: int = 0) -> Path
             model.get_input_embeddings().weight[pad].zero_()
             model.get_output_embeddings().weight[pad].zero_()
             model.final_logits_bias[0, pad] = 0.0
+        model.generation_config.bad_words_ids = [[pad]]
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     if config_extra:
