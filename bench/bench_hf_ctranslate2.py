@@ -143,9 +143,15 @@ def check_all(checkpoints: dict[str, Path], base: Path, args: argparse.Namespace
 
 
 def build_once(family: str, out: Path, shape: Shape, seed: int = 0) -> Path:
-    """`hf_checkpoints.build`, kept on disk: the build is deterministic in (family, shape, seed)."""
+    """`hf_checkpoints.build`, kept on disk: the build is deterministic in (family, shape, seed) and
+    the builder's source."""
+    import hashlib
+
+    from bench import hf_checkpoints
+
     stamp = out / "specdec_build"
-    key = f"{family} {shape} {seed}"
+    source = hashlib.sha256(Path(hf_checkpoints.__file__).read_bytes()).hexdigest()[:12]
+    key = f"{family} {shape} {seed} {source}"
     if stamp.exists() and stamp.read_text() == key:
         return out
     build(family, out, shape, seed)
@@ -154,15 +160,24 @@ def build_once(family: str, out: Path, shape: Shape, seed: int = 0) -> Path:
 
 
 def prepare(hf_dir: Path, work: Path) -> tuple[Path, Path]:
-    """(specdec bundle, CTranslate2 model directory) of `hf_dir`, made on first use."""
-    from seq2seq_models.bundle import CONFIG_FILE
-
+    """(specdec bundle, CTranslate2 model directory) of `hf_dir`, remade when the checkpoint changed."""
     bundle_dir, ct2_dir = work / "bundle", work / "ct2"
-    if not (bundle_dir / CONFIG_FILE).exists():
+    stamp, key = work / "specdec_source", _checkpoint_key(hf_dir)
+    if not stamp.exists() or stamp.read_text() != key:
+        import shutil
+
+        for path in (bundle_dir, ct2_dir):
+            shutil.rmtree(path, ignore_errors=True)
         import_bundle(hf_dir, bundle_dir)
-    if not (ct2_dir / "model.bin").exists():
         convert(hf_dir, ct2_dir)
+        stamp.write_text(key)
     return bundle_dir, ct2_dir
+
+
+def _checkpoint_key(hf_dir: Path) -> str:
+    """The checkpoint's files by name, size and modification time."""
+    files = sorted(p for p in Path(hf_dir).iterdir() if p.is_file())
+    return "\n".join(f"{p.name} {p.stat().st_size} {p.stat().st_mtime_ns}" for p in files)
 
 
 def import_bundle(hf_dir: Path, bundle_dir: Path) -> None:
