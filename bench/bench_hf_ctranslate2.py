@@ -97,7 +97,7 @@ def main() -> int:
     p.add_argument("--families", default=",".join(SMALL_FAMILIES),
                    help="small checkpoints to check for equality too ('' for none)")
     p.add_argument("--sources", type=int, default=16, help="random sources per checkpoint for equality")
-    p.add_argument("--sentences", type=int, default=12, help="sources timed per speed row")
+    p.add_argument("--sentences", type=int, default=16, help="sources timed per speed row")
     p.add_argument("--no-speed", action="store_true", help="the equality check only")
     p.add_argument("--write", action="store_true", help=f"replace the '{SECTION}' section of BENCHMARKS.md")
     p.add_argument("--output", type=Path, default=REPO / "BENCHMARKS.md")
