@@ -12,7 +12,11 @@ by bench/hf_checkpoints.py) is imported with `specdec import-hf` and converted w
 random source ids, CTranslate2's greedy (beam 1, float32, `min_decoding_length=0` so that an EOS
 first is allowed as in `generate`) must equal specdec's greedy (`gateway.decode.decode`, mode ar, ONNX
 Runtime fp32). A difference is a failure (exit 1) unless HF's own top-2 logit gap where the two part
-is below NEAR_TIE: a float32 near-tie, printed as such.
+is below NEAR_TIE: a float32 near-tie, printed as such. The converter runs beside specdec, with
+transformers 5: it takes the vocabulary from the checkpoint's tokenizer files and BART's / mBART's
+pre- or post-norm from `normalize_before` in config.json, which hub checkpoints have and
+bench/hf_checkpoints.py writes. mBART-25's conversion has no decoder start token: it is passed as
+the target prefix.
 
 Speed, on the Marian-base-sized checkpoint only, batch 1, every output exactly STEPS tokens long:
 transformers `generate` (fp32, `min_new_tokens = max_new_tokens = STEPS`), CTranslate2 fp32 and int8
