@@ -10,6 +10,7 @@ Per family:
 
 * Marian: post-LN, sinusoidal positions (sin half, then cos half), SiLU, embeddings scaled by
   sqrt(d), a logits bias; the source embedding is its own when the vocabularies are separate.
+  Its `bad_words_ids` (the padding token) become a very low output bias, as for any family.
 * BART: post-LN, learnt positions with offset 2, a LayerNorm on the embeddings, GELU.
 * mBART: as BART but pre-LN with a final LayerNorm on each stack.
 * M2M100 / NLLB: pre-LN with final LayerNorms, sinusoidal positions (fairseq's layout) offset by
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 SUPPORTED = ("marian", "bart", "mbart", "m2m_100", "t5", "mt5")
 # Longest source / target a T5 bundle takes (relative positions set no limit of their own).
 T5_MAX_LEN = 512
+# The output bias of a token `generate` never emits: far below any real logit, and finite in float16.
+SUPPRESSED_LOGIT = -1e4
 
 _ACTIVATIONS = {
     "gelu": "gelu",
@@ -93,6 +96,7 @@ def import_checkpoint(model_dir: str | Path, mask_id: int | None = None) -> Impo
         config, ours = _t5(hf_cfg, hf.generation_config, state, mask_id)
     else:
         config, ours = _bart_like(model_type, hf_cfg, hf.generation_config, state, mask_id)
+    _suppress_bad_words(ours, _first(hf.generation_config, hf_cfg, "bad_words_ids"))
     return ImportedModel(config=config, state=ours, model_type=model_type, generation=_generation(hf))
 
 
@@ -379,6 +383,15 @@ def _special_ids(c: Any, gen: Any, vocab: int, mask_id: int | None) -> dict[str,
         if value is None or not 0 <= value < vocab:
             raise UnsupportedModel(f"{name} {value} is not a token of the {vocab}-token vocabulary")
     return ids
+
+
+def _suppress_bad_words(ours: dict, bad_words_ids: Any) -> None:
+    """Single-token `bad_words_ids` (opus-mt's padding token) folded into the output bias, so that
+    greedy, and every mode, never emits them, as `generate` and CTranslate2 do."""
+    single = [ids[0] for ids in bad_words_ids or [] if len(ids) == 1]
+    if single:
+        ours["out_bias"] = ours["out_bias"].clone()
+        ours["out_bias"][single] = SUPPRESSED_LOGIT
 
 
 def _generation(hf: Any) -> dict[str, Any]:
