@@ -51,7 +51,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--target-lang", default="", metavar="CODE", help="a many-to-many model's target language: "
                    "the drafters learn the verifier's outputs into it (default: the model's default)")
     p.add_argument("--work", help="checkpoint directory; rerunning with it continues (default: OUT.work)")
-    p.add_argument("--device", type=device_arg, default="auto", help=DEVICE_HELP)
+    p.add_argument("--device", type=device_arg, default="auto", help=f"where training runs: {DEVICE_HELP} (default: auto)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"NAR drafter training steps "
                    f"(default {DEFAULT_STEPS}); raising it on a rerun continues the training")
     p.add_argument("--ar-drafter", action="store_true", help="also train a small AR drafter (replaces the "
@@ -70,7 +70,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--nar-width", type=int, help="NAR drafter width (default: the verifier's, up to 512)")
     p.add_argument("--ar-layers", type=_layers, help="AR drafter layers ENC,DEC (default: up to 3,1)")
     p.add_argument("--ar-width", type=int, help="AR drafter width (default: half the verifier's, 32 to 256)")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="the drafters' initialisation and batch order (default: 1)")
     p.add_argument("--name", help="the new bundle's name (default: the old one's)")
     p.add_argument("--progress", action="store_true", help="show the progress line even when stderr is not "
                    "a terminal")
