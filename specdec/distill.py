@@ -51,7 +51,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--target-lang", default="", metavar="CODE", help="a many-to-many model's target language: "
                    "the drafters learn the verifier's outputs into it (default: the model's default)")
     p.add_argument("--work", help="checkpoint directory; rerunning with it continues (default: OUT.work)")
-    p.add_argument("--device", type=device_arg, default="auto", help=f"where training runs: {DEVICE_HELP} (default: auto)")
+    p.add_argument("--device", type=device_arg, default="auto",
+                   help=f"where training runs: {DEVICE_HELP} (default: auto)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"NAR drafter training steps "
                    f"(default {DEFAULT_STEPS}); raising it on a rerun continues the training")
     p.add_argument("--ar-drafter", action="store_true", help="also train a small AR drafter (replaces the "
