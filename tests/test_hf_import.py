@@ -17,6 +17,7 @@ import sentencepiece as spm  # noqa: E402
 import torch  # noqa: E402
 from tokenizers import ByteLevelBPETokenizer  # noqa: E402
 
+from bench.hf_checkpoints import scaled  # noqa: E402
 from drafter_service.session import make_drafter  # noqa: E402
 from gateway.decode import decode  # noqa: E402
 from gateway.decoding_config import DecodingConfig  # noqa: E402
@@ -50,22 +51,6 @@ def _shape(**extra) -> dict:
 def _t5_shape(**extra) -> dict:
     return dict(d_model=32, d_kv=8, num_layers=2, num_decoder_layers=2, d_ff=64, dropout_rate=0.0,
                 decoder_start_token_id=0, **extra)
-
-
-def _scaled(model, seed: int):
-    """Weights well above the default init: random models at std 0.02 give float32 near-ties."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-            elif "bias" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-            else:
-                p.copy_(1 + torch.randn(p.shape, generator=g) * 0.3)
-        if hasattr(model, "final_logits_bias"):
-            model.final_logits_bias.copy_(torch.randn(model.final_logits_bias.shape, generator=g) * 0.1)
-    return model.eval()
 
 
 def _bart_tokenizer(root: Path):
@@ -160,7 +145,7 @@ def imported(tmp_path_factory):
     for i, family in enumerate(FAMILIES):
         root = tmp_path_factory.mktemp(family)
         model, tok = _build(family, root)
-        model = _scaled(model, seed=i)
+        model = scaled(model, seed=i)
         model.save_pretrained(root / "hf")
         if tok is not None:
             tok.save_pretrained(root / "hf")
@@ -286,7 +271,7 @@ def pair(imported, tmp_path_factory) -> Path:
     """The BART verifier with a one-layer BART of its vocabulary as AR drafter."""
     root = tmp_path_factory.mktemp("pair")
     model, tok, _ = imported["bart"]
-    small = _scaled(transformers.BartForConditionalGeneration(transformers.BartConfig(
+    small = scaled(transformers.BartForConditionalGeneration(transformers.BartConfig(
         vocab_size=len(tok), **{**_shape(), "encoder_layers": 1, "decoder_layers": 1})), seed=11)
     model.save_pretrained(root / "verifier")
     tok.save_pretrained(root / "verifier")
