@@ -69,7 +69,11 @@ class Replica:
     watch: asyncio.Task | None = field(default=None, repr=False)
 
     def usable(self, now: float) -> bool:
-        return self.serving and self.info is not None and not self.leaving and now >= self.retry_at
+        return self.healthy() and now >= self.retry_at
+
+    def healthy(self) -> bool:
+        """SERVING, accepted and still resolved, whether or not a session just failed on it."""
+        return self.serving and self.info is not None and not self.leaving
 
     def free(self) -> int:
         return (self.info.max_sessions if self.info and self.info.max_sessions else _UNKNOWN_MAX) - self.sessions
@@ -109,6 +113,10 @@ class ReplicaSet:
         with self._lock:
             now = time.monotonic()
             usable = [r for r in self.replicas.values() if r.usable(now) and r.address not in exclude]
+            if not usable:
+                # Every healthy replica is held out after a failed session (with one replica, after
+                # any): try one anyway rather than refuse this request for another's failure.
+                usable = [r for r in self.replicas.values() if r.healthy() and r.address not in exclude]
             chosen = max(usable, key=lambda r: (r.free(), -r.picked_at), default=None)
             if chosen is not None:
                 chosen.sessions += 1
