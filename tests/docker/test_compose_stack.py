@@ -85,15 +85,16 @@ def image(timings) -> str:
 
 
 class Stack:
-    def __init__(self, image: str) -> None:
-        self.project = f"specdec-test-{os.getpid()}"
-        gateway, verifier, drafter = _free_ports(3)
+    def __init__(self, image: str, compose_file: Path = COMPOSE_FILE, name: str = "test") -> None:
+        self.project = f"specdec-{name}-{os.getpid()}"
+        self.compose_file = compose_file
+        gateway, verifier, drafter, verifier2 = _free_ports(4)
         self.gateway = f"127.0.0.1:{gateway}"
         self.env = {**os.environ, "SPECDEC_IMAGE": image, "GATEWAY_PORT": str(gateway),
-                    "VERIFIER_PORT": str(verifier), "DRAFTER_PORT": str(drafter)}
+                    "VERIFIER_PORT": str(verifier), "DRAFTER_PORT": str(drafter), "VERIFIER2_PORT": str(verifier2)}
 
     def compose(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-        return _run("docker-compose", "-p", self.project, "-f", str(COMPOSE_FILE), *args,
+        return _run("docker-compose", "-p", self.project, "-f", str(self.compose_file), *args,
                     timeout=timeout, env=self.env, check=check)
 
     def health(self, service: str) -> str:
