@@ -9,20 +9,16 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from seq2seq_models.hf_tokenizer import FirstTokens
+
 # Fixed special ids: every model of every bundle relies on them.
 PAD_ID, UNK_ID, BOS_ID, EOS_ID, MASK_ID = 0, 1, 2, 3, 4
 MASK_PIECE = "<mask>"
 
 
-class Tokenizer:
-    """specdec's own SentencePiece model: no forced first tokens, no target languages."""
-
-    languages: dict[str, int] = {}  # noqa: RUF012 - read-only, the same for every instance
-
-    def first_tokens(self, target_lang: str = "") -> list[int]:
-        if target_lang:
-            raise ValueError("this model has no target languages: leave target_lang unset")
-        return []
+class Tokenizer(FirstTokens):
+    """specdec's own SentencePiece model: no forced first tokens, no target languages (the
+    `FirstTokens` defaults)."""
 
     def __init__(self, model_bytes: bytes) -> None:
         self._sp = spm.SentencePieceProcessor(model_proto=model_bytes)
