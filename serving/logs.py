@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 
 import structlog
 
@@ -28,6 +29,33 @@ def configure_logging(level: int = logging.INFO) -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stdout if stream == "stdout" else sys.stderr),
+        logger_factory=lambda *_: StreamLogger(stream),
         cache_logger_on_first_use=False,
     )
+
+
+class StreamLogger:
+    """Writes each line to whatever `sys.<name>` is at the time of the write, not at configuration.
+
+    A process that swaps its standard streams (a test runner capturing output, an embedding host) must
+    not leave the services writing to a stream that has since been closed, and a line that cannot be
+    written (closed stream, broken pipe) is dropped: logging never fails the request that logged.
+    """
+
+    _lock = threading.Lock()
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def msg(self, message: str) -> None:
+        stream = getattr(sys, self._name, None)
+        if stream is None:
+            return
+        with self._lock:
+            try:
+                stream.write(message + "\n")
+                stream.flush()
+            except (ValueError, OSError):
+                pass
+
+    log = debug = info = warning = warn = error = err = critical = exception = fatal = failure = msg
