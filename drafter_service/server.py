@@ -34,13 +34,11 @@ class DrafterLimits(SessionLimits):
     section = "drafter"
     max_draft_len: int = 64  # k / gamma per step; more is OUT_OF_RANGE
     # Beams per AR beam draft; more is OUT_OF_RANGE. A step's cost grows with beams x vocabulary,
-    # and it holds the one model worker every session shares (8,000 beams took 30 s and 4.3 GB).
+    # and it holds the one model worker every session shares (RELIABILITY.md, "Input limits and fuzzing").
     max_beams: int = 16
 
 
 class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
-    step_seconds_help = "time spent drafting, by kind"
-    draft_tokens_help = "draft tokens made, by kind"
     limits_type = DrafterLimits
 
     @staticmethod
@@ -57,10 +55,10 @@ class DrafterServer(ModelService, drafter_pb2_grpc.DrafterServiceServicer):
         )
         if drafter is None:
             raise ValueError(f"bundle {bundle.path} has no drafter model")
-        add_to_server = drafter_pb2_grpc.add_DrafterServiceServicer_to_server
-        super().__init__("drafter", SERVICE, limits.max_sessions, add_to_server, limits.session_idle_s)
-        self.bundle = bundle
-        self.limits = limits
+        super().__init__(
+            "drafter", SERVICE, bundle, limits, drafter_pb2_grpc.add_DrafterServiceServicer_to_server,
+            metric_help=("time spent drafting, by kind", "draft tokens made, by kind"),
+        )
         self.drafter = drafter
         self.models = drafter.models
         first = next(iter(self.models.values()))

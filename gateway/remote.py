@@ -23,7 +23,7 @@ import grpc
 from core.errors import SpecdecError, StatusCode
 from core.interfaces import BeamRow, Draft, VerifyResult
 from core.sampling import SamplingParams
-from core.wire import source_len_from_wire, target_len_from_wire
+from core.wire import ServedVerifier
 from gateway.peer_calls import (
     CallOptions,
     Cancellation,
@@ -67,31 +67,23 @@ def fetch_drafter_info(channel: grpc.Channel, timeout: float = 5.0) -> common_pb
     return stub.GetModelInfo(drafter_pb2.DrafterServiceGetModelInfoRequest(), timeout=timeout).model_info
 
 
-class RemoteVerifier:
+class RemoteVerifier(ServedVerifier):
     """`core.interfaces.Verifier` over a VerifierService; one instance per request (options)."""
 
     def __init__(
         self, channel: Channel, info: common_pb2.ModelInfo, options: CallOptions | None = None,
         greedy_chunk: int = 1, stream_greedy_chunk: int = 1,
     ) -> None:
+        # AR steps per round trip at most: VerifyStep.greedy_steps (options.streaming picks which).
+        super().__init__(info, greedy_chunk, stream_greedy_chunk)
         self._channel = channel
         # Made per request: what the gateway learns about the verifier's load (adaptive
         # speculation's `LoadModel`) is kept per channel, i.e. per gateway process and peer.
         self.load_key = channel
-        # AR steps per round trip at most (VerifyStep.greedy_steps), for a request and for a
-        # streaming one (options.streaming); 0: no limit; 1: one step per round trip.
-        self.greedy_chunk = greedy_chunk
-        self.stream_greedy_chunk = stream_greedy_chunk
         self._method = channel.verify if isinstance(channel, PeerChannel) else (
             verifier_pb2_grpc.VerifierServiceStub(channel).Verify
         )
-        self.info = info
         self.options = options or CallOptions()
-        self.vocab_size = info.vocab_size
-        self.bos_id = info.bos_id
-        self.eos_id = info.eos_id
-        self.max_source_len = source_len_from_wire(info.max_source_len)
-        self.max_target_len = target_len_from_wire(info.max_target_len)
 
     def open(self, source_ids: list[int]) -> RemoteVerifierSession:
         first = verifier_pb2.VerifyRequest(open=verifier_pb2.VerifyOpen(source_ids=source_ids))

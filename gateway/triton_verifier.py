@@ -27,7 +27,7 @@ from tritonclient.utils import InferenceServerException
 
 from core.errors import SpecdecError, StatusCode
 from core.interfaces import VerifyResult
-from core.wire import SPECIAL_ID_FIELDS, sends_candidates, source_len_from_wire, target_len_from_wire
+from core.wire import SPECIAL_ID_FIELDS, ServedVerifier, sends_candidates
 from gateway.remote import CallOptions, RemoteCallError, RequestCancelled, RequestDeadlineExceeded, greedy_runs
 from protos.specdec.v1 import common_pb2
 
@@ -92,25 +92,18 @@ def model_info(parameters, model: str) -> common_pb2.ModelInfo:
     )
 
 
-class TritonVerifier:
+class TritonVerifier(ServedVerifier):
     """`core.interfaces.Verifier` for one request (its deadline, request id and cancel switch)."""
 
     def __init__(
         self, client, model: str, info: common_pb2.ModelInfo, options: CallOptions,
         greedy_chunk: int = 1, stream_greedy_chunk: int = 1,
     ) -> None:
-        self.greedy_chunk = greedy_chunk  # as RemoteVerifier's
-        self.stream_greedy_chunk = stream_greedy_chunk
+        super().__init__(info, greedy_chunk, stream_greedy_chunk)  # as RemoteVerifier's
         self.client = client
         self.load_key = client  # per request, as RemoteVerifier: the load is learnt per shared client
         self.model = model
-        self.info = info
         self.options = options
-        self.vocab_size = info.vocab_size
-        self.bos_id = info.bos_id
-        self.eos_id = info.eos_id
-        self.max_source_len = source_len_from_wire(info.max_source_len)
-        self.max_target_len = target_len_from_wire(info.max_target_len)
 
     def open(self, source_ids: list[int]) -> TritonVerifierSession:
         if self.options.cancellation is not None:

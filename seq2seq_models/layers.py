@@ -26,10 +26,7 @@ JoinPast = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 class EncoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.post_norm = config.norm_position == "post"
-        self.attn_norm, self.attn = _normed(config, Attention)
-        self.ffn_norm, self.ffn = _normed(config, FeedForward)
-        self.dropout = nn.Dropout(config.dropout)
+        _add_sublayers(self, config, ("attn_norm", "attn"))
 
     def forward(self, x: Tensor, mask: Tensor | None, kernel: AttentionKernel = EAGER) -> Tensor:
         def attend(h: Tensor) -> Tensor:
@@ -43,11 +40,7 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.post_norm = config.norm_position == "post"
-        self.self_norm, self.self_attn = _normed(config, Attention)
-        self.cross_norm, self.cross_attn = _normed(config, Attention)
-        self.ffn_norm, self.ffn = _normed(config, FeedForward)
-        self.dropout = nn.Dropout(config.dropout)
+        _add_sublayers(self, config, ("self_norm", "self_attn"), ("cross_norm", "cross_attn"))
 
     def forward(
         self,
@@ -147,6 +140,18 @@ def make_norm(config: ModelConfig) -> nn.Module:
     if config.norm_kind == "rms":
         return RMSNorm(config.d_model, config.norm_eps)
     return nn.LayerNorm(config.d_model, eps=config.norm_eps)
+
+
+def _add_sublayers(layer: nn.Module, config: ModelConfig, *attentions: tuple[str, str]) -> None:
+    """A layer's residual sublayers, each after its norm: the attentions (named (norm, attention) as
+    the checkpoints' weights are), then `ffn_norm`, `ffn`; and its `dropout` and `post_norm`."""
+    layer.post_norm = config.norm_position == "post"
+    for norm_name, attention_name in attentions:
+        norm, attention = _normed(config, Attention)
+        setattr(layer, norm_name, norm)
+        setattr(layer, attention_name, attention)
+    layer.ffn_norm, layer.ffn = _normed(config, FeedForward)
+    layer.dropout = nn.Dropout(config.dropout)
 
 
 def _normed(config: ModelConfig, sublayer: type[nn.Module]) -> tuple[nn.Module, nn.Module]:

@@ -52,18 +52,20 @@ class ModelService:
     # Interface limits (without the source's EOS / the decoder start token; core.wire converts).
     max_source_len: int
     max_output_len: int
-    # Help texts of the metrics every model service has; subclasses say what their steps are.
-    step_seconds_help = "time spent in steps"
-    draft_tokens_help = "draft tokens"
 
     def __init__(
         self,
         name: str,
         service: ServiceDescriptor,
-        max_sessions: int,
+        bundle: Any,
+        limits: SessionLimits,
         add_to_server: Callable[[Any, grpc.aio.Server], None],
-        session_idle_s: float = 0.0,
+        metric_help: tuple[str, str] = ("time spent in steps", "draft tokens"),
     ) -> None:
+        """`metric_help`: the help texts of the step-seconds and draft-token counters every model
+        service has, saying what its steps are."""
+        self.bundle = bundle
+        self.limits = limits
         # The messages come from the proto: GetModelInfo's response, and the one bidi RPC's response
         # message with its `opened` variant.
         stream = next(m for m in service.methods if m.client_streaming and m.server_streaming)
@@ -75,11 +77,12 @@ class ModelService:
         self.registry = Registry()
         self.host = ServiceHost(name, [service.full_name], self.registry)
         self.streams = SessionStreams(
-            self.host, self.executor, self.registry, stream.name, max_sessions, session_idle_s
+            self.host, self.executor, self.registry, stream.name, limits.max_sessions, limits.session_idle_s
         )
         r = self.registry
-        self.m_draft_tokens = r.counter(f"{name}_draft_tokens", self.draft_tokens_help)
-        self.m_step_s = r.counter(f"{name}_step_seconds", self.step_seconds_help)
+        step_seconds_help, draft_tokens_help = metric_help
+        self.m_draft_tokens = r.counter(f"{name}_draft_tokens", draft_tokens_help)
+        self.m_step_s = r.counter(f"{name}_step_seconds", step_seconds_help)
         self.m_kv = r.gauge(f"{name}_kv_cache_bytes", "KV cache bytes held by open sessions")
         # The batching scheduler's view of load (`make_scheduler`): one observation per forward,
         # and the queue wait once per step.

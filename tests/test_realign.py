@@ -24,7 +24,7 @@ from drafter_service.session import make_drafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.modes import MODES
-from gateway.policies.drafter_sync import BeamDraft, DrafterSync
+from gateway.policies.drafter_sync import DrafterSync, DraftKind
 from seq2seq_models.bundle import load_bundle
 from specdec.cli import DEFAULT_BUNDLE_DIR
 from specdec.loadtest import ua_gec_texts
@@ -83,7 +83,7 @@ def test_without_realign_or_for_other_drafts_nothing_shifts() -> None:
     cuts = [_verdict(4, 0), _verdict(4, 0, token=BLOCK[1]), _verdict(4, 0)]
     assert _drafted_after(False, cuts) == OUTPUTS[:4]
     assert _drafted_after(True, [_verdict(0, 0)] * 3) == OUTPUTS[:4]  # a plain AR step (no draft) is no cut
-    assert _drafted_after(True, cuts, BeamDraft(gamma=3, num_beams=2)) == OUTPUTS[:4]
+    assert _drafted_after(True, cuts, DraftKind("draft_beam", 3, (2,))) == OUTPUTS[:4]
 
 
 def test_a_dropped_drafted_token_makes_the_next_blocks_skip_one_position() -> None:

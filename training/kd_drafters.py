@@ -17,6 +17,8 @@ from seq2seq_models.config import ModelConfig
 from seq2seq_models.transformer import Seq2SeqTransformer
 
 WIDEST_DEFAULT = 512  # the default drafter width never exceeds this, whatever the verifier's
+# What a drafter takes from its verifier's config, so that it speaks the verifier's token ids.
+VERIFIER_FIELDS = ("vocab_size", "src_vocab_size", "max_len", "pad_id", "unk_id", "bos_id", "eos_id", "mask_id")
 
 
 def default_nar_shape(verifier: ModelConfig) -> tuple[int, int, int]:
@@ -39,20 +41,10 @@ def drafter_config(verifier: ModelConfig, encoder_layers: int, decoder_layers: i
     if min(encoder_layers, decoder_layers) < 1 or width < 8:
         raise ValueError(f"a drafter needs at least one layer per stack and width 8 or more, not "
                          f"{encoder_layers}+{decoder_layers} layers of width {width}")
+    spoken = {name: getattr(verifier, name) for name in VERIFIER_FIELDS}
     return ModelConfig(
-        vocab_size=verifier.vocab_size,
-        src_vocab_size=verifier.src_vocab_size,
-        d_model=width,
-        n_heads=_heads(width, verifier),
-        encoder_layers=encoder_layers,
-        decoder_layers=decoder_layers,
-        ffn_dim=4 * width,
-        max_len=verifier.max_len,
-        pad_id=verifier.pad_id,
-        unk_id=verifier.unk_id,
-        bos_id=verifier.bos_id,
-        eos_id=verifier.eos_id,
-        mask_id=verifier.mask_id,
+        d_model=width, n_heads=_heads(width, verifier), encoder_layers=encoder_layers,
+        decoder_layers=decoder_layers, ffn_dim=4 * width, **spoken,
     )
 
 

@@ -77,6 +77,11 @@ def _full_size(name: str, shapes: dict[str, dict[str, Any]], **fields: Any) -> P
     return Preset(name=name, vocab_size=8000, max_tokens=128, max_pairs=None, shapes=shapes, **fields)
 
 
+def _full_train(objective: str, **fields: Any) -> TrainConfig:
+    """`_train` with the `full` preset's batches (6000 tokens) and evaluations (every 250 steps)."""
+    return _train(objective, max_tokens=6000, eval_every=250, **fields)
+
+
 # The verifier: 6+6 layers of width 256, so one incremental verify step (a few tokens against the
 # cached prefix) costs a few ms on a laptop-class CPU; the drafters are much cheaper. Weights in
 # float32: verifier 13.2M params, NAR 4.3M, AR 1.8M: 77 MB in all (the repository budget is 150 MB).
@@ -88,10 +93,9 @@ _FULL = _full_size(
     # 5000 steps are ~40 epochs of the ~31k train pairs: hours on a 2-core CPU, minutes on a GPU
     # (BENCHMARKS.md, "Training (CPU)").
     training={
-        "verifier": _train("ar", max_steps=5000, max_tokens=6000, peak_lr=7e-4, warmup_steps=800, eval_every=250),
-        "nar_drafter": _train("nar", max_steps=5000, max_tokens=6000, peak_lr=7e-4, warmup_steps=800, eval_every=250,
-                              nar_k_max=25, glat_ratio=0.5),
-        "ar_drafter": _train("ar", max_steps=3000, max_tokens=6000, peak_lr=1e-3, warmup_steps=500, eval_every=250),
+        "verifier": _full_train("ar", max_steps=5000, peak_lr=7e-4, warmup_steps=800),
+        "nar_drafter": _full_train("nar", max_steps=5000, peak_lr=7e-4, warmup_steps=800, nar_k_max=25, glat_ratio=0.5),
+        "ar_drafter": _full_train("ar", max_steps=3000, peak_lr=1e-3, warmup_steps=500),
     },
     distill_beams=5,
 )

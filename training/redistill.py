@@ -24,16 +24,7 @@ from pathlib import Path
 
 import torch
 
-from training.bundle_legs import (
-    leg_config,
-    leg_parser,
-    open_leg,
-    precision_name,
-    prepare_bundle_data,
-    run_leg,
-    save_init,
-    write_leg_bundle,
-)
+from training import bundle_legs
 from training.data import load_id_pairs
 from training.distill import distill_pairs
 from training.pipeline import hardware
@@ -44,10 +35,10 @@ DRAFTERS = ("ar_drafter", "nar_drafter")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = leg_parser("training.redistill", __doc__, "the bundle whose verifier teaches")
+    parser = bundle_legs.leg_parser("training.redistill", __doc__, "the bundle whose verifier teaches")
     parser.add_argument("--ar-steps", type=int, default=250, help="optimiser steps of the AR drafter")
     parser.add_argument("--nar-steps", type=int, default=500, help="optimiser steps of the NAR drafter")
-    return run_leg("training.redistill", parser, argv, lambda args, command: redistill_drafters(
+    return bundle_legs.run_leg("training.redistill", parser, argv, lambda args, command: redistill_drafters(
         Path(args.source), Path(args.out), Path(args.bundle_out),
         steps={"ar_drafter": args.ar_steps, "nar_drafter": args.nar_steps}, warmup_steps=args.warmup_steps,
         checkpoint_every=args.checkpoint_every, resume=args.resume, device=args.device, command=command,
@@ -55,22 +46,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def redistill_drafters(
-    source: Path,
-    out: Path,
-    bundle_out: Path,
-    steps: dict[str, int],
-    warmup_steps: int = 40,
-    checkpoint_every: int = 25,
-    resume: bool = False,
-    device: str | None = None,
-    command: str = "",
+    source: Path, out: Path, bundle_out: Path, steps: dict[str, int], warmup_steps: int = 40,
+    checkpoint_every: int = 25, resume: bool = False, device: str | None = None, command: str = "",
 ) -> Path:
     """Distil `source`'s verifier into new targets, train each drafter `steps[role]` more steps on
     them from its own weights, and write the bundle (the verifier unchanged) to `bundle_out`."""
-    bundle, preset, device = open_leg(source, bundle_out, "verifier is", device)
-    configs = {role: leg_config(preset.training[role], steps[role], final_lr(preset, role), warmup_steps,
-                                checkpoint_every) for role in DRAFTERS}
-    data_dir = prepare_bundle_data(out, source, bundle, preset)
+    bundle, preset, device = bundle_legs.open_leg(source, bundle_out, "verifier is", device)
+    configs = {
+        role: bundle_legs.leg_config(preset.training[role], steps[role], final_lr(preset, role), warmup_steps,
+                                     checkpoint_every)
+        for role in DRAFTERS
+    }
+    data_dir = bundle_legs.prepare_bundle_data(out, source, bundle, preset)
     started = time.perf_counter()
     distilled = _distill(bundle.verifier.to(device), data_dir, preset)
     distill_seconds = time.perf_counter() - started
@@ -78,9 +65,10 @@ def redistill_drafters(
     trained, scores, roles = {}, {}, {}
     for role in DRAFTERS:
         config = configs[role]
+        init = bundle_legs.save_init(bundle.models[role], out / "init" / f"{role}.pt")
         result = train_role(
             role, bundle.configs[role], config, distilled["train"], valid, out / role, resume=resume,
-            device=device, echo=sys.stdout, init_from=save_init(bundle.models[role], out / "init" / f"{role}.pt"),
+            device=device, echo=sys.stdout, init_from=init,
         )
         model = load_best(bundle.configs[role], out / role).to(device)
         # Both scored on the new targets: how much closer to the new verifier the drafter got.
@@ -96,11 +84,11 @@ def redistill_drafters(
         "from": str(source), "warmup_steps": warmup_steps, "search_beams": preset.distill_beams,
         "pairs": {split: len(pairs) for split, pairs in distilled.items()}, "distill_seconds": round(distill_seconds),
         "roles": roles, "command": command, "hardware": hardware(device),
-        "precision": precision_name(configs["ar_drafter"], device),
+        "precision": bundle_legs.precision_name(configs["ar_drafter"], device),
     }
     card_lines = {"Distilled training targets:": f"Distilled training targets: {leg['pairs']['train']} pairs "
                                                  f"(re-distilled from the verifier above, see below)."}
-    return write_leg_bundle(bundle, source, bundle_out, trained, scores, steps, "redistilled", leg,
+    return bundle_legs.write_leg_bundle(bundle, source, bundle_out, trained, scores, steps, "redistilled", leg,
                             "Drafters re-distilled", _leg_paragraph, card_lines)
 
 

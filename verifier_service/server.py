@@ -45,8 +45,6 @@ class VerifierLimits(SessionLimits):
 
 
 class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
-    step_seconds_help = "time the model worker spent in verify forwards"
-    draft_tokens_help = "draft tokens scored"
     limits_type = VerifierLimits
 
     @staticmethod
@@ -57,10 +55,10 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         self, bundle: ModelBundle, limits: VerifierLimits, backend: str = "torch", device: str | None = None,
         precision: str = DEFAULT_PRECISION, intra_op_threads: int = 0,
     ) -> None:
-        add_to_server = verifier_pb2_grpc.add_VerifierServiceServicer_to_server
-        super().__init__("verifier", SERVICE, limits.max_sessions, add_to_server, limits.session_idle_s)
-        self.bundle = bundle
-        self.limits = limits
+        super().__init__(
+            "verifier", SERVICE, bundle, limits, verifier_pb2_grpc.add_VerifierServiceServicer_to_server,
+            metric_help=("time the model worker spent in verify forwards", "draft tokens scored"),
+        )
         self.verifier = make_verifier(
             bundle, backend, device=device, precision=precision, intra_op_threads=intra_op_threads or None
         )

@@ -6,6 +6,7 @@ import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from core.interfaces import Draft, DrafterSession
 from core.sampling import SamplingParams
@@ -13,35 +14,22 @@ from gateway.policies.loop import PrefixSync
 
 
 @dataclass(frozen=True)
-class BlockDraft:
-    """A NAR block of k tokens (`draft_block`)."""
+class DraftKind:
+    """One kind of drafter call with its parameters: everything about a draft but the output and the
+    room. `method` is the `DrafterSession` method (`draft_block`: a NAR block of `length` = k tokens;
+    `draft_beam`: gamma tokens by beam search, `args` = (num_beams,); `draft_sample`: gamma sampled
+    tokens with their q rows, `args` = (SamplingParams,))."""
 
-    k: int
+    method: str
+    length: int
+    args: tuple[Any, ...] = ()
 
-    def run(self, session: DrafterSession, committed: int, append: list[int], room: int) -> Draft:
-        return session.draft_block(committed, append, min(self.k, room))
-
-
-@dataclass(frozen=True)
-class BeamDraft:
-    """gamma tokens by beam search (`draft_beam`)."""
-
-    gamma: int
-    num_beams: int
+    @property
+    def is_block(self) -> bool:
+        return self.method == "draft_block"
 
     def run(self, session: DrafterSession, committed: int, append: list[int], room: int) -> Draft:
-        return session.draft_beam(committed, append, min(self.gamma, room), self.num_beams)
-
-
-@dataclass(frozen=True)
-class SampleDraft:
-    """gamma sampled tokens with their q rows (`draft_sample`)."""
-
-    gamma: int
-    params: SamplingParams
-
-    def run(self, session: DrafterSession, committed: int, append: list[int], room: int) -> Draft:
-        return session.draft_sample(committed, append, min(self.gamma, room), self.params)
+        return getattr(session, self.method)(committed, append, min(self.length, room), *self.args)
 
 
 class LazyDrafterSession:
@@ -79,10 +67,6 @@ class LazyDrafterSession:
             return self._session
 
 
-# One kind of drafter call with its parameters: everything about a draft but the output and the room.
-DraftKind = BlockDraft | BeamDraft | SampleDraft
-
-
 # A block call (the output it drafted after, the tokens it asked for) and its draft; None: none yet.
 LastBlock = tuple[tuple[list[int], int], Draft] | None
 
@@ -108,12 +92,12 @@ class DrafterSync:
     - any other cut at the first token: the drafter's guess of the position was wrong; from shift 0
       or below, guess an insertion (one more), and from an insertion guess, take it back.
 
-    On UA-GEC GAD k=10 took 5.03 iterations a sentence unshifted, 4.32 with insertions realigned and
-    3.53 with deletions too (BENCHMARKS.md, "Realigned drafts (GAD)"). A skip is drafted within the
-    block's own k (asking for k + skip could pass what the drafter allows): a block of k - skip
-    tokens (3.51 iterations a sentence with k + skip asked). Any draft is verified, so the output is
-    the same either way. A block call that repeats the last one (after a guessed insertion, the
-    same output and size) is answered from memory, not asked again.
+    On UA-GEC realigning both insertions and deletions takes GAD's iterations a sentence down most
+    (BENCHMARKS.md, "Realigned drafts (GAD)"). A skip is drafted within the block's own k (asking for
+    k + skip could pass what the drafter allows, for no fewer iterations): a block of k - skip
+    tokens. Any draft is verified, so the output is the same either way. A block call that repeats
+    the last one (after a guessed insertion, the same output and size) is answered from memory, not
+    asked again.
 
     With `lookahead`, a block is drafted one position longer than it is verified when the room and
     the drafter's `max_block` allow: the extra token is `Draft.lookahead`, overlapped drafting's
@@ -150,13 +134,13 @@ class DrafterSync:
             self.shift = 0 if self.shift == 1 else self.shift + 1
 
     def block(self, output: list[int], room: int, k: int) -> Draft:
-        return self.draft(BlockDraft(k), output, room)
+        return self.draft(DraftKind("draft_block", k), output, room)
 
     def beam(self, output: list[int], room: int, gamma: int, num_beams: int) -> Draft:
-        return self.draft(BeamDraft(gamma, num_beams), output, room)
+        return self.draft(DraftKind("draft_beam", gamma, (num_beams,)), output, room)
 
     def sample(self, output: list[int], room: int, gamma: int, params: SamplingParams) -> Draft:
-        return self.draft(SampleDraft(gamma, params), output, room)
+        return self.draft(DraftKind("draft_sample", gamma, (params,)), output, room)
 
     def draft(self, kind: DraftKind, output: list[int], room: int) -> Draft:
         """Every draft the modes ask for comes through here (`OverlappedSync` overrides it)."""
@@ -166,11 +150,11 @@ class DrafterSync:
         """One drafter call, now, on the calling thread: a block drafted after `output` less `shift`
         tokens (None: this sync's `shift`), which stands for the positions after `output`."""
         shift = self.shift if shift is None else shift
-        if not isinstance(kind, BlockDraft):
+        if not kind.is_block:
             return kind.run(self.session, *self._sent(output), room)
         if shift > 0:
             output = output[: len(output) - min(shift, len(output))]
-        size = min(kind.k, room)
+        size = min(kind.length, room)
         # Positions -shift further on: the block's k after the output, its first -shift dropped
         # (a shorter block: asking for more could pass the drafter's max_draft_len).
         skip = -shift if shift < 0 and size > -shift else 0
