@@ -14,12 +14,7 @@ top_p of a SampleDraft: 0 (proto3's unset) means off, as 1 does.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from core.sampling import SamplingParams
-
-if TYPE_CHECKING:
-    from protos.specdec.v1 import common_pb2
 
 # The ModelInfo fields (and model config attributes) of the special token ids. With vocab_size and
 # tokenizer_fingerprint they say how ids are numbered: a drafter and a verifier must agree on all.
@@ -62,19 +57,3 @@ def sends_candidates(wire_top_k: int) -> bool:
 def sampling_from_wire(temperature: float, top_k: int, top_p: float) -> SamplingParams:
     """SamplingParams from a SampleDraft's fields; top_p 0 (unset) means off."""
     return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p or 1.0)
-
-
-class ServedVerifier:
-    """Base of a gateway-side `Verifier` over a served model (the VerifierService, Triton): the
-    interface's vocabulary, special ids and length limits read from the model's ModelInfo, and how
-    many AR steps one round trip may run, for a request and for a streaming one (0: no limit)."""
-
-    def __init__(self, info: common_pb2.ModelInfo, greedy_chunk: int, stream_greedy_chunk: int) -> None:
-        self.info = info
-        self.vocab_size = info.vocab_size
-        self.bos_id = info.bos_id
-        self.eos_id = info.eos_id
-        self.max_source_len = source_len_from_wire(info.max_source_len)
-        self.max_target_len = target_len_from_wire(info.max_target_len)
-        self.greedy_chunk = greedy_chunk
-        self.stream_greedy_chunk = stream_greedy_chunk

@@ -23,7 +23,7 @@ import grpc
 from core.errors import SpecdecError, StatusCode
 from core.interfaces import BeamRow, Draft, VerifyResult
 from core.sampling import SamplingParams
-from core.wire import ServedVerifier
+from core.wire import source_len_from_wire, target_len_from_wire
 from gateway.peer_calls import (
     CallOptions,
     Cancellation,
@@ -65,6 +65,22 @@ def fetch_verifier_info(channel: grpc.Channel, timeout: float = 5.0) -> common_p
 def fetch_drafter_info(channel: grpc.Channel, timeout: float = 5.0) -> common_pb2.ModelInfo:
     stub = drafter_pb2_grpc.DrafterServiceStub(channel)
     return stub.GetModelInfo(drafter_pb2.DrafterServiceGetModelInfoRequest(), timeout=timeout).model_info
+
+
+class ServedVerifier:
+    """Base of a gateway-side `Verifier` over a served model (the VerifierService, Triton): the
+    interface's vocabulary, special ids and length limits read from the model's ModelInfo, and how
+    many AR steps one round trip may run, for a request and for a streaming one (0: no limit)."""
+
+    def __init__(self, info: common_pb2.ModelInfo, greedy_chunk: int, stream_greedy_chunk: int) -> None:
+        self.info = info
+        self.vocab_size = info.vocab_size
+        self.bos_id = info.bos_id
+        self.eos_id = info.eos_id
+        self.max_source_len = source_len_from_wire(info.max_source_len)
+        self.max_target_len = target_len_from_wire(info.max_target_len)
+        self.greedy_chunk = greedy_chunk
+        self.stream_greedy_chunk = stream_greedy_chunk
 
 
 class RemoteVerifier(ServedVerifier):

@@ -27,8 +27,15 @@ from tritonclient.utils import InferenceServerException
 
 from core.errors import SpecdecError, StatusCode
 from core.interfaces import VerifyResult
-from core.wire import SPECIAL_ID_FIELDS, ServedVerifier, sends_candidates
-from gateway.remote import CallOptions, RemoteCallError, RequestCancelled, RequestDeadlineExceeded, greedy_runs
+from core.wire import SPECIAL_ID_FIELDS, sends_candidates
+from gateway.remote import (
+    CallOptions,
+    RemoteCallError,
+    RequestCancelled,
+    RequestDeadlineExceeded,
+    ServedVerifier,
+    greedy_runs,
+)
 from protos.specdec.v1 import common_pb2
 
 PEER = "verifier (triton)"

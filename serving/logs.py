@@ -9,6 +9,8 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
+from typing import TextIO
 
 import structlog
 
@@ -29,26 +31,36 @@ def configure_logging(level: int = logging.INFO) -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=lambda *_: StreamLogger(stream),
+        logger_factory=_factory(stream),
         cache_logger_on_first_use=False,
     )
 
 
+def _factory(name: str) -> Callable[..., StreamLogger]:
+    """Loggers writing where `sys.<name>` points now (see StreamLogger)."""
+    stream = getattr(sys, name)
+    return lambda *_: StreamLogger(stream, name)
+
+
 class StreamLogger:
-    """Writes each line to whatever `sys.<name>` is at the time of the write, not at configuration.
+    """Writes each line to the stream that was `sys.<name>` when logging was configured, or, once that
+    stream is closed, to the one `sys.<name>` is at the time of the write.
 
     A process that swaps its standard streams (a test runner capturing output, an embedding host) must
     not leave the services writing to a stream that has since been closed, and a line that cannot be
-    written (closed stream, broken pipe) is dropped: logging never fails the request that logged.
+    written at all (no stream, broken pipe) is dropped: logging never fails the request that logged.
     """
 
     _lock = threading.Lock()
 
-    def __init__(self, name: str):
+    def __init__(self, stream: TextIO | None, name: str):
+        self._stream = stream
         self._name = name
 
     def msg(self, message: str) -> None:
-        stream = getattr(sys, self._name, None)
+        stream = self._stream
+        if stream is None or stream.closed:
+            stream = getattr(sys, self._name, None)
         if stream is None:
             return
         with self._lock:

@@ -11,16 +11,19 @@ import structlog
 from serving.logs import configure_logging
 
 
-def test_lines_go_to_the_stream_current_at_the_write(monkeypatch):
-    """Configured while one stderr was in place, a line logged after it was swapped lands on the new one."""
+def test_lines_go_to_the_configured_stream_and_after_it_closed_to_the_current_one(monkeypatch):
+    """Configured while one stderr was in place (a test's capture), lines go there while it is open;
+    once it is closed they land on the stderr of the moment."""
     first, second = io.StringIO(), io.StringIO()
     monkeypatch.setattr(sys, "stderr", first)
     configure_logging()
     monkeypatch.setattr(sys, "stderr", second)
-    structlog.get_logger("t").info("swapped", n=1)
-    assert first.getvalue() == ""
+    structlog.get_logger("t").info("before", n=1)
+    assert json.loads(first.getvalue())["event"] == "before" and second.getvalue() == ""
+    first.close()
+    structlog.get_logger("t").info("after", n=2)
     record = json.loads(second.getvalue())
-    assert (record["event"], record["n"], record["level"]) == ("swapped", 1, "info")
+    assert (record["event"], record["n"], record["level"]) == ("after", 2, "info")
 
 
 def test_a_closed_stream_does_not_fail_the_caller(monkeypatch):
