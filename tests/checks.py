@@ -4,7 +4,6 @@ implementations they compare."""
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 
@@ -12,6 +11,7 @@ from core.errors import SpecdecError, StatusCode
 from drafter_service.session import LocalDrafter, make_drafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
+from seq2seq_models.bundle import load_bundle, make_tiny_bundle
 from tests.zoo import FIRST_WORD
 
 
@@ -51,6 +51,17 @@ def assert_gad_equals_greedy_on_random_sources(
             assert gad.output_ids == greedy, (source, k)
 
 
-def torch_and_onnx_drafters(bundle, cache_root: Path) -> tuple[LocalDrafter | None, LocalDrafter | None]:
-    """The bundle's drafters on torch and on ONNX Runtime (exported under `cache_root`), to compare."""
-    return make_drafter(bundle, "torch"), make_drafter(bundle, "onnxruntime", cache_root=cache_root)
+def bundle_and_drafters_fixtures(seed: int):
+    """Module fixtures `bundle` (a tiny bundle made with `seed`) and `drafters` (its drafters on torch and
+    on ONNX Runtime, to compare), for a test module to bind by those names."""
+
+    @pytest.fixture(scope="module")
+    def bundle(tmp_path_factory):
+        return load_bundle(make_tiny_bundle(tmp_path_factory.mktemp("bundle"), seed=seed))
+
+    @pytest.fixture(scope="module")
+    def drafters(bundle, tmp_path_factory) -> tuple[LocalDrafter | None, LocalDrafter | None]:
+        cache_root = tmp_path_factory.mktemp("onnx")
+        return make_drafter(bundle, "torch"), make_drafter(bundle, "onnxruntime", cache_root=cache_root)
+
+    return bundle, drafters
