@@ -25,15 +25,8 @@ class _Hyp:
     slot: _Slot | None = None
 
 
-@dataclass
-class _Finished:
-    tokens: list[int]
-    score: float
-    ended_by_eos: bool
-
-    @property
-    def length(self) -> int:
-        return len(self.tokens) + int(self.ended_by_eos)
+# A finished hypothesis: (tokens, score, ended by EOS); its length for normalisation counts that EOS.
+_Finished = tuple[list[int], float, bool]
 
 
 def reference_beam_search(verifier, source_ids, width, max_new_tokens, stats, delta=None, max_candidates=None):
@@ -64,16 +57,16 @@ def reference_beam_search(verifier, source_ids, width, max_new_tokens, stats, de
             for score, j, _, token in candidates[: width - len(finished)]:
                 parent = alive[j]
                 if token == eos:
-                    finished.append(_Finished(parent.tokens, score, ended_by_eos=True))
+                    finished.append((parent.tokens, score, True))
                 elif len(parent.tokens) + 1 >= max_new_tokens:
-                    finished.append(_Finished([*parent.tokens, token], score, ended_by_eos=False))
+                    finished.append(([*parent.tokens, token], score, False))
                 else:
                     grown.append((parent, _Hyp([*parent.tokens, token], score)))
             alive = _assign_slots(grown, alive, verifier, source_ids, slots)
-        best = max(finished, key=lambda f: f.score / f.length)
-        stats.output_tokens = len(best.tokens)
-        stats.finish_reason = "eos" if best.ended_by_eos else "length"
-        return best.tokens
+        best_tokens, _, best_ended_by_eos = max(finished, key=lambda f: f[1] / (len(f[0]) + int(f[2])))
+        stats.output_tokens = len(best_tokens)
+        stats.finish_reason = "eos" if best_ended_by_eos else "length"
+        return best_tokens
     finally:
         for slot in slots:
             slot.session.close()

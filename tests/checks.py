@@ -1,10 +1,9 @@
-"""Assertions more than one test file makes, against any verifier or drafter implementation, and the
-implementations they compare."""
+"""Assertions more than one test file makes, against any verifier or drafter implementation, the
+implementations they compare, and a seeded random load model for adaptive requests."""
 
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 
@@ -12,6 +11,8 @@ from core.errors import SpecdecError, StatusCode
 from drafter_service.session import LocalDrafter, make_drafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
+from gateway.policies.adaptive import LoadModel
+from seq2seq_models.bundle import load_bundle, make_tiny_bundle
 from tests.zoo import FIRST_WORD
 
 
@@ -51,6 +52,32 @@ def assert_gad_equals_greedy_on_random_sources(
             assert gad.output_ids == greedy, (source, k)
 
 
-def torch_and_onnx_drafters(bundle, cache_root: Path) -> tuple[LocalDrafter | None, LocalDrafter | None]:
-    """The bundle's drafters on torch and on ONNX Runtime (exported under `cache_root`), to compare."""
-    return make_drafter(bundle, "torch"), make_drafter(bundle, "onnxruntime", cache_root=cache_root)
+def bundle_and_drafters_fixtures(seed: int):
+    """Module fixtures `bundle` (a tiny bundle made with `seed`) and `drafters` (its drafters on torch and
+    on ONNX Runtime, to compare), for a test module to bind by those names."""
+
+    @pytest.fixture(scope="module")
+    def bundle(tmp_path_factory):
+        return load_bundle(make_tiny_bundle(tmp_path_factory.mktemp("bundle"), seed=seed))
+
+    @pytest.fixture(scope="module")
+    def drafters(bundle, tmp_path_factory) -> tuple[LocalDrafter | None, LocalDrafter | None]:
+        cache_root = tmp_path_factory.mktemp("onnx")
+        return make_drafter(bundle, "torch"), make_drafter(bundle, "onnxruntime", cache_root=cache_root)
+
+    return bundle, drafters
+
+
+class RandomK(LoadModel):
+    """Block lengths drawn from a stream seeded with `seed`: any k in 0..k_max alike or, given
+    `zero_share`, k = 0 that share of the time and otherwise any k in 1..k_max."""
+
+    def __init__(self, seed: int, zero_share: float | None = None) -> None:
+        super().__init__()
+        self.rng = random.Random(seed)
+        self.zero_share = zero_share
+
+    def choose(self, mode: str, a: float, k_max: int, rows: int) -> int:
+        if self.zero_share is None:
+            return self.rng.randint(0, k_max)
+        return 0 if self.rng.random() < self.zero_share else self.rng.randint(1, k_max)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import random
 import threading
 
 import pytest
@@ -43,6 +42,7 @@ from gateway.policies.forward_cost import FREE, Cost
 from gateway.policies.loop import DecodeStats
 from gateway.wire import stats_from_wire, stats_to_wire
 from specdec.cli import add_decoding_flags, decoding_overrides
+from tests.checks import RandomK
 from tests.zoo import MAX_LEN, model_pool
 from tests.zoo import sources as zoo_sources
 from verifier_service.session import LocalVerifier
@@ -135,17 +135,6 @@ class _KMax(LoadModel):
 
     def choose(self, mode: str, a: float, k_max: int, rows: int) -> int:
         return k_max
-
-
-class _Sequence(LoadModel):
-    """Block lengths drawn at random (a request's choices in any order, any k in 0..k_max)."""
-
-    def __init__(self, seed: int) -> None:
-        super().__init__()
-        self.rng = random.Random(seed)
-
-    def choose(self, mode: str, a: float, k_max: int, rows: int) -> int:
-        return self.rng.randint(0, k_max)
 
 
 class _Loop:
@@ -306,7 +295,8 @@ def test_adaptive_modes_equal_greedy_with_random_block_lengths(trio, source, max
     verifier = LocalVerifier(model_pool()[trio].verifier)
     mode_, extra = LOSSLESS[mode]
     config = DecodingConfig(mode=mode_, k=k, max_new_tokens=max_new, adaptive=True, **extra)
-    result = decode(source, config, verifier, _drafter(trio), load=_Sequence(seed))
+    # Block lengths at random: a request's choices in any order, any k in 0..k_max.
+    result = decode(source, config, verifier, _drafter(trio), load=RandomK(seed))
     assert result.output_ids == _greedy(trio, tuple(source), max_new)
 
 

@@ -4,7 +4,6 @@ the tokens, steps and stats of one step per call, on random tiny models in float
 from __future__ import annotations
 
 import functools
-import random
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -15,6 +14,7 @@ from gateway.decoding_config import DecodingConfig, Mode
 from gateway.policies.adaptive import AR_RUN, LoadModel
 from gateway.policies.greedy import greedy_loop
 from gateway.policies.loop import DecodeStats
+from tests.checks import RandomK
 from tests.zoo import MAX_LEN, model_pool
 from tests.zoo import sources as zoo_sources
 from verifier_service.session import LocalVerifier
@@ -118,17 +118,6 @@ class ChunkedVerifier:
         return session
 
 
-class _RandomK(LoadModel):
-    """Block lengths drawn at random, k = 0 half the time (a loaded server's choice)."""
-
-    def __init__(self, seed: int) -> None:
-        super().__init__()
-        self.rng = random.Random(seed)
-
-    def choose(self, mode: str, a: float, k_max: int, rows: int) -> int:
-        return 0 if self.rng.random() < 0.5 else self.rng.randint(1, k_max)
-
-
 @PROPERTY
 @given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1),
        mode=st.sampled_from([Mode.GAD, Mode.IAD]), k=st.integers(1, 8), seed=st.integers(0, 2**16))
@@ -140,7 +129,8 @@ def test_adaptive_runs_of_plain_steps_stay_lossless(trio, source, max_new, mode,
     chunked = ChunkedVerifier(verifier, chunk=16)
     drafter = LocalDrafter(model_pool()[trio].drafter_models())
     config = DecodingConfig(mode=mode, k=k, adaptive=True, max_new_tokens=max_new)
-    result = decode(source, config, chunked, drafter, load=_RandomK(seed))
+    # Block lengths at random, k = 0 half the time: a loaded server's choice.
+    result = decode(source, config, chunked, drafter, load=RandomK(seed, zero_share=0.5))
     assert result.output_ids == reference.output_ids
     assert result.stats.finish_reason == reference.stats.finish_reason
     (session,) = chunked.sessions

@@ -14,21 +14,11 @@ from drafter_service.onnx_ar import OnnxArDrafter, expand_beams
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from seq2seq_models.beam_step import expand_beams as torch_expand_beams
-from seq2seq_models.bundle import load_bundle, make_tiny_bundle
-from tests.checks import torch_and_onnx_drafters
+from tests.checks import bundle_and_drafters_fixtures
 from tests.zoo import FIRST_WORD
 from verifier_service.session import make_verifier
 
-
-@pytest.fixture(scope="module")
-def bundle(tmp_path_factory):
-    return load_bundle(make_tiny_bundle(tmp_path_factory.mktemp("bundle"), seed=11))
-
-
-@pytest.fixture(scope="module")
-def drafters(bundle, tmp_path_factory):
-    """(torch, onnxruntime) drafters over the tiny bundle."""
-    return torch_and_onnx_drafters(bundle, tmp_path_factory.mktemp("onnx"))
+bundle, drafters = bundle_and_drafters_fixtures(seed=11)
 
 
 def _source(rng: random.Random, vocab: int) -> list[int]:

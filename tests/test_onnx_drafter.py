@@ -15,23 +15,14 @@ from drafter_service.onnx_nar import OnnxNarDrafter
 from drafter_service.session import LocalDrafter, make_drafter
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
-from seq2seq_models.bundle import load_bundle, make_tiny_bundle
+from seq2seq_models.bundle import load_bundle
 from seq2seq_models.onnx_export import ensure_export
-from tests.checks import assert_gad_equals_greedy_on_random_sources, status_code, torch_and_onnx_drafters
+from tests.checks import assert_gad_equals_greedy_on_random_sources, bundle_and_drafters_fixtures, status_code
 from tests.zoo import FIRST_WORD, MAX_LEN, model_pool, random_source
 from tests.zoo import sources as zoo_sources
 from verifier_service.session import LocalVerifier
 
-
-@pytest.fixture(scope="module")
-def bundle(tmp_path_factory):
-    return load_bundle(make_tiny_bundle(tmp_path_factory.mktemp("bundle"), seed=7))
-
-
-@pytest.fixture(scope="module")
-def drafters(bundle, tmp_path_factory):
-    """(torch, onnxruntime) drafters over the tiny bundle."""
-    return torch_and_onnx_drafters(bundle, tmp_path_factory.mktemp("onnx"))
+bundle, drafters = bundle_and_drafters_fixtures(seed=7)
 
 
 @pytest.fixture(scope="module")

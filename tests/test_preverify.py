@@ -20,12 +20,11 @@ from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
 from gateway.policies.adaptive import load_model
 from gateway.policies.loop import DecodeResult
+from tests import recording
 from tests.recording import (
     Record,
     RecordingDrafter,
     StepsVerifier,
-    assert_a_drafter_death_fails_over_to_ar,
-    assert_a_verifier_failure_waits_for_the_pool_call,
     assert_same_decode,
     block_mode_configs,
     local_drafter,
@@ -53,11 +52,11 @@ def _pair_steps(
     """`_pair`, with both loops' verifiers, which kept every step."""
     runs, records, verifiers = [], [], []
     for preverify in (False, True):
-        recording = RecordingDrafter(local_drafter(trio))
+        drafter = RecordingDrafter(local_drafter(trio))
         verifiers.append(StepsVerifier(local_verifier(trio)))
         config = DecodingConfig(preverify=preverify, overlap=overlap and preverify, **params)
-        runs.append(decode(source, config, verifiers[-1], recording))
-        records.extend(recording.records)
+        runs.append(decode(source, config, verifiers[-1], drafter))
+        records.extend(drafter.records)
     return runs[0], runs[1], records[0], records[1], verifiers[0], verifiers[1]
 
 
@@ -117,11 +116,11 @@ def test_blocks_cut_at_their_first_token_are_not_verified() -> None:
 def test_modes_without_a_rule_at_one_position_and_adaptive_requests_never_pre_verify() -> None:
     source = [5, 6, 7, 8, 9, 10, 11, 12]
     for mode in (Mode.MJSD, Mode.SPECULATIVE, Mode.IAD, Mode.AR):
-        recording = RecordingDrafter(local_drafter(0))
+        drafter = RecordingDrafter(local_drafter(0))
         config = DecodingConfig(mode=mode, max_new_tokens=30, preverify=True, overlap=False)
-        result = decode(source, config, local_verifier(0), recording)
+        result = decode(source, config, local_verifier(0), drafter)
         assert result.stats.preverified == 0
-        assert not any(c.predraft for r in recording.records for c in r.calls)
+        assert not any(c.predraft for r in drafter.records for c in r.calls)
     adaptive = DecodingConfig(mode=Mode.GAD, k=4, max_new_tokens=30, preverify=True, overlap=False, adaptive=True)
     assert decode(source, adaptive, local_verifier(0), local_drafter(0)).stats.preverified == 0
 
@@ -169,7 +168,7 @@ def test_a_verifier_failure_waits_for_the_drafter_call_in_flight() -> None:
     def second_plain_step(lengths: list[int]) -> bool:
         return lengths[-1] == 0 and lengths.count(0) == 2
 
-    assert_a_verifier_failure_waits_for_the_pool_call(
+    recording.assert_a_verifier_failure_waits_for_the_pool_call(
         source, config, local_verifier(0), local_drafter(0), fails=second_plain_step
     )
 
@@ -180,7 +179,7 @@ def test_a_drafter_that_dies_during_a_pre_verified_draft_fails_like_a_plain_draf
     # The worst-matched trio: ~30 pre-verified drafts on the pool, so the third is there even when a
     # busy machine lets the decode thread draft some itself (the best-matched trio has 6, fewer
     # since a block drafted again comes from the sync's memory).
-    assert_a_drafter_death_fails_over_to_ar(source, config, local_verifier(3), local_drafter(3))
+    recording.assert_a_drafter_death_fails_over_to_ar(source, config, local_verifier(3), local_drafter(3))
 
 
 def test_drafting_ahead_is_held_back_while_other_requests_decode_on_thelocal_verifier() -> None:

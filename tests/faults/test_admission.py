@@ -17,14 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from protos.specdec.v1 import (
-    drafter_pb2,
-    drafter_pb2_grpc,
-    gateway_pb2,
-    gateway_pb2_grpc,
-    verifier_pb2,
-    verifier_pb2_grpc,
-)
+from protos.specdec.v1 import drafter_pb2, gateway_pb2, verifier_pb2
+from protos.specdec.v1.drafter_pb2_grpc import DrafterServiceStub
+from protos.specdec.v1.gateway_pb2_grpc import GatewayServiceStub
+from protos.specdec.v1.verifier_pb2_grpc import VerifierServiceStub
 from specdec.serve import ServiceStack
 from tests.services.conftest import wait_until
 
@@ -74,10 +70,7 @@ def _race(address: str, role: str, n: int) -> tuple[int, int, list[str]]:
     outcomes: list[str] = []
 
     def one(channel: grpc.Channel) -> None:
-        if role == "verifier":
-            method = verifier_pb2_grpc.VerifierServiceStub(channel).Verify
-        else:
-            method = drafter_pb2_grpc.DrafterServiceStub(channel).Draft
+        method = VerifierServiceStub(channel).Verify if role == "verifier" else DrafterServiceStub(channel).Draft
 
         def requests():
             yield _open_message(role)
@@ -147,7 +140,7 @@ def test_beam_requests_never_meet_the_verifiers_refusal(bundle_dir, max_queued):
     with ServiceStack("all", bundle_dir, _sections(max_queued=max_queued, max_per_client=n)) as stack:
         running = stack.running
         with grpc.insecure_channel(running.addresses["gateway"]) as channel:
-            stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+            stub = GatewayServiceStub(channel)
             with ThreadPoolExecutor(n) as pool:
                 results = list(pool.map(lambda _: _generate(stub, BEAM, "beam"), range(n)))
         assert _metric(running.verifier, "verifier_rejected_total") == 0
@@ -176,7 +169,7 @@ def test_a_flooding_client_does_not_starve_a_well_behaved_one(bundle_dir):
         ServiceStack("all", bundle_dir, sections) as stack,
         grpc.insecure_channel(stack.running.addresses["gateway"]) as channel,
     ):
-        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        stub = GatewayServiceStub(channel)
         stop = threading.Event()
         flood: list[str] = []
 
@@ -220,9 +213,9 @@ def idle_limited(bundle_dir):
 async def _idle(address: str, role: str, send_open: bool) -> tuple[grpc.StatusCode, str, float]:
     async with grpc.aio.insecure_channel(address) as channel:
         if role == "verifier":
-            call = verifier_pb2_grpc.VerifierServiceStub(channel).Verify(timeout=30)
+            call = VerifierServiceStub(channel).Verify(timeout=30)
         else:
-            call = drafter_pb2_grpc.DrafterServiceStub(channel).Draft(timeout=30)
+            call = DrafterServiceStub(channel).Draft(timeout=30)
         t0 = time.monotonic()
         if send_open:
             await call.write(_open_message(role))

@@ -17,18 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
+from gateway import remote
 from gateway.decode import decode
 from gateway.decoding_config import DecodingConfig, Mode
-from gateway.remote import (
-    CallOptions,
-    Cancellation,
-    DrafterFailure,
-    RemoteDrafter,
-    RemoteVerifier,
-    RequestCancelled,
-    fetch_drafter_info,
-    fetch_verifier_info,
-)
 from specdec.serve import ServiceStack
 from tests.recording import Call, Record, RecordingDrafter
 from tests.services.conftest import LOOPBACK, scrape, wait_until
@@ -73,20 +64,20 @@ def _active(stack: ServiceStack, role: str) -> float:
 
 @AHEAD
 def test_cancelling_a_request_with_a_pre_draft_in_flight_leaks_nothing(verifier_stack, drafter_stack, config):
-    cancellation = Cancellation()
-    options = CallOptions(request_id="overlap-cancel", cancellation=cancellation)
+    cancellation = remote.Cancellation()
+    options = remote.CallOptions(request_id="overlap-cancel", cancellation=cancellation)
     reached, fault_done = threading.Event(), threading.Event()
     v_addr, d_addr = verifier_stack.running.addresses["verifier"], drafter_stack.running.addresses["drafter"]
     with grpc.insecure_channel(v_addr) as vc, grpc.insecure_channel(d_addr) as dc:
-        verifier = RemoteVerifier(vc, fetch_verifier_info(vc), options)
-        drafter = RecordingDrafter(RemoteDrafter(dc, fetch_drafter_info(dc), options),
+        verifier = remote.RemoteVerifier(vc, remote.fetch_verifier_info(vc), options)
+        drafter = RecordingDrafter(remote.RemoteDrafter(dc, remote.fetch_drafter_info(dc), options),
                                    hook=_held_at_predraft(2, fault_done, reached))
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(decode, SOURCE, config, verifier, drafter)
             assert reached.wait(30), "no second pre-draft started"
             cancellation.cancel()
             fault_done.set()
-            with pytest.raises(RequestCancelled):
+            with pytest.raises(remote.RequestCancelled):
                 running.result(30)
     (record,) = drafter.records
     assert record.closed and record.in_flight_at_close == 0 and record.most_in_flight == 1
@@ -100,8 +91,8 @@ def test_a_drafter_dying_during_a_pre_draft_fails_over_to_ar_and_leaks_nothing(v
     v_addr, d_addr = verifier_stack.running.addresses["verifier"], drafter_stack.running.addresses["drafter"]
     committed: list[int] = []
     with grpc.insecure_channel(v_addr) as vc, grpc.insecure_channel(d_addr) as dc:
-        verifier = RemoteVerifier(vc, fetch_verifier_info(vc))
-        drafter = RecordingDrafter(RemoteDrafter(dc, fetch_drafter_info(dc)),
+        verifier = remote.RemoteVerifier(vc, remote.fetch_verifier_info(vc))
+        drafter = RecordingDrafter(remote.RemoteDrafter(dc, remote.fetch_drafter_info(dc)),
                                    hook=_held_at_predraft(2, fault_done, reached))
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(decode, SOURCE, config, verifier, drafter, committed.extend)
@@ -109,7 +100,7 @@ def test_a_drafter_dying_during_a_pre_draft_fails_over_to_ar_and_leaks_nothing(v
             drafter_stack.stop(grace=0)  # the drafter dies with the pre-draft's call about to go out
             drafter_stack.running.drafter = None
             fault_done.set()
-            with pytest.raises(DrafterFailure):
+            with pytest.raises(remote.DrafterFailure):
                 running.result(30)
         (record,) = drafter.records
         assert record.closed and record.in_flight_at_close == 0 and record.most_in_flight == 1

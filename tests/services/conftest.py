@@ -42,10 +42,19 @@ def stack(bundle_dir):
         yield running
 
 
-@pytest.fixture(scope="session")
-def gateway_channel(stack):
-    with grpc.insecure_channel(stack.running.addresses["gateway"]) as channel:
-        yield channel
+def _channel_fixture(role: str):
+    """A session fixture `<role>_channel`: one loopback channel to the shared stack's `role` server."""
+
+    @pytest.fixture(scope="session", name=f"{role}_channel")
+    def channel(stack):
+        with grpc.insecure_channel(stack.running.addresses[role]) as opened:
+            yield opened
+
+    return channel
+
+
+gateway_channel = _channel_fixture("gateway")
+verifier_channel = _channel_fixture("verifier")
 
 
 @pytest.fixture(scope="session")

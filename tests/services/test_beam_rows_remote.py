@@ -8,7 +8,6 @@ raises `RemoteCallError`.
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
 from core.interfaces import BeamRow
@@ -20,9 +19,8 @@ SOURCES = [[7, 8, 9, 10, 11], [12, 13, 12, 13, 14, 15, 16], [20]]
 
 
 @pytest.fixture(scope="module")
-def remote(stack):
-    with grpc.insecure_channel(stack.running.addresses["verifier"]) as channel:
-        yield RemoteVerifier(channel, fetch_verifier_info(channel))
+def remote(verifier_channel):
+    return RemoteVerifier(verifier_channel, fetch_verifier_info(verifier_channel))
 
 
 @pytest.mark.parametrize("width", [1, 3, 5])

@@ -16,12 +16,6 @@ SOURCES = [[7, 8, 9, 10, 11], [12, 13, 12, 13, 14, 15, 16], [20]]
 
 
 @pytest.fixture(scope="module")
-def verifier_channel(stack):
-    with grpc.insecure_channel(stack.running.addresses["verifier"]) as channel:
-        yield channel
-
-
-@pytest.fixture(scope="module")
 def remote(verifier_channel):
     return RemoteVerifier(verifier_channel, fetch_verifier_info(verifier_channel))
 

@@ -71,18 +71,9 @@ def test_overlapped_generate_equals_plain_generate(gateway, ids, max_new, params
 
 
 def test_overlap_is_off_by_default_and_when_asked_for_its_counts_reach_the_metrics(stack, gateway):
-    port = stack.running.gateway.host.metrics_port
-    key = 'specdec_gateway_predrafts_total{mode="gad"}'
-    used_key = 'specdec_gateway_predrafts_used_total{mode="gad"}'
-    ids = list(range(FIRST_WORD, FIRST_WORD + 30))
-    unset = _generate(gateway, ids, {"mode": "gad", "k": 1, "max_new_tokens": 40})
-    assert unset.stats.predrafts == unset.stats.preverified == 0
-    before = scrape(port)
-    response = _generate(gateway, ids, {"mode": "gad", "k": 1, "max_new_tokens": 40, "overlap": True})
-    assert response.stats.predrafts > 0
-    after = scrape(port)
-    assert after[key] - before.get(key, 0.0) == response.stats.predrafts
-    assert after[used_key] - before.get(used_key, 0.0) == response.stats.predrafts_used
+    unset, asked = _counts_reach_the_metrics(stack, gateway, 1, "overlap", ("predrafts", "predrafts_used"))
+    assert unset.predrafts == unset.preverified == 0
+    assert asked.predrafts > 0
 
 
 def test_remote_sessions_never_overlap_calls_on_the_drafter_stream(stack):
@@ -128,16 +119,22 @@ def test_preverified_generate_equals_plain_generate(gateway, ids, max_new, param
 
 
 def test_preverify_is_off_by_default_and_when_asked_for_its_counts_reach_the_metrics(stack, gateway):
-    port = stack.running.gateway.host.metrics_port
-    key = 'specdec_gateway_preverified_total{mode="gad"}'
-    cuts_key = 'specdec_gateway_preverify_cuts_total{mode="gad"}'
-    ids = list(range(FIRST_WORD, FIRST_WORD + 30))
-    unset = _generate(gateway, ids, {"mode": "gad", "k": 4, "max_new_tokens": 40})
-    assert unset.stats.preverified == 0
-    before = scrape(port)
-    response = _generate(gateway, ids, {"mode": "gad", "k": 4, "max_new_tokens": 40, "preverify": True})
+    unset, asked = _counts_reach_the_metrics(stack, gateway, 4, "preverify", ("preverified", "preverify_cuts"))
+    assert unset.preverified == 0
     # The tiny random bundle's drafter is rarely right: most blocks are cut at their first token.
-    assert response.stats.preverified > 0 and response.stats.preverify_cuts > 0
+    assert asked.preverified > 0 and asked.preverify_cuts > 0
+
+
+def _counts_reach_the_metrics(stack, gateway, k: int, option: str, counts: tuple[str, ...]):
+    """The stats of a GAD request without `option` and of one with it, once each of `counts` (a
+    stats field) has grown its gateway series `specdec_gateway_<count>_total` by the second's."""
+    port = stack.running.gateway.host.metrics_port
+    ids = list(range(FIRST_WORD, FIRST_WORD + 30))
+    unset = _generate(gateway, ids, {"mode": "gad", "k": k, "max_new_tokens": 40})
+    before = scrape(port)
+    asked = _generate(gateway, ids, {"mode": "gad", "k": k, "max_new_tokens": 40, option: True})
     after = scrape(port)
-    assert after[key] - before.get(key, 0.0) == response.stats.preverified
-    assert after[cuts_key] - before.get(cuts_key, 0.0) == response.stats.preverify_cuts
+    keys = {count: f'specdec_gateway_{count}_total{{mode="gad"}}' for count in counts}
+    grown = {count: after[key] - before.get(key, 0.0) for count, key in keys.items()}
+    assert grown == {count: getattr(asked.stats, count) for count in counts}
+    return unset.stats, asked.stats
