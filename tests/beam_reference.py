@@ -1,7 +1,8 @@
 """AR beam search as it was before multi-row verifier sessions (gateway/policies/beam.py at
 dde4ce7): one single-row verifier session per live hypothesis, re-targeted by rolling back to the
 common prefix. Frozen: the multi-row policy must equal it token for token (tests/test_beam_rows.py),
-and bench/bench_beam.py times it as "today's" beam search. Do not change it."""
+and bench/bench_beam.py times it as "today's" beam search. Do not change what it computes (finished
+hypotheses are plain tuples here, a representation of its own, so the two are not one code)."""
 
 from __future__ import annotations
 
