@@ -69,6 +69,7 @@ def distilled(tmp_path_factory) -> dict:
     return {"root": root, "bundle": root / "bundle", "out": root / "distilled", "work": root / "work"}
 
 
+@pytest.mark.slow
 def test_gad_with_the_distilled_drafter_equals_greedy_and_accepts_3_tokens_an_iteration(distilled):
     bundle = load_bundle(distilled["out"])
     assert sorted(bundle.models) == ["nar_drafter", "verifier"]
@@ -91,6 +92,7 @@ def test_gad_with_the_distilled_drafter_equals_greedy_and_accepts_3_tokens_an_it
     assert exact >= HELD_OUT // 2  # the verifier learnt the task: its greedy output is a near-copy
 
 
+@pytest.mark.slow
 def test_the_new_bundle_keeps_the_verifier_and_its_ids_and_has_a_card(distilled):
     old = json.loads((distilled["bundle"] / "config.json").read_text())
     new = json.loads((distilled["out"] / "config.json").read_text())
@@ -106,6 +108,7 @@ def test_the_new_bundle_keeps_the_verifier_and_its_ids_and_has_a_card(distilled)
     assert "## Distilled drafters" in card and "| nar_drafter | GAD / GAD++ drafter | " in card, card
 
 
+@pytest.mark.slow
 def test_a_rerun_continues_from_the_work_directory_and_adds_an_ar_drafter(distilled, tmp_path):
     """More steps on the same work directory resume the NAR drafter's checkpoint rather than starting
     again, the labels are not made again, and `--ar-drafter` adds a small AR drafter that MJSD and
@@ -160,6 +163,7 @@ def test_bad_sources_and_settings_are_one_line(tmp_path, capsys, content, flags,
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_an_existing_out_and_an_ids_only_bundle_without_ids_are_one_line(distilled, tmp_path, capsys):
     sources = distilled["root"] / "sources.txt"
     capsys.readouterr()

@@ -298,6 +298,7 @@ def test_kernels_import_and_run_without_triton() -> None:
 # Triton
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 def test_triton_kernel_under_interpreter() -> None:
     """Runs tests/test_kernels_triton.py in a child pytest with TRITON_INTERPRET=1, on CPU tensors."""

@@ -179,6 +179,7 @@ def shipped():
     return bundle, make_verifier(bundle, DEFAULT_BACKEND), make_drafter(bundle, DEFAULT_BACKEND)
 
 
+@pytest.mark.slow
 def test_on_the_shipped_bundle_realigned_gad_needs_fewer_iterations(shipped, monkeypatch):
     """UA-GEC sentences whose correction inserts tokens, and those whose correction deletes some:
     for each, realigned GAD is greedy's output in fewer verifier iterations than GAD with every
