@@ -10,7 +10,7 @@ from functools import partial
 import numpy as np
 
 from core.checks import check_ids, check_source_ids
-from core.errors import SpecdecError, StatusCode, invalid, out_of_range
+from core.errors import SpecdecError, StatusCode, out_of_range
 from core.interfaces import Drafter, DrafterSession, Verifier, draft_limit, greedy_run_limit
 from gateway.decoding_config import DecodingConfig
 from gateway.modes import MODES, PolicyInputs
@@ -58,16 +58,14 @@ def _decode(
     # The in-process edge: what a caller controls is checked here; the sessions below trust it.
     check_source_ids(source_ids, verifier.vocab_size, verifier.max_source_len, what="input", ids_name="input_ids")
     spec = MODES[config.mode]
-    if prefix and spec.run is not None:
-        raise invalid(f"{spec.name} cannot continue a committed prefix")
     check_ids(prefix or [], verifier.vocab_size, "prefix")
     if prefix and len(prefix) >= config.max_new_tokens:
         raise out_of_range(f"prefix has {len(prefix)} tokens; max_new_tokens is {config.max_new_tokens}")
     stats = DecodeStats()
     if spec.run is not None:
-        out = spec.run(source_ids, config, verifier, stats)
-        if on_tokens is not None and out:
-            on_tokens(out)
+        out = spec.run(source_ids, config, verifier, stats, prefix)
+        if on_tokens is not None and len(out) > len(prefix or []):
+            on_tokens(out[len(prefix or []):])
         return DecodeResult(out, stats)
     assert spec.build is not None
     if spec.needs_drafter and drafter is None:

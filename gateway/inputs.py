@@ -16,7 +16,6 @@ from typing import Any
 from core.checks import check_length
 from core.errors import invalid, out_of_range
 from gateway.decoding_config import DecodingConfig
-from gateway.modes import MODES
 from protos.specdec.v1 import gateway_pb2
 from seq2seq_models.tokenizer import Tokenizer
 
@@ -47,16 +46,11 @@ async def source_ids(
 def forced_first_tokens(tokenizer: Any, target_lang: str, config: DecodingConfig) -> list[int]:
     """The output's forced first tokens: the code of the request's target language, or the model's
     default (an imported many-to-many checkpoint's forced_bos_token_id); INVALID_ARGUMENT for a
-    code the model does not have, or a mode that cannot start from a committed token."""
+    code the model does not have."""
     try:
         first = tokenizer.first_tokens(target_lang)
     except ValueError as exc:
         raise invalid(str(exc)) from None
-    if first and MODES[config.mode].run is not None:
-        raise invalid(
-            f"mode {config.mode.value} cannot start from a forced first token (this model's target language); "
-            "use ar or a speculative mode"
-        )
     if first and len(first) >= config.max_new_tokens:
         raise out_of_range(f"max_new_tokens {config.max_new_tokens} leaves no room after the forced first token")
     return first

@@ -168,6 +168,17 @@ def _config(**overrides) -> DecodingConfig:
     return DecodingConfig().with_overrides({"max_new_tokens": MAX_NEW, **overrides})
 
 
+def _hf_beam(model, source: list[int], eos: int, forced_bos: int, width: int = 4) -> list[int]:
+    """`generate`'s beam search (stopping once `width` hypotheses are done, as ours does), without
+    the decoder start token and the EOS."""
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([[*source, eos]]), do_sample=False, num_beams=width, early_stopping=True,
+            max_new_tokens=MAX_NEW, forced_eos_token_id=None, forced_bos_token_id=forced_bos, min_length=0,
+        )[0].tolist()[1:]
+    return out[: out.index(eos)] if eos in out else out
+
+
 def _hf_greedy(model, source: list[int], eos: int, forced_bos: int | None = None) -> list[int]:
     with torch.no_grad():
         out = model.generate(
@@ -248,6 +259,8 @@ def test_a_target_language_is_the_forced_first_token(imported):
             for mode in ("ar", "iad"):
                 got = decode(source, _config(mode=mode, k=4), verifier, prefix=first).output_ids
                 assert got == want, (text, lang, mode)
+            beam = decode(source, _config(mode="beam", num_beams=4), verifier, prefix=first).output_ids
+            assert beam == _hf_beam(model, source, cfg.eos_id, forced_bos=first[0]), (text, lang)
 
 
 @pytest.mark.parametrize("family", ["bart", "t5", "marian", "m2m100"])
@@ -403,6 +416,12 @@ def test_a_target_language_through_serve_all_and_decode(imported, tmp_path, caps
                 assert list(gateway.Generate(request, timeout=60).output_ids) == want, (lang, text)
                 streamed = [i for chunk in gateway.GenerateStream(request, timeout=60) for i in chunk.output_ids]
                 assert streamed == want, (lang, text)
+        # Beam search starts from the forced token too, and streams it first.
+        want = _hf_beam(model, tok(TEXTS[1])["input_ids"][:-1], cfg.eos_id, forced_bos=tok.lang_code_to_id["ru"])
+        config = overrides_to_wire({"mode": "beam", "num_beams": 4, "max_new_tokens": MAX_NEW})
+        request = gateway_pb2.GenerateRequest(text=TEXTS[1], target_lang="ru", config=config)
+        assert list(gateway.Generate(request, timeout=60).output_ids) == want
+        assert [i for chunk in gateway.GenerateStream(request, timeout=60) for i in chunk.output_ids] == want
         # KServe: the same choice as a request parameter, through the real tritonclient.
         import numpy as np
         import tritonclient.grpc as triton_grpc

@@ -163,16 +163,17 @@ def test_variable_width_beam_without_pruning_equals_fixed_width(trio, source, ma
     source=sources,
     max_new=st.integers(2, MAX_LEN - 1),
     cut=st.floats(0, 1),
-    mode=st.sampled_from([Mode.AR, Mode.GAD]),
+    mode=st.sampled_from([Mode.AR, Mode.GAD, Mode.BEAM]),
 )
 def test_continuing_a_committed_prefix_gives_the_same_output(trio, source, max_new, cut, mode):
     """The gateway's fallback continues from what is already committed: for a lossless mode the
-    result is the same as decoding from scratch."""
+    result is the same as decoding from scratch. So does beam search of width 1 (a forced first
+    token is such a prefix), streaming only what it adds."""
     greedy = _greedy(trio, source, max_new)
     n = min(int(cut * len(greedy.output_ids)), max_new - 1)
     prefix = greedy.output_ids[:n]
     verifier, drafter = _endpoints(trio)
-    config = DecodingConfig(mode=mode, max_new_tokens=max_new, k=5)
+    config = DecodingConfig(mode=mode, max_new_tokens=max_new, **({"num_beams": 1} if mode == Mode.BEAM else {"k": 5}))
     streamed: list[int] = []
     resumed = decode(source, config, verifier, drafter, on_tokens=streamed.extend, prefix=prefix)
     assert resumed.output_ids == greedy.output_ids

@@ -11,7 +11,9 @@ from gateway.policies.beam import beam_search
 from gateway.policies.loop import DecodeStats
 
 
-def run(source_ids: list[int], config: DecodingConfig, verifier: Verifier, stats: DecodeStats) -> list[int]:
+def run(
+    source_ids: list[int], config: DecodingConfig, verifier: Verifier, stats: DecodeStats, prefix: list[int] | None,
+) -> list[int]:
     return beam_search(
         verifier,
         source_ids,
@@ -20,6 +22,7 @@ def run(source_ids: list[int], config: DecodingConfig, verifier: Verifier, stats
         stats,
         delta=config.beam_delta,
         max_candidates=config.beam_max_candidates,
+        prefix=prefix,
     )
 
 

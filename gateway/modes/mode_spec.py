@@ -45,8 +45,9 @@ TopK = Callable[[DecodingConfig, int], int]
 Sessions = Callable[[DecodingConfig], int]
 # preverify(config) -> the mode's rule at one position, for pre-verify (gateway.policies.preverify).
 FirstRule = Callable[[DecodingConfig], FirstPasses]
-# run(source_ids, config, verifier, stats) -> output ids, for a mode outside the draft-verify loop.
-RunMode = Callable[[list[int], DecodingConfig, Verifier, DecodeStats], list[int]]
+# run(source_ids, config, verifier, stats, prefix) -> output ids (the committed prefix first), for a
+# mode outside the draft-verify loop.
+RunMode = Callable[[list[int], DecodingConfig, Verifier, DecodeStats, list[int] | None], list[int]]
 
 
 def one_session(config: DecodingConfig) -> int:

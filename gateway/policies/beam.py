@@ -46,15 +46,19 @@ def beam_search(
     delta: float | None = None,
     max_candidates: int | None = None,
     native_rows: bool = True,
+    prefix: list[int] | None = None,
 ) -> list[int]:
-    """The best length-normalised hypothesis. `native_rows=False` forces the single-row-session
-    adapter even where the verifier's sessions have `step_rows` (to compare the two)."""
+    """The best length-normalised hypothesis. Every hypothesis starts with `prefix` (tokens already
+    committed, such as a target language's forced first token, at no cost to its score and counted in
+    its length and in `max_new_tokens`). `native_rows=False` forces the single-row-session adapter
+    even where the verifier's sessions have `step_rows` (to compare the two)."""
     eos = verifier.eos_id
     per_parent = min(width, max_candidates or width, verifier.vocab_size)
     session = open_rows(verifier, source_ids, native=native_rows)
     try:
-        alive = [_Hyp([], 0.0)]
-        rows = [BeamRow(parent=0, committed_len=0, append_ids=[])]  # the session's one empty row
+        start = list(prefix or [])
+        alive = [_Hyp(start, 0.0)]
+        rows = [BeamRow(parent=0, committed_len=0, append_ids=start)]  # the session's one row, after the prefix
         finished: list[_Finished] = []
         while alive and len(finished) < width:
             t0 = time.perf_counter()
