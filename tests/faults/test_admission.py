@@ -18,9 +18,9 @@ import grpc
 import pytest
 
 from protos.specdec.v1 import drafter_pb2, gateway_pb2, verifier_pb2
-from protos.specdec.v1.drafter_pb2_grpc import DrafterServiceStub
-from protos.specdec.v1.gateway_pb2_grpc import GatewayServiceStub
-from protos.specdec.v1.verifier_pb2_grpc import VerifierServiceStub
+from protos.specdec.v1 import drafter_pb2_grpc as drafter_rpc
+from protos.specdec.v1 import gateway_pb2_grpc as gateway_rpc
+from protos.specdec.v1 import verifier_pb2_grpc as verifier_rpc
 from specdec.serve import ServiceStack
 from tests.services.conftest import wait_until
 
@@ -70,7 +70,10 @@ def _race(address: str, role: str, n: int) -> tuple[int, int, list[str]]:
     outcomes: list[str] = []
 
     def one(channel: grpc.Channel) -> None:
-        method = VerifierServiceStub(channel).Verify if role == "verifier" else DrafterServiceStub(channel).Draft
+        if role == "verifier":
+            method = verifier_rpc.VerifierServiceStub(channel).Verify
+        else:
+            method = drafter_rpc.DrafterServiceStub(channel).Draft
 
         def requests():
             yield _open_message(role)
@@ -140,7 +143,7 @@ def test_beam_requests_never_meet_the_verifiers_refusal(bundle_dir, max_queued):
     with ServiceStack("all", bundle_dir, _sections(max_queued=max_queued, max_per_client=n)) as stack:
         running = stack.running
         with grpc.insecure_channel(running.addresses["gateway"]) as channel:
-            stub = GatewayServiceStub(channel)
+            stub = gateway_rpc.GatewayServiceStub(channel)
             with ThreadPoolExecutor(n) as pool:
                 results = list(pool.map(lambda _: _generate(stub, BEAM, "beam"), range(n)))
         assert _metric(running.verifier, "verifier_rejected_total") == 0
@@ -169,7 +172,7 @@ def test_a_flooding_client_does_not_starve_a_well_behaved_one(bundle_dir):
         ServiceStack("all", bundle_dir, sections) as stack,
         grpc.insecure_channel(stack.running.addresses["gateway"]) as channel,
     ):
-        stub = GatewayServiceStub(channel)
+        stub = gateway_rpc.GatewayServiceStub(channel)
         stop = threading.Event()
         flood: list[str] = []
 
@@ -213,9 +216,9 @@ def idle_limited(bundle_dir):
 async def _idle(address: str, role: str, send_open: bool) -> tuple[grpc.StatusCode, str, float]:
     async with grpc.aio.insecure_channel(address) as channel:
         if role == "verifier":
-            call = VerifierServiceStub(channel).Verify(timeout=30)
+            call = verifier_rpc.VerifierServiceStub(channel).Verify(timeout=30)
         else:
-            call = DrafterServiceStub(channel).Draft(timeout=30)
+            call = drafter_rpc.DrafterServiceStub(channel).Draft(timeout=30)
         t0 = time.monotonic()
         if send_open:
             await call.write(_open_message(role))
