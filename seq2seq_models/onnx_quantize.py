@@ -30,7 +30,7 @@ import json
 import os
 from pathlib import Path
 
-from seq2seq_models.onnx_export import (
+from seq2seq_models.onnx_cache import (
     BATCH_DECODER_FILE,
     DECODER_FILE,
     ENCODER_FILE,

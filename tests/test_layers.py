@@ -145,7 +145,8 @@ def _run_without_torch(code: str) -> subprocess.CompletedProcess:
 def test_the_onnx_serving_path_of_every_role_runs_without_torch(tmp_path) -> None:
     """With the graphs exported (as the image's build stage does), verifier and drafter servers start
     on ONNX Runtime, draft (NAR block, AR beam, AR sample) and verify, in a process where torch
-    cannot be imported; a torch backend there is a one-line error naming the backend."""
+    cannot be imported, in float32 and in int8 (whose graphs are quantized there from the float32
+    export); a torch backend there is a one-line error naming the backend."""
     from seq2seq_models.bundle import make_tiny_bundle
 
     bundle = make_tiny_bundle(tmp_path / "bundle", seed=3)
@@ -173,6 +174,13 @@ async def main():
     print("OUT", len(session.step(0, [], [10, 11], 1).top1))
     await drafter.stop(0)
     await verifier.stop(0)
+    int8 = ServiceSection(address="127.0.0.1:0", backend="onnxruntime", device="cpu", precision="int8")
+    verifier = await VerifierServer.start({str(bundle)!r}, int8)
+    drafter = await DrafterServer.start({str(bundle)!r}, int8)
+    print("OUT", len(verifier.verifier.open([7, 8, 9]).step(0, [], [10, 11], 1).top1),
+          len(drafter.drafter.open([7, 8, 9]).draft_block(0, [], 4).ids) >= 1)
+    await drafter.stop(0)
+    await verifier.stop(0)
 
 asyncio.run(main())
 print("OUT", sorted(m for m in ("torch", "safetensors.torch") if m in __import__("sys").modules))
@@ -183,6 +191,7 @@ print("OUT", sorted(m for m in ("torch", "safetensors.torch") if m in __import__
     assert lines[0] == "onnxruntime-cpu onnxruntime-cpu"
     assert [int(n) >= 1 for n in lines[1].split()] == [True, True, True]
     assert lines[2] == "3"
+    assert lines[3] == "3 True"
     assert lines[-1] == "[]"
 
     refused = _run_without_torch(
