@@ -64,8 +64,9 @@ def _decode(
     stats = DecodeStats()
     if spec.run is not None:
         out = spec.run(source_ids, config, verifier, stats, prefix)
-        if on_tokens is not None and len(out) > len(prefix or []):
-            on_tokens(out[len(prefix or []):])
+        added = out[len(prefix or []):]  # the prefix was committed (and streamed) before
+        if on_tokens is not None and added:
+            on_tokens(added)
         return DecodeResult(out, stats)
     assert spec.build is not None
     if spec.needs_drafter and drafter is None:

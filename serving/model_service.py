@@ -41,8 +41,8 @@ class ModelIds(Protocol):
 class ModelService:
     """Base of a servicer that hosts model sessions behind one bidi "one stream = one session" RPC.
 
-    A subclass also derives from its generated servicer, passes its service's descriptor, sets its
-    limits and `model_info` (`make_model_info`), and implements `warm_up`, `open_session` and
+    A subclass also derives from its generated servicer, passes its service's descriptor, bundle and
+    limits, sets `model_info` (`make_model_info`), and implements `warm_up`, `open_session` and
     `_step(session, step_msg)`, validating what the client controls there, at the RPC boundary.
     Its stream RPC is `serve_sessions`, e.g. `Verify = ModelService.serve_sessions`.
     """
