@@ -13,7 +13,7 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
-from tests.services.conftest import free_port, spawn_specdec, wait_ready_line
+from tests.services.conftest import AddressTaken, free_port, spawn_specdec, wait_ready_line
 
 LOOP = "127.0.0.1"
 
@@ -78,6 +78,10 @@ def write_config(path: Path, gateway: dict[str, object] | None = None) -> dict[s
 
 def serve_separately(bundle: Path, tmp: Path, gateway: dict[str, object] | None = None) -> dict[str, Served]:
     """Verifier, drafter and gateway as three processes (the gateway started last, once both are up)."""
+    return _with_fresh_ports(lambda: _serve_separately(bundle, tmp, gateway))
+
+
+def _serve_separately(bundle: Path, tmp: Path, gateway: dict[str, object] | None) -> dict[str, Served]:
     config = tmp / "specdec.toml"
     ports = write_config(config, gateway)
     served: dict[str, Served] = {}
@@ -100,8 +104,25 @@ def stop_all(served: dict[str, Served]) -> None:
 
 def serve_all(bundle: Path, tmp: Path, gateway: dict[str, object] | None = None) -> Served:
     """`specdec serve all`: the three services in one process, as the issue's reproduction ran them."""
+    return _with_fresh_ports(lambda: _serve_all(bundle, tmp, gateway))
+
+
+def _serve_all(bundle: Path, tmp: Path, gateway: dict[str, object] | None) -> Served:
     config = tmp / "specdec-all.toml"
     ports = write_config(config, gateway)
     served = Served("all", bundle, config, *ports["gateway"])
     served.metrics_ports = {role: port for role, (_, port) in ports.items()}
-    return served.wait_ready()
+    try:
+        return served.wait_ready()
+    except BaseException:
+        served.kill()
+        raise
+
+
+def _with_fresh_ports(start):
+    """`start()`, once more on newly picked ports if a port was taken between `free_port` picking it
+    and the server binding it (another test's outgoing connection may get the same ephemeral port)."""
+    try:
+        return start()
+    except AddressTaken:
+        return start()

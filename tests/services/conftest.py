@@ -7,6 +7,7 @@ import queue
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -68,12 +69,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class AddressTaken(AssertionError):
+    """A server refused to start because a port picked by `free_port` was taken before it bound."""
+
+
 def spawn_specdec(*args: str) -> subprocess.Popen:
+    """`specdec ARGS` in a child process; its stderr goes to a temporary file (`proc.stderr_log`), so a
+    server that dies before its ready line says why, without a pipe nobody reads filling up."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "specdec", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, text=True,
+    log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (open for as long as the process runs)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdec", *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
     )
+    proc.stderr_log = log  # type: ignore[attr-defined]
+    return proc
 
 
 def wait_ready_line(proc: subprocess.Popen, timeout: float = 60.0) -> str:
@@ -92,8 +101,23 @@ def wait_ready_line(proc: subprocess.Popen, timeout: float = 60.0) -> str:
         proc.kill()
         proc.wait(10)
         raise AssertionError(f"`specdec serve` printed no ready line within {timeout:.0f}s; killed it") from None
-    assert line, f"server closed its stdout (exit status {proc.poll()}) before printing its ready line"
+    if not line:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        why = _stderr_tail(proc)
+        error = AddressTaken if "already in use" in why else AssertionError
+        raise error(f"server closed its stdout (exit status {proc.poll()}) before printing its ready line: {why}")
     return line.strip()
+
+
+def _stderr_tail(proc: subprocess.Popen, chars: int = 2000) -> str:
+    log = getattr(proc, "stderr_log", None)
+    if log is None:
+        return "(stderr not kept)"
+    log.seek(0)
+    return log.read()[-chars:].strip()
 
 
 def wait_until(predicate, timeout: float = 10.0) -> bool:
