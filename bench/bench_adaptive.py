@@ -26,7 +26,7 @@ def main() -> int:
     p.add_argument("--max-new-tokens", type=int, default=200)
     args = p.parse_args()
 
-    from gateway.decode import decode
+    from decoding.decode import decode
     from seq2seq_models.bundle import load_bundle
     from specdec.benchmark import _make_drafter, _make_verifier, select_sentences
     from training.data import load_test_set

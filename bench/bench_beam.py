@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from core.backends import BACKENDS, DEFAULT_BACKEND
 from core.multirow import has_rows
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
-from gateway.policies.beam import beam_search
-from gateway.policies.loop import DecodeStats
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
+from decoding.policies.beam import beam_search
+from decoding.policies.loop import DecodeStats
 from seq2seq_models.bundle import load_bundle
 from specdec.benchmark import select_sentences
 from tests.beam_reference import reference_beam_search

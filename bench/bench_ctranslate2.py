@@ -6,7 +6,7 @@
 
 CTranslate2 (`pip install -e '.[bench]'`) runs the verifier converted by bench/ct2_convert.py (fp32
 weights; int8 is its `compute_type="int8"`), greedy, beam 1, one sentence per call. specdec runs
-in-process (`gateway.decode.decode`) on ONNX Runtime at `precision` fp32 and int8 (verifier and NAR
+in-process (`decoding.decode.decode`) on ONNX Runtime at `precision` fp32 and int8 (verifier and NAR
 drafter): AR greedy, IAD, GAD k=10 (fixed, and adaptive: k <= 10 per step) and GAD++. Both
 engines get the same intra-op threads (`--threads`: CTranslate2's `intra_threads`, ONNX Runtime's
 `intra_op_num_threads` of every session). Timing: after a warm-up of a few sentences per row,
@@ -92,9 +92,9 @@ def main() -> int:
               f"{len(sentences)} UA-GEC test sentences (corpus order), batch 1, max_new_tokens {MAX_NEW_TOKENS}, "
               f"{ROUNDS} interleaved rounds after {WARMUP} warm-up sentences per row. CTranslate2 runs the bundle's "
               "verifier converted by `bench/ct2_convert.py` (greedy, beam 1); specdec runs in-process on ONNX Runtime "
-              "(`gateway.decode.decode`, verifier and NAR drafter at the row's precision). `vs CT2 int8` = CTranslate2 "
-              "int8 greedy's ms / the row's ms; a step is one decoder call (CTranslate2: one per output token and "
-              "the EOS), ms / step = ms / sentence over steps, the encoder included.")
+              "(`decoding.decode.decode`, verifier and NAR drafter at the row's precision). `vs CT2 int8` = "
+              "CTranslate2 int8 greedy's ms / the row's ms; a step is one decoder call (CTranslate2: one per output "
+              "token and the EOS), ms / step = ms / sentence over steps, the encoder included.")
     body = "\n\n".join([header, table, "\n".join(verdicts)])
     print(body)
     for line in problems:
@@ -115,9 +115,9 @@ def default_threads() -> int:
 
 
 def make_rows(bundle, model_dir: Path, threads: int, gad_plus_plus: bool = True) -> list[Row]:
+    from decoding.config import DecodingConfig, Mode
+    from decoding.decode import decode
     from drafter_service.session import make_drafter
-    from gateway.decode import decode
-    from gateway.decoding_config import DecodingConfig, Mode
     from verifier_service.session import make_verifier
 
     vocab = vocabulary(bundle)

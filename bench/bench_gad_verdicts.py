@@ -1,6 +1,6 @@
 """Where GAD's blocks end on UA-GEC: how often a block is accepted in full, where the others are cut,
 and whether the drafter could have guessed the verifier's token there. It bounds what overlapped
-drafting can hit (gateway.policies.overlap): a pre-draft is used only when its block is accepted in
+drafting can hit (decoding.policies.overlap): a pre-draft is used only when its block is accepted in
 full and the drafter's guess of the verifier's next token is right. A second table gives how a
 block ends by how the block before it ended: cuts come in runs, which is where pre-verify pays.
 
@@ -9,7 +9,7 @@ block ends by how the block before it ended: cuts come in runs, which is where p
 
 In-process on eager torch (the bundle's verifier and NAR drafter, float32): each sentence's greedy
 output (which GAD's equals), then GAD k's blocks over it, each drafted after the whole output (as
-before realigned drafts, gateway.policies.drafter_sync: these tables are what showed the need).
+before realigned drafts, decoding.policies.drafter_sync: these tables are what showed the need).
 For each block that is not the last (the last ends at EOS or the length limit, and nothing is
 pre-drafted after it): the accepted length j, and the rank of the verifier's token at j among the
 drafter's scores there (rank 0: the drafter's own choice; for a block accepted in full, the
@@ -151,8 +151,8 @@ def _group(kind: str) -> str:
 
 def _follows_table(follows: Counter[tuple[str, str]], k: int) -> str:
     """How the next block ends, by how the block before it ended (the first block: after "start").
-    Cuts come in runs: why pre-verify runs only after a cut block (gateway.policies.loop), and why
-    GAD's drafts are realigned after one (gateway.policies.drafter_sync)."""
+    Cuts come in runs: why pre-verify runs only after a cut block (decoding.policies.loop), and why
+    GAD's drafts are realigned after one (decoding.policies.drafter_sync)."""
     names = {"start": "none (a sentence's first block)", "full": "accepted in full",
              "cut 0": f"cut after 0 of {k}", "cut later": f"cut after 1 to {k - 1} of {k}"}
     lines = ["| block before | blocks | next accepted in full | next cut after 0 | next cut later |",

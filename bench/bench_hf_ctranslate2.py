@@ -10,7 +10,7 @@ Equality. Every checkpoint (the Marian-base one, or --model, and small ones of t
 by bench/hf_checkpoints.py) is imported with `specdec import-hf` and converted with CTranslate2's
 `TransformersConverter` (its own reading of the checkpoint, not bench/ct2_convert.py). On varied
 random source ids, CTranslate2's greedy (beam 1, float32, `min_decoding_length=0` so that an EOS
-first is allowed as in `generate`) must equal specdec's greedy (`gateway.decode.decode`, mode ar, ONNX
+first is allowed as in `generate`) must equal specdec's greedy (`decoding.decode.decode`, mode ar, ONNX
 Runtime fp32). A difference is a failure (exit 1) unless HF's own top-2 logit gap where the two part
 is below NEAR_TIE: a float32 near-tie, printed as such. The converter runs beside specdec, with
 transformers 5: it takes the vocabulary from the checkpoint's tokenizer files and BART's / mBART's
@@ -245,8 +245,8 @@ def random_sources(bundle: Any, usable: int, n: int, seed: int = 0, max_len: int
 
 def check_agreement(name: str, hf_dir: Path, bundle_dir: Path, ct2_dir: Path, n: int, max_new: int,
                     cache: Path) -> Agreement:
-    from gateway.decode import decode
-    from gateway.decoding_config import DecodingConfig, Mode
+    from decoding.config import DecodingConfig, Mode
+    from decoding.decode import decode
     from seq2seq_models.bundle import load_bundle
     from verifier_service.session import make_verifier
 
@@ -297,8 +297,8 @@ def speed_rows(hf_dir: Path, bundle_dir: Path, ct2_dir: Path, n: int, cache: Pat
     """The rows, and `n` sources whose specdec fp32 greedy runs STEPS tokens without an EOS."""
     import torch
 
-    from gateway.decode import decode
-    from gateway.decoding_config import DecodingConfig, Mode
+    from decoding.config import DecodingConfig, Mode
+    from decoding.decode import decode
     from seq2seq_models.bundle import load_bundle
     from verifier_service.session import make_verifier
 
@@ -402,7 +402,7 @@ def section_body(args: argparse.Namespace, base: Path, agreements: list[Agreemen
               "own `TransformersConverter`. Batch 1, every output exactly "
               f"{STEPS} tokens: transformers `generate` with `min_new_tokens = max_new_tokens = {STEPS}`, "
               f"CTranslate2 with `min_decoding_length = max_decoding_length = {STEPS}` (greedy, beam 1), "
-              f"specdec AR greedy in-process (`gateway.decode.decode`, ONNX Runtime, `precision` fp32 / int8) "
+              f"specdec AR greedy in-process (`decoding.decode.decode`, ONNX Runtime, `precision` fp32 / int8) "
               f"with `max_new_tokens = {STEPS}` on {timed} random sources (1-30 ids) whose fp32 greedy emits no "
               f"EOS within {STEPS} tokens; all rows decode the same sources. ms / sentence is one call's wall "
               "time, encoder included; ms / step is that over the output tokens (one decoder step each); "

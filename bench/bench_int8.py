@@ -5,7 +5,7 @@
 
 Rows: greedy (AR), GAD k=10 and IAD, each on the fp32 and on the int8 verifier + NAR drafter
 (`precision = "int8"`, seq2seq_models/onnx_quantize.py). ms/sentence is the mean wall time of
-`gateway.decode.decode`; modes are timed in turn, each after a warm-up of 3 sentences. Checked: each
+`decoding.decode.decode`; modes are timed in turn, each after a warm-up of 3 sentences. Checked: each
 lossless mode equals greedy on the same precision; reported: the share of sentences whose int8
 greedy output equals the fp32 one, and the GLEU of every row.
 """
@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
 from drafter_service.session import make_drafter
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
 from seq2seq_models.bundle import load_bundle
 from specdec.bench_report import machine_stamp, write_section
 from specdec.benchmark import select_sentences

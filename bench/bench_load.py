@@ -200,7 +200,7 @@ def _extra_mode(text: str) -> BenchConfig | None:
     """'NAME:field=value,...' as a BenchConfig; None (with a note) when DecodingConfig has no such field."""
     import tomllib
 
-    from gateway.decoding_config import DecodingConfig
+    from decoding.config import DecodingConfig
 
     name, sep, spec = text.partition(":")
     if not sep or not name:

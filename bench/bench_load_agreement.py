@@ -174,8 +174,8 @@ def _score(sentence: int, position: int, served: int, reference: int, source: li
 
 
 def _greedy(verifier, source: list[int], max_new: int) -> list[int]:
-    from gateway.decode import decode
-    from gateway.decoding_config import DecodingConfig
+    from decoding.config import DecodingConfig
+    from decoding.decode import decode
 
     config = DecodingConfig().with_overrides({"mode": "ar", "max_new_tokens": max_new})
     return decode(source, config, verifier).output_ids

@@ -7,7 +7,7 @@ In process, the shipped bundle's verifier and NAR drafter on the default backend
 `decode`, as `specdec bench` runs it), GAD k=10 on the first `--sentences` UA-GEC test sentences,
 one sentence at a time; the variants interleaved per round, best of `--rounds`. "Unshifted" is
 GAD's mode spec with `realign` and `lookahead` off; "realigned" turns `realign` on
-(gateway.policies.drafter_sync: after a block cut at its first token, the next blocks are drafted
+(decoding.policies.drafter_sync: after a block cut at its first token, the next blocks are drafted
 after the output less its last token; after a block whose verifier token is the draft's next one,
 they skip one drafted position more; a block call repeated is answered from memory); "realigned,
 lookahead" is GAD as it runs (each block drafted one position longer than it is verified). All
@@ -25,10 +25,10 @@ from unittest.mock import patch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from core.backends import DEFAULT_BACKEND
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
+from decoding.modes import MODES
 from drafter_service.session import make_drafter
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
-from gateway.modes import MODES
 from seq2seq_models.bundle import load_bundle
 from specdec.bench_report import bench_parser, machine_stamp, write_section
 from specdec.loadtest import ua_gec_texts

@@ -5,10 +5,10 @@ against a real verifier and against a bare echo server (the gRPC floor: no model
     python bench/bench_round_trip.py --bundle bundles/ua-gec
     python bench/bench_round_trip.py --write  # also update "## Round trip split (CPU)" in BENCHMARKS.md
 
-Client designs (gateway.remote, the gateway's `[gateway] peer_streams`):
+Client designs (gateway.peers.remote, the gateway's `[gateway] peer_streams`):
 - sync: a synchronous bidi stream fed by a request queue (a consumer thread per stream);
 - aio: a grpc.aio stream on an event loop thread, the worker waiting on
-  `asyncio.run_coroutine_threadsafe` (gateway/peer_streams.py).
+  `asyncio.run_coroutine_threadsafe` (gateway/peers/streams.py).
 
 Servers: `specdec serve verifier` on the bundle (the step's forward is reported by the verifier, so
 "rtt - forward" is what transport, hops and the service's own Python cost), and an echo
@@ -32,8 +32,8 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from gateway.peer_streams import PeerChannel
-from gateway.remote import RemoteVerifier, fetch_verifier_info
+from gateway.peers.remote import RemoteVerifier, fetch_verifier_info
+from gateway.peers.streams import PeerChannel
 from protos.specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from seq2seq_models.bundle import make_tiny_bundle
 from serving.channels import channel_options

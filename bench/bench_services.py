@@ -44,9 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from core.backends import BACKENDS, DEFAULT_BACKEND
 from core.config import DEVICE_HELP, device_arg
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
 from drafter_service.session import make_drafter
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle

@@ -2,7 +2,7 @@
 same requests with the same status code and message.
 
 What a client controls is checked once, where it enters (ARCHITECTURE.md, "Validation once, at the
-edge"): the servers' RPC boundaries, the gateway, and `gateway.decode.decode()` for in-process
+edge"): the servers' RPC boundaries, the gateway, and `decoding.decode.decode()` for in-process
 callers. The sessions below trust their input and keep only `check_session_step`, the one check
 that needs a session's state. `config` is anything with `vocab_size` and `max_len` (a model config:
 the longest source including its EOS, and the longest target including BOS).

@@ -104,7 +104,7 @@ class Draft:
     batch_tokens: int = 0
     forward_s: float = 0.0
     # The drafter's token for the position after `ids`, when the block was drafted one position
-    # longer than it is verified (GAD, gateway.policies.drafter_sync): overlapped drafting's guess
+    # longer than it is verified (GAD, decoding.policies.drafter_sync): overlapped drafting's guess
     # of the verifier's token after the block is accepted in full. None: not drafted.
     lookahead: int | None = None
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from core.errors import SpecdecError, StatusCode
-from gateway.decoding_config import DecodingConfig
-from gateway.modes import MODES
+from decoding.config import DecodingConfig
+from decoding.modes import MODES
 
 CLIENT_ID_KEY = "x-client-id"
 
@@ -44,7 +44,7 @@ class Need:
 
 
 def sessions_needed(config: DecodingConfig, with_drafter: bool) -> Need:
-    """What the mode's spec (gateway.modes) says one request holds; no drafter session when there is
+    """What the mode's spec (decoding.modes) says one request holds; no drafter session when there is
     no drafter (the request then runs as plain AR)."""
     spec = MODES[config.mode]
     return Need(spec.verifier_sessions(config), int(with_drafter and spec.needs_drafter))

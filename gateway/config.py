@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.config import DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS, check_security_keys, parse_section
-from gateway.decoding_config import DecodingConfig, DecodingLimits
-from gateway.dns import parse_targets
+from decoding.config import DecodingConfig, DecodingLimits
+from gateway.peers.dns import parse_targets
 
 FALLBACK_POLICIES = ("ar", "fail")
 
@@ -21,7 +21,7 @@ class GatewayConfig:
     address: str = GATEWAY_ADDRESS
     # The verifier replicas: a comma-separated list of gRPC targets, each one server or a
     # `dns:///NAME:PORT` (`dns://DNS-SERVER/NAME:PORT`) name for all the addresses it resolves to
-    # (gateway.replicas). The same for drafter_address.
+    # (gateway.peers.replicas). The same for drafter_address.
     verifier_address: str = VERIFIER_ADDRESS
     # Where the verifier runs, as a URL: "grpc://HOST:PORT" (a specdec verifier, the same as
     # verifier_address) or "triton://HOST:PORT/MODEL" (the model `specdec export-triton` writes, on a

@@ -15,7 +15,7 @@ from typing import Any
 
 from core.checks import check_length
 from core.errors import invalid, out_of_range
-from gateway.decoding_config import DecodingConfig
+from decoding.config import DecodingConfig
 from protos.specdec.v1 import gateway_pb2
 from seq2seq_models.tokenizer import Tokenizer
 

@@ -32,10 +32,10 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from core.errors import SpecdecError, invalid
-from gateway.decoding_config import DecodingConfig, Mode, cli_flag, parse_mode
+from decoding.config import DecodingConfig, Mode, cli_flag, parse_mode
+from decoding.policies.loop import DecodeResult, OnTokens
 from gateway.metrics import GatewayMetrics
-from gateway.policies.loop import DecodeResult, OnTokens
-from gateway.remote import Cancellation
+from gateway.peers.remote import Cancellation
 from gateway.wire import overrides_to_wire, stats_record
 from protos.specdec.v1 import gateway_pb2
 from seq2seq_models.tokenizer import Tokenizer

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from decoding.config import Mode
+from decoding.policies.loop import DecodeResult
 from gateway.admission import AdmissionQueue
-from gateway.decoding_config import Mode
-from gateway.policies.loop import DecodeResult
 from serving.metrics import LATENCY_BUCKETS, Metric, Registry
 
 # One metric a line: attribute, kind, exported name (after the `specdec_` namespace; a counter's gets

@@ -1,13 +1,13 @@
 """The GatewayService: tokenises, validates, and runs `decode()` against remote sessions.
 
-`decode()` is synchronous; each request runs it on a worker thread over `gateway.remote`'s
+`decode()` is synchronous; each request runs it on a worker thread over `gateway.peers.remote`'s
 gRPC sessions, so the event loop only moves messages. The verifier and the drafter are replica
-sets (`gateway.replicas`): each session goes to the replica with the most free sessions, and a
+sets (`gateway.peers.replicas`): each session goes to the replica with the most free sessions, and a
 request whose replica fails goes on on another one from the tokens already committed
-(`gateway.failover`); with no drafter replica left it goes on as plain AR through the verifier
+(`gateway.peers.failover`); with no drafter replica left it goes on as plain AR through the verifier
 (`stats.degraded`). For the lossless modes both give the same output.
 
-The peers' start-up waits and the drafter replicas live in `gateway.peers`, the metrics in
+The peers' start-up waits and the drafter replicas live in `gateway.peers.startup`, the metrics in
 `gateway.metrics`, the KServe v2 endpoint in `gateway.kserve` (which calls `run`).
 """
 
@@ -24,18 +24,17 @@ import structlog
 
 from core.errors import SpecdecError, StatusCode, invalid
 from core.wire import source_len_from_wire, target_len_from_wire
+from decoding.config import DecodingConfig, Mode, parse_mode, validate
+from decoding.modes import check_applicable
+from decoding.policies.loop import DecodeResult, OnTokens
 from gateway import kserve
 from gateway.admission import Admission, AdmissionQueue, Budget, client_of, sessions_needed
 from gateway.arrivals import CallArrivals
 from gateway.config import GatewayConfig, verifier_of
-from gateway.decoding_config import DecodingConfig, Mode, parse_mode, validate
-from gateway.failover import Peers, decode_on_replicas
 from gateway.inputs import check_input_size, forced_first_tokens, source_ids
 from gateway.metrics import GatewayMetrics
-from gateway.modes import check_applicable
-from gateway.peers import DrafterPeer, StartupWait
-from gateway.policies.loop import DecodeResult, OnTokens
-from gateway.remote import (
+from gateway.peers.failover import Peers, decode_on_replicas
+from gateway.peers.remote import (
     CallOptions,
     Cancellation,
     RemoteCallError,
@@ -43,8 +42,9 @@ from gateway.remote import (
     RequestCancelled,
     RequestDeadlineExceeded,
 )
-from gateway.replicas import Replica, ReplicaSet
-from gateway.triton_verifier import TritonVerifier, TritonVerifierClient
+from gateway.peers.replicas import Replica, ReplicaSet
+from gateway.peers.startup import DrafterPeer, StartupWait
+from gateway.peers.triton import TritonVerifier, TritonVerifierClient
 from gateway.wire import overrides_from_wire, stats_to_wire
 from protos.specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.tokenizer import Tokenizer
@@ -89,9 +89,9 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         target = verifier_of(config)
         self.registry = Registry()
         self.metrics = GatewayMetrics(self.registry)
-        # verifier_url = "triton://HOST:PORT/MODEL": the Triton-hosted verifier (gateway.triton_verifier);
+        # verifier_url = "triton://HOST:PORT/MODEL": the Triton-hosted verifier (gateway.peers.triton);
         # else the verifier replicas, watched on this (the gateway's) loop and driven from the
-        # worker threads through grpc.aio session streams (gateway.replicas, gateway.failover).
+        # worker threads through grpc.aio session streams (gateway.peers.replicas, gateway.peers.failover).
         self.triton = TritonVerifierClient(target.address, target.model) if target.kind == "triton" else None
         self.verifiers = (
             ReplicaSet("verifier", target.address, peers, self._check_verifier, self.metrics, config.resolve_interval_s)
@@ -423,7 +423,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
     def _decode(
         self, source, config: DecodingConfig, options: CallOptions, on_tokens: OnTokens, log, first: list[int]
     ) -> DecodeResult:
-        """Worker thread: decode through the replicas, failing over between them (gateway.failover)."""
+        """Worker thread: decode through the replicas, failing over between them (gateway.peers.failover)."""
         return decode_on_replicas(self.peers, source, config, options, on_tokens, log, first)
 
     def _verifier_for(self, replica: Replica | None, options: CallOptions) -> RemoteVerifier | TritonVerifier:

@@ -6,9 +6,9 @@ from dataclasses import fields
 from typing import Any
 
 from core.errors import invalid
-from gateway.decoding_config import DecodingConfig, Mode, wire_name
-from gateway.modes import MODES
-from gateway.policies.loop import DecodeStats
+from decoding.config import DecodingConfig, Mode, wire_name
+from decoding.modes import MODES
+from decoding.policies.loop import DecodeStats
 from protos.specdec.v1 import gateway_pb2
 
 # Both derived from the mode registry and DecodingConfig's field metadata; nothing is listed here.

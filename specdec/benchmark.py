@@ -355,8 +355,8 @@ def _make_verifier(bundle, backend: str, device: str = "auto"):
 def _runnable(configs: Sequence[BenchConfig], bundle, progress: Callable[[str], None] | None) -> list[BenchConfig]:
     """The configurations the bundle can run: without a drafter (an imported checkpoint), the
     drafter modes are left out, and said so."""
-    from gateway.decoding_config import Mode
-    from gateway.modes import DRAFTER_MODES
+    from decoding.config import Mode
+    from decoding.modes import DRAFTER_MODES
 
     if any(role in bundle.models for role in ("nar_drafter", "ar_drafter")):
         return list(configs)
@@ -374,7 +374,7 @@ def _make_drafter(bundle, backend: str, device: str = "auto"):
 
 
 def _decoding_config(config: BenchConfig, max_new_tokens: int):
-    from gateway.decoding_config import DecodingConfig
+    from decoding.config import DecodingConfig
 
     return DecodingConfig().with_overrides(_overrides(config, max_new_tokens))
 
@@ -384,7 +384,7 @@ def _overrides(config: BenchConfig, max_new_tokens: int) -> dict[str, Any]:
 
 
 def _run_in_process(verifier, drafter, sentences, configs, max_new_tokens, progress, warmup) -> list[Run]:
-    from gateway.decode import decode
+    from decoding.decode import decode
 
     def decoder(config: BenchConfig) -> Decode:
         cfg = _decoding_config(config, max_new_tokens)

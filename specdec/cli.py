@@ -53,8 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     """The per-request decoding flags shared by `decode` and `generate` (unset = default): one per
     DecodingConfig field, named and explained by the field's metadata."""
-    from gateway.decoding_config import Mode, cli_flag
-    from gateway.modes import mode_names
+    from decoding.config import Mode, cli_flag
+    from decoding.modes import mode_names
 
     g = parser.add_argument_group("decoding (unset: the default shown, or the gateway's [defaults])")
     for f, kind in _decoding_fields():
@@ -77,7 +77,7 @@ def decoding_overrides(args: argparse.Namespace) -> dict:
 
 def _decoding_fields() -> list[tuple[Field, type]]:
     """DecodingConfig's fields with the scalar type a flag parses (`float | None` -> float)."""
-    from gateway.decoding_config import DecodingConfig
+    from decoding.config import DecodingConfig
 
     hints = typing.get_type_hints(DecodingConfig)
     out = []
@@ -118,11 +118,11 @@ def _cmd_decode(args: argparse.Namespace) -> int:
         raise ValueError('decode runs the models in this process and needs torch: pip install "specdec[torch]"'
                          ) from None
 
+    from decoding.config import DecodingConfig, DecodingLimits, validate
+    from decoding.decode import decode
+    from decoding.modes import DRAFTER_MODES, check_applicable
     from drafter_service.session import make_drafter
-    from gateway.decode import decode
-    from gateway.decoding_config import DecodingConfig, DecodingLimits, validate
     from gateway.inputs import forced_first_tokens
-    from gateway.modes import DRAFTER_MODES, check_applicable
     from gateway.wire import stats_record
     from seq2seq_models.bundle import load_bundle
     from verifier_service.session import make_verifier

@@ -72,9 +72,9 @@ def config_keys() -> dict[str, set[str]]:
     """Every key each section of the configuration accepts (the schema `serve_config` checks against)."""
     from dataclasses import fields
 
+    from decoding.config import DecodingConfig, DecodingLimits
     from drafter_service.server import DrafterLimits
     from gateway.config import FROM_OTHER_SECTIONS, GatewayConfig
-    from gateway.decoding_config import DecodingConfig, DecodingLimits
     from verifier_service.server import VerifierLimits
 
     def names(*schemas: type) -> set[str]:

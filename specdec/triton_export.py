@@ -8,7 +8,7 @@
 
 The Python-backend model runs on any Triton, CPU or GPU, with specdec, torch and numpy<2 importable
 by the backend's interpreter (deploy/triton/setup.sh). The gateway reaches it with
-`verifier_url = "triton://HOST:PORT/<model>"` (gateway.triton_verifier), and reads the verifier's
+`verifier_url = "triton://HOST:PORT/<model>"` (gateway.peers.triton), and reads the verifier's
 ModelInfo (vocabulary, special ids, fingerprints, limits) from the config's `parameters`.
 
 The ONNX models are single forward steps: the caller holds the KV cache (past_k / past_v in,

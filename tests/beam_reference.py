@@ -1,4 +1,4 @@
-"""AR beam search as it was before multi-row verifier sessions (gateway/policies/beam.py at
+"""AR beam search as it was before multi-row verifier sessions (decoding/policies/beam.py at
 dde4ce7): one single-row verifier session per live hypothesis, re-targeted by rolling back to the
 common prefix. Frozen: the multi-row policy must equal it token for token (tests/test_beam_rows.py),
 and bench/bench_beam.py times it as "today's" beam search. Do not change what it computes (finished
@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 
 from core.interfaces import VerifierSession
-from gateway.policies.loop import PrefixSync
+from decoding.policies.loop import PrefixSync
 
 
 @dataclass

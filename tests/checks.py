@@ -8,10 +8,10 @@ import random
 import pytest
 
 from core.errors import SpecdecError, StatusCode
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
+from decoding.policies.adaptive import LoadModel
 from drafter_service.session import LocalDrafter, make_drafter
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
-from gateway.policies.adaptive import LoadModel
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
 from tests.zoo import FIRST_WORD
 

@@ -20,13 +20,13 @@ import pytest
 from hypothesis import strategies as st
 
 from core.interfaces import Draft
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
-from gateway.policies.loop import DecodeResult
-from gateway.remote import DrafterFailure
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
+from decoding.policies.loop import DecodeResult
+from gateway.peers.remote import DrafterFailure
 from tests.zoo import model_pool
 
-PREDRAFT_THREAD = "specdec-predraft"  # gateway.policies.overlap's pool threads' name prefix
+PREDRAFT_THREAD = "specdec-predraft"  # decoding.policies.overlap's pool threads' name prefix
 
 
 @functools.cache

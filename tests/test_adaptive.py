@@ -1,4 +1,4 @@
-"""Speculation that adapts to load (gateway/policies/adaptive.py).
+"""Speculation that adapts to load (decoding/policies/adaptive.py).
 
 The chooser picks long blocks when a forward's fixed cost dominates and the drafts are good, and
 plain AR steps when the batch is compute-bound and the drafts poor (the cost estimator itself:
@@ -20,13 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.interfaces import Draft, VerifyResult
-from drafter_service.session import LocalDrafter
-from gateway.config import gateway_config
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
-from gateway.policies import adaptive
-from gateway.policies.accept import exact
-from gateway.policies.adaptive import (
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
+from decoding.policies import adaptive
+from decoding.policies.accept import exact
+from decoding.policies.adaptive import (
     PROBE_AFTER,
     PROBE_CEILING,
     PROBE_K,
@@ -38,8 +36,10 @@ from gateway.policies.adaptive import (
     load_model,
     step_cost,
 )
-from gateway.policies.forward_cost import FREE, Cost
-from gateway.policies.loop import DecodeStats
+from decoding.policies.forward_cost import FREE, Cost
+from decoding.policies.loop import DecodeStats
+from drafter_service.session import LocalDrafter
+from gateway.config import gateway_config
 from gateway.wire import stats_from_wire, stats_to_wire
 from specdec.cli import add_decoding_flags, decoding_overrides
 from tests.checks import RandomK
@@ -383,7 +383,7 @@ def test_the_gateways_per_request_verifiers_share_one_load_model() -> None:
     pooled acceptance) is kept per channel they share, not thrown away with each request."""
     import grpc
 
-    from gateway.remote import RemoteVerifier
+    from gateway.peers.remote import RemoteVerifier
     from protos.specdec.v1 import common_pb2
 
     info = common_pb2.ModelInfo(vocab_size=32, bos_id=1, eos_id=2)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from core.errors import SpecdecError, StatusCode
+from decoding.config import DecodingConfig, Mode
 from gateway.admission import AdmissionQueue, Budget, Need, sessions_needed
-from gateway.decoding_config import DecodingConfig, Mode
 
 
 def _queue(workers=8, verifier=8, drafter=8, max_queued=2, max_per_client=4) -> AdmissionQueue:

@@ -375,8 +375,8 @@ def test_concurrent_in_process_decodes_equal_decodes_one_at_a_time(trio):
     row batched or alone as the threads meet, equal the same decodes one after another."""
     import threading
 
-    from gateway.decode import decode
-    from gateway.decoding_config import DecodingConfig, Mode
+    from decoding.config import DecodingConfig, Mode
+    from decoding.decode import decode
 
     gen = torch.Generator().manual_seed(5)
     sources = [zoo.random_source(gen, n) for n in (3, 9, 17, 4, 12, 6)]

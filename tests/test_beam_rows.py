@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from core.errors import SpecdecError, StatusCode
 from core.interfaces import BeamRow, Verifier
 from core.multirow import RowsOverSessions, has_rows, open_rows
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
-from gateway.modes import MODES
-from gateway.policies.beam import beam_search
-from gateway.policies.loop import DecodeStats
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
+from decoding.modes import MODES
+from decoding.policies.beam import beam_search
+from decoding.policies.loop import DecodeStats
 from tests.beam_reference import reference_beam_search
 from tests.zoo import FIRST_WORD, MAX_LEN, VOCAB, model_pool
 from tests.zoo import sources as zoo_sources

@@ -161,7 +161,7 @@ def test_bench_in_process_quick_produces_every_column(bundle_dir, one_thread):
 
 def test_interleaved_rounds_keep_every_output_with_its_sentence(bundle_dir):
     # 7 sentences over 5 rounds: rounds of 2 and of 1 sentence; each config decodes each sentence once.
-    from gateway.decode import decode
+    from decoding.decode import decode
 
     bundle = load_bundle(bundle_dir)
     verifier = LocalVerifier(bundle.verifier)

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from core.backends import DEFAULT_BACKEND
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
 from drafter_service.session import LocalDrafter
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
 from seq2seq_models.bundle import load_bundle
 from specdec.cli import add_decoding_flags, decoding_overrides
 from specdec.cli import main as cli_main

@@ -15,8 +15,8 @@ import pytest
 from core.backends import BACKENDS, DEFAULT_BACKEND
 from core.config import DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS, load_sections
 from core.errors import SpecdecError, StatusCode
+from decoding.config import DecodingConfig, Mode
 from gateway.config import GatewayConfig
-from gateway.decoding_config import DecodingConfig, Mode
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.bundle import make_tiny_bundle

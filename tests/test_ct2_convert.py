@@ -14,8 +14,8 @@ import torch
 pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (the bench extra: pip install -e '.[bench]')")
 
 from bench.ct2_convert import convert, greedy, open_translator, token_log_probs, vocabulary
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
 from verifier_service.session import make_verifier
 

@@ -17,9 +17,9 @@ transformers = pytest.importorskip("transformers", reason="the verifier is built
 
 import torch  # noqa: E402
 
+from decoding.config import DecodingConfig  # noqa: E402
+from decoding.decode import decode  # noqa: E402
 from drafter_service.session import make_drafter  # noqa: E402
-from gateway.decode import decode  # noqa: E402
-from gateway.decoding_config import DecodingConfig  # noqa: E402
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle  # noqa: E402
 from specdec.cli import main as cli_main  # noqa: E402
 from verifier_service.session import make_verifier  # noqa: E402

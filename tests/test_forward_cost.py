@@ -1,4 +1,4 @@
-"""What a forward costs, learnt online (gateway/policies/forward_cost.py): the estimator recovers
+"""What a forward costs, learnt online (decoding/policies/forward_cost.py): the estimator recovers
 c0, cr and c1 from noisy observations, keeps how a forward's cost divides when the traffic cannot
 tell (plain AR traffic, one client), follows a change of load, and shrugs off an outlier."""
 
@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
-from gateway.policies import forward_cost
-from gateway.policies.adaptive import choose_block_length
-from gateway.policies.forward_cost import FREE, Cost, CostEstimator, fit_cost, fit_line
+from decoding.policies import forward_cost
+from decoding.policies.adaptive import choose_block_length
+from decoding.policies.forward_cost import FREE, Cost, CostEstimator, fit_cost, fit_line
 
 MS = 1e-3
 

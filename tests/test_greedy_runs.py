@@ -1,4 +1,4 @@
-"""Multi-step greedy (`core.greedy`, `gateway.policies.greedy`): runs of AR steps in one call give
+"""Multi-step greedy (`core.greedy`, `decoding.policies.greedy`): runs of AR steps in one call give
 the tokens, steps and stats of one step per call, on random tiny models in float64."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import functools
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
+from decoding.policies.adaptive import AR_RUN, LoadModel
+from decoding.policies.greedy import greedy_loop
+from decoding.policies.loop import DecodeStats
 from drafter_service.session import LocalDrafter
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
-from gateway.policies.adaptive import AR_RUN, LoadModel
-from gateway.policies.greedy import greedy_loop
-from gateway.policies.loop import DecodeStats
 from tests.checks import RandomK
 from tests.zoo import MAX_LEN, model_pool
 from tests.zoo import sources as zoo_sources

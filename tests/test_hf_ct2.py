@@ -20,8 +20,8 @@ from bench.bench_hf_ctranslate2 import (
     random_sources,
 )
 from bench.hf_checkpoints import FAMILIES, build
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
 from seq2seq_models.bundle import load_bundle
 from verifier_service.session import make_verifier
 

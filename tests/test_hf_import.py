@@ -18,9 +18,9 @@ import torch  # noqa: E402
 from tokenizers import ByteLevelBPETokenizer  # noqa: E402
 
 from bench.hf_checkpoints import scaled  # noqa: E402
+from decoding.config import DecodingConfig  # noqa: E402
+from decoding.decode import decode  # noqa: E402
 from drafter_service.session import make_drafter  # noqa: E402
-from gateway.decode import decode  # noqa: E402
-from gateway.decoding_config import DecodingConfig  # noqa: E402
 from gateway.wire import overrides_to_wire  # noqa: E402
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
 from seq2seq_models.bundle import load_bundle  # noqa: E402

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from core.backends import backend_label
 from core.interfaces import StepCall
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
 from drafter_service.server import DrafterLimits, DrafterServer
 from drafter_service.session import make_drafter
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
 from seq2seq_models.onnx_export import BATCH_DECODER_FILE, DECODER_FILE, ENCODER_FILE, ensure_export
 from seq2seq_models.onnx_quantize import ensure_int8

@@ -17,14 +17,15 @@ ALLOWED: dict[str, set[str]] = {
     "core": set(),
     "protos": set(),
     "kernels": {"core"},
+    "decoding": {"core"},
     "serving": {"core", "protos"},
     "seq2seq_models": {"core", "kernels"},
     "verifier_service": {"core", "kernels", "protos", "seq2seq_models", "serving"},
     "drafter_service": {"core", "kernels", "protos", "seq2seq_models", "serving"},
-    "gateway": {"core", "protos", "seq2seq_models", "serving"},
+    "gateway": {"core", "decoding", "protos", "seq2seq_models", "serving"},
     "training": {"core", "kernels", "seq2seq_models"},
     "specdec": {
-        "core", "drafter_service", "gateway", "kernels", "protos", "seq2seq_models", "serving", "training",
+        "core", "decoding", "drafter_service", "gateway", "kernels", "protos", "seq2seq_models", "serving", "training",
         "verifier_service",
     },
 }

@@ -19,11 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.multirow import has_rows
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
+from decoding.modes import MODES
+from decoding.policies.loop import DecodeResult, DecodeStats
 from drafter_service.session import LocalDrafter
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
-from gateway.modes import MODES
-from gateway.policies.loop import DecodeResult, DecodeStats
 from tests.zoo import MAX_LEN, VOCAB, model_pool, random_source
 from tests.zoo import sources as zoo_sources
 from verifier_service.session import LocalVerifier
@@ -117,7 +117,7 @@ def test_gad_equals_greedy(trio, source, max_new, k):
 )
 def test_gad_plus_plus_with_beta_1_or_tau_0_equals_gad(trio, source, max_new, k, beta_tau):
     """Step for step against GAD's rule on the same drafts: GAD with its drafts unshifted and without
-    the lookahead position (GAD++ drafts neither, gateway.policies.drafter_sync), and GAD as it runs
+    the lookahead position (GAD++ drafts neither, decoding.policies.drafter_sync), and GAD as it runs
     gives the same output."""
     beta, tau = beta_tau
     gad = _run(trio, source, mode=Mode.GAD, max_new_tokens=max_new, k=k)

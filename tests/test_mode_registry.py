@@ -1,4 +1,4 @@
-"""The mode registry (gateway.modes) and the facts derived from it and from DecodingConfig's fields."""
+"""The mode registry (decoding.modes) and the facts derived from it and from DecodingConfig's fields."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from dataclasses import fields
 
 import pytest
 
-from gateway.decoding_config import DecodingConfig, Mode, wire_name
-from gateway.modes import DRAFTER_MODES, LOSSLESS_MODES, MODES, DrafterMethod, ModeSpec, mode_names
-from gateway.modes.ar import build as build_ar
+from decoding.config import DecodingConfig, Mode, wire_name
+from decoding.modes import DRAFTER_MODES, LOSSLESS_MODES, MODES, DrafterMethod, ModeSpec, mode_names
+from decoding.modes.ar import build as build_ar
 from gateway.wire import MODE_TO_WIRE, WIRE_TO_MODE, overrides_from_wire, overrides_to_wire
 from protos.specdec.v1 import gateway_pb2
 

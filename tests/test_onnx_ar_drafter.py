@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from core.sampling import SamplingParams
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
 from drafter_service.onnx_ar import OnnxArDrafter, expand_beams
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
 from seq2seq_models.beam_step import expand_beams as torch_expand_beams
 from tests.checks import bundle_and_drafters_fixtures
 from tests.zoo import FIRST_WORD

@@ -11,9 +11,9 @@ import torch
 
 from core.errors import StatusCode
 from core.interfaces import Draft
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
 from drafter_service.session import LocalDrafter
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
 from seq2seq_models.onnx_export import ensure_export
 from seq2seq_models.transformer import Seq2SeqTransformer

@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.errors import StatusCode
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
 from drafter_service.onnx_nar import OnnxNarDrafter
 from drafter_service.session import LocalDrafter, make_drafter
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
 from seq2seq_models.bundle import load_bundle
 from seq2seq_models.onnx_export import ensure_export
 from tests.checks import assert_gad_equals_greedy_on_random_sources, bundle_and_drafters_fixtures, status_code

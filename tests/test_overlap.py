@@ -1,4 +1,4 @@
-"""Overlapped drafting in-process (gateway.policies.overlap), on the tiny float64 models.
+"""Overlapped drafting in-process (decoding.policies.overlap), on the tiny float64 models.
 
 The overlapped loop equals the plain loop token for token, step for step, for GAD, GAD++ and MJSD,
 fixed and adaptive; a used pre-draft is exactly one drafter call fewer on the decode thread; the
@@ -18,11 +18,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
-from gateway.policies.adaptive import LoadModel
-from gateway.policies.loop import DecodeResult
-from gateway.policies.overlap import PREDRAFT_THREADS
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
+from decoding.policies.adaptive import LoadModel
+from decoding.policies.loop import DecodeResult
+from decoding.policies.overlap import PREDRAFT_THREADS
 from gateway.wire import stats_from_wire, stats_to_wire
 from tests.recording import (
     Record,

@@ -1,4 +1,4 @@
-"""Pre-verify in-process (gateway.policies.preverify), on the tiny float64 models.
+"""Pre-verify in-process (decoding.policies.preverify), on the tiny float64 models.
 
 With pre-verify the loop equals the plain loop token for token, step for step, for GAD and GAD++
 (with the same drafter calls, made on the pool's threads), and for GAD the greedy output; it
@@ -16,10 +16,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
-from gateway.policies.adaptive import load_model
-from gateway.policies.loop import DecodeResult
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
+from decoding.policies.adaptive import load_model
+from decoding.policies.loop import DecodeResult
 from tests import recording
 from tests.recording import (
     Record,

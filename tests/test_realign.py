@@ -1,4 +1,4 @@
-"""Realigned block drafts (gateway.policies.drafter_sync, `realign`).
+"""Realigned block drafts (decoding.policies.drafter_sync, `realign`).
 
 After a block cut at its first token, GAD's next blocks are drafted after the output less its last
 token, until the next such cut flips it back; after a block whose verifier token is the draft's
@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.backends import DEFAULT_BACKEND
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
+from decoding.modes import MODES
+from decoding.policies.drafter_sync import DrafterSync, DraftKind
 from drafter_service.session import make_drafter
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
-from gateway.modes import MODES
-from gateway.policies.drafter_sync import DrafterSync, DraftKind
 from seq2seq_models.bundle import load_bundle
 from specdec.cli import DEFAULT_BUNDLE_DIR
 from specdec.loadtest import ua_gec_texts

@@ -13,9 +13,9 @@ import grpc
 import pytest
 
 from core.backends import DEFAULT_BACKEND
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
 from drafter_service.session import LocalDrafter
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.bundle import load_bundle
 from specdec.cli import DEFAULT_BUNDLE_DIR

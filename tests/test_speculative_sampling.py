@@ -15,9 +15,9 @@ import torch
 
 from core.interfaces import Draft, VerifyResult
 from core.sampling import SamplingParams, sample_index, warp
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
-from gateway.policies.accept import accept_speculative
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
+from decoding.policies.accept import accept_speculative
 
 V = 8
 START = 0  # the bigram context before the first output token

@@ -190,9 +190,9 @@ def test_stats_are_named_alike_in_the_cli_grpc_and_kserve() -> None:
     and `generate --json`, gRPC and the KServe response parameters."""
     from tritonclient.grpc import service_pb2
 
-    from gateway.decoding_config import Mode
+    from decoding.config import Mode
+    from decoding.policies.loop import DecodeStats
     from gateway.kserve import _stats_parameters
-    from gateway.policies.loop import DecodeStats
     from gateway.wire import stats_dict, stats_record, stats_to_wire
 
     stats = DecodeStats(iterations=4, drafted_tokens=9, accepted_tokens=6, output_tokens=9, drafter_time_s=0.002,
@@ -210,7 +210,7 @@ def test_stats_are_named_alike_in_the_cli_grpc_and_kserve() -> None:
 
 def test_plain_ar_commits_one_token_per_iteration() -> None:
     """mean_accepted_length counts the EOS the last step committed: AR is 1.0, not 24/25."""
-    from gateway.policies.loop import DecodeStats
+    from decoding.policies.loop import DecodeStats
 
     assert DecodeStats(iterations=25, output_tokens=24, finish_reason="eos").mean_accepted_length == 1.0
     assert DecodeStats(iterations=24, output_tokens=24, finish_reason="length").mean_accepted_length == 1.0

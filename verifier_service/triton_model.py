@@ -7,7 +7,7 @@ many output tokens, append `APPEND_IDS`, score `DRAFT_IDS`, top `TOP_K`; `core.w
 and END frees the session. Triton is not told when a sequence times out, so the table expires
 sessions idle for `session_idle_s` itself. Errors are `TritonError`s whose message starts with our
 status code ("FAILED_PRECONDITION: ..."), since Triton's error codes have no FAILED_PRECONDITION or
-OUT_OF_RANGE; `gateway.triton_verifier` maps them back.
+OUT_OF_RANGE; `gateway.peers.triton` maps them back.
 
 The exported `model.py` only imports `TritonPythonModel` from here; `SequenceTable` holds the logic
 and runs without Triton (the pb_utils module exists only inside Triton's Python-backend stub).

@@ -175,8 +175,8 @@ def _parameters_besides(wire_mode: int) -> list[str]:
     """The DecodingConfig wire fields a request of `wire_mode` may not set."""
     from dataclasses import fields as dataclass_fields
 
-    from gateway.decoding_config import DecodingConfig, wire_name
-    from gateway.modes import MODES
+    from decoding.config import DecodingConfig, wire_name
+    from decoding.modes import MODES
     from gateway.wire import WIRE_TO_MODE
 
     applicable = MODES[WIRE_TO_MODE[wire_mode]].applicable

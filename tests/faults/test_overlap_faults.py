@@ -2,7 +2,7 @@
 nor does a pre-verified draft (drafted on the same pool while the verifier steps).
 
 Verifier and drafter are real servers on loopback (each its own stack, so the drafter can die
-alone); the request runs `decode()` over `gateway.remote`'s sessions with a cancel switch, as the
+alone); the request runs `decode()` over `gateway.peers.remote`'s sessions with a cancel switch, as the
 gateway's worker does. A recorder holds the pre-draft's drafter call open until the fault has
 happened, so the fault always lands on a pre-draft in flight. Afterwards: the error is the one the
 plain loop raises (`RequestCancelled`, `DrafterFailure`), no drafter call was in flight when the
@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from gateway import remote
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
+from gateway.peers import remote
 from specdec.serve import ServiceStack
 from tests.recording import Call, Record, RecordingDrafter
 from tests.services.conftest import LOOPBACK, scrape, wait_until

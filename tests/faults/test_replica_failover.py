@@ -1,4 +1,4 @@
-"""A verifier replica killed with SIGKILL under load from 8 clients (gateway.failover): no request
+"""A verifier replica killed with SIGKILL under load from 8 clients (gateway.peers.failover): no request
 fails, every lossless output equals in-process greedy, and the replica, restarted on its address,
 takes sessions again.
 
@@ -13,8 +13,8 @@ from contextlib import ExitStack
 
 import grpc
 
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.bundle import load_bundle

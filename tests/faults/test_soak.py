@@ -21,8 +21,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gateway.decoding_config import Mode
-from gateway.modes import LOSSLESS_MODES
+from decoding.config import Mode
+from decoding.modes import LOSSLESS_MODES
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle

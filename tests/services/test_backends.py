@@ -8,7 +8,7 @@ import pytest
 
 from core.backends import DEFAULT_BACKEND
 from core.backends import DEFAULT_BACKEND as DEFAULT_DRAFTER_BACKEND
-from gateway.decoding_config import Mode
+from decoding.config import Mode
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from specdec.serve import ServiceStack

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from core.interfaces import BeamRow
-from gateway.policies.beam import beam_search
-from gateway.policies.loop import DecodeStats
-from gateway.remote import RemoteVerifier, fetch_verifier_info
+from decoding.policies.beam import beam_search
+from decoding.policies.loop import DecodeStats
+from gateway.peers.remote import RemoteVerifier, fetch_verifier_info
 
 SOURCES = [[7, 8, 9, 10, 11], [12, 13, 12, 13, 14, 15, 16], [20]]
 

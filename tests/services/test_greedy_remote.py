@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.remote import RemoteVerifier, fetch_verifier_info
+from gateway.peers.remote import RemoteVerifier, fetch_verifier_info
 from protos.specdec.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
 from tests.services.conftest import wait_until
 

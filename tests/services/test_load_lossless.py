@@ -17,9 +17,9 @@ from typing import Any
 import grpc
 import pytest
 
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
-from gateway.modes import MODES as MODE_SPECS
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
+from decoding.modes import MODES as MODE_SPECS
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from specdec.serve import ServiceStack

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from core.backends import DEFAULT_BACKEND
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
 from drafter_service.session import LocalDrafter
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2
 from specdec.client import generate

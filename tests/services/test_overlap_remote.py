@@ -3,7 +3,7 @@
 Through the gateway, the overlapped loop equals the plain loop token for token, step for step, for
 GAD, GAD++ and MJSD, and so does the pre-verified loop (with overlap or without) for GAD and GAD++;
 their counts reach the response's stats and the gateway's Prometheus counters. Driven directly over
-`gateway.remote`'s sessions (the gateway's own path), the drafter stream never has a call in flight
+`gateway.peers.remote`'s sessions (the gateway's own path), the drafter stream never has a call in flight
 at its close."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
-from gateway.remote import RemoteDrafter, RemoteVerifier, fetch_drafter_info, fetch_verifier_info
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
+from gateway.peers.remote import RemoteDrafter, RemoteVerifier, fetch_drafter_info, fetch_verifier_info
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2
 from tests.recording import RecordingDrafter

@@ -1,6 +1,6 @@
-"""The gateway's grpc.aio peer streams (gateway/peer_streams.py) driven from worker threads, against
+"""The gateway's grpc.aio peer streams (gateway/peers/streams.py) driven from worker threads, against
 real verifier and drafter servers on loopback: the same outputs as the synchronous streams, no
-thread per stream, and every behaviour of `gateway.remote` (cancellation mid-step, deadlines
+thread per stream, and every behaviour of `gateway.peers.remote` (cancellation mid-step, deadlines
 against the drafter's own cap, a peer dying, the peer's session freed when the stream ends).
 
 A stopped (SIGSTOP) server is how a step is made to hang: the client's call is open and nothing
@@ -20,11 +20,10 @@ import grpc
 import pytest
 
 from core.errors import SpecdecError, StatusCode
+from decoding.config import DecodingConfig
+from decoding.decode import decode
 from gateway.config import GatewayConfig
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig
-from gateway.peer_streams import PeerChannel
-from gateway.remote import (
+from gateway.peers.remote import (
     CallOptions,
     Cancellation,
     DrafterFailure,
@@ -35,6 +34,7 @@ from gateway.remote import (
     fetch_drafter_info,
     fetch_verifier_info,
 )
+from gateway.peers.streams import PeerChannel
 from serving.channels import channel_options
 from tests.faults.servers import Served, write_config
 from tests.services.conftest import wait_until

@@ -1,4 +1,4 @@
-"""Replica sets behind the gateway, with real servers on loopback (gateway.replicas, gateway.failover).
+"""Replica sets behind the gateway, with real servers on loopback (gateway.peers.replicas, gateway.peers.failover).
 
 Two verifier and two drafter replicas: sessions spread over both under load and the lossless
 output equals in-process greedy; a draining replica gets no new sessions; a replica serving
@@ -19,8 +19,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.bundle import make_tiny_bundle

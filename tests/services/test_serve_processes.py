@@ -16,8 +16,8 @@ from pathlib import Path
 
 import grpc
 
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.bundle import load_bundle
 from tests.services.conftest import REPO

@@ -16,9 +16,9 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from core.backends import DEFAULT_BACKEND
+from decoding.config import DecodingConfig
+from decoding.decode import decode
 from drafter_service.session import LocalDrafter
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from serving.auth import MISSING_TOKEN, WRONG_TOKEN, bearer_metadata

@@ -12,7 +12,7 @@ from tritonclient.grpc import model_config_pb2
 
 from core.errors import SpecdecError, StatusCode
 from gateway.config import GatewayConfig, verifier_of, verifier_target
-from gateway.triton_verifier import model_info
+from gateway.peers.triton import model_info
 from specdec.cli import main
 from specdec.triton_export import TritonExportOptions, export_triton, onnx_config
 from verifier_service.session import make_verifier

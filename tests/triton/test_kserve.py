@@ -13,7 +13,7 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.grpc.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
-from gateway.decoding_config import Mode
+from decoding.config import Mode
 from gateway.kserve import parameter_names
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2

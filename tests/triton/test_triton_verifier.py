@@ -1,4 +1,4 @@
-"""The Triton-hosted verifier (`specdec export-triton` + gateway.triton_verifier) against the real
+"""The Triton-hosted verifier (`specdec export-triton` + gateway.peers.triton) against the real
 `tritonserver` binary on a loopback port (marker `triton`; skipped, saying why, where it cannot run):
 every mode through the gateway gives the native verifier's tokens, a cancelled request's sequence is
 freed, sessions expire, and bad steps get our status codes."""
@@ -15,10 +15,10 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from core.errors import SpecdecError, StatusCode
-from gateway.decoding_config import Mode
-from gateway.modes import MODES as MODE_SPECS
-from gateway.remote import CallOptions
-from gateway.triton_verifier import TritonVerifierClient
+from decoding.config import Mode
+from decoding.modes import MODES as MODE_SPECS
+from gateway.peers.remote import CallOptions
+from gateway.peers.triton import TritonVerifierClient
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from specdec.serve import ServiceStack

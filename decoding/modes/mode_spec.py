@@ -9,11 +9,11 @@ from enum import StrEnum
 import numpy as np
 
 from core.interfaces import Verifier
-from gateway.decoding_config import DecodingConfig, Mode
-from gateway.policies.adaptive import LoadModel
-from gateway.policies.drafter_sync import DrafterSync
-from gateway.policies.loop import Accept, DecodeStats, Propose
-from gateway.policies.preverify import FirstPasses
+from decoding.config import DecodingConfig, Mode
+from decoding.policies.adaptive import LoadModel
+from decoding.policies.drafter_sync import DrafterSync
+from decoding.policies.loop import Accept, DecodeStats, Propose
+from decoding.policies.preverify import FirstPasses
 
 
 class DrafterMethod(StrEnum):
@@ -43,7 +43,7 @@ BuildPolicy = Callable[[PolicyInputs], tuple[Propose, Accept]]
 TopK = Callable[[DecodingConfig, int], int]
 # sessions(config) -> verifier sessions one request of the mode holds at once (gateway admission).
 Sessions = Callable[[DecodingConfig], int]
-# preverify(config) -> the mode's rule at one position, for pre-verify (gateway.policies.preverify).
+# preverify(config) -> the mode's rule at one position, for pre-verify (decoding.policies.preverify).
 FirstRule = Callable[[DecodingConfig], FirstPasses]
 # run(source_ids, config, verifier, stats, prefix) -> output ids (the committed prefix first), for a
 # mode outside the draft-verify loop.
@@ -78,12 +78,12 @@ class ModeSpec:
     verifier_sessions: Sessions = one_session
     title: str = ""  # how error messages name the mode; default: "mode <value>"
     # Overlapped drafting may draft the next block during the verifier's step
-    # (gateway.policies.overlap): only for a drafter call that depends on the output alone.
+    # (decoding.policies.overlap): only for a drafter call that depends on the output alone.
     overlap: bool = False
-    # Pre-verify may check a block's first position during its drafting (gateway.policies.preverify):
+    # Pre-verify may check a block's first position during its drafting (decoding.policies.preverify):
     # for a block-drafting mode whose accept rule decides each position alone, that rule at one.
     preverify: FirstRule | None = None
-    # Block drafts follow the verifier's insertions and deletions (gateway.policies.drafter_sync,
+    # Block drafts follow the verifier's insertions and deletions (decoding.policies.drafter_sync,
     # `realign`): only where any draft gives the same output (a lossless mode); other modes' outputs
     # depend on their drafts.
     realign: bool = False

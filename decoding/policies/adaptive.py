@@ -43,9 +43,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from core.interfaces import Draft, VerifyResult, load_key_of
-from gateway.decoding_config import DecodingConfig
-from gateway.policies.forward_cost import FREE, Cost, CostEstimator
-from gateway.policies.loop import Accept, Propose
+from decoding.config import DecodingConfig
+from decoding.policies.forward_cost import FREE, Cost, CostEstimator
+from decoding.policies.loop import Accept, Propose
 
 # propose(output so far, most tokens worth drafting, block length k) -> a draft of at most k tokens
 # (and the room). Given the room apart from k, a drafter may use what lies past the block

@@ -2,7 +2,7 @@
 `drafter_address` names, each watched, and the choice of replica for each new session.
 
 The address is a comma-separated list of gRPC targets, each either one server (`host:port`,
-`unix:PATH`) or a `dns:` name standing for every address it resolves to (`gateway.dns`; a
+`unix:PATH`) or a `dns:` name standing for every address it resolves to (`gateway.peers.dns`; a
 Kubernetes headless Service). Names are resolved again every `resolve_interval_s`: an address
 that appears becomes a replica, one that is gone takes no new sessions and its channel closes
 once its sessions have ended.
@@ -32,9 +32,9 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.dns import DnsName, parse_targets, resolve
 from gateway.metrics import GatewayMetrics
-from gateway.peer_streams import PeerChannel
+from gateway.peers.dns import DnsName, parse_targets, resolve
+from gateway.peers.streams import PeerChannel
 from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from serving.channels import channel_options
 from serving.tls import ClientTLS

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from gateway.decoding_config import Mode
-from gateway.modes.mode_spec import DrafterMethod, ModeSpec, PolicyInputs
-from gateway.policies.accept import exact, first_exact
-from gateway.policies.adaptive import maybe_adaptive
-from gateway.policies.loop import Accept, Propose
+from decoding.config import Mode
+from decoding.modes.mode_spec import DrafterMethod, ModeSpec, PolicyInputs
+from decoding.policies.accept import exact, first_exact
+from decoding.policies.adaptive import maybe_adaptive
+from decoding.policies.loop import Accept, Propose
 
 
 def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:

@@ -1,6 +1,6 @@
 """What a forward costs, learnt online: `Cost` (c0 + cr*rows + c1*tokens) and `CostEstimator`, which
 fits it from the (rows, tokens, seconds) of the forwards a service reports. Adaptive speculation
-(`gateway.policies.adaptive`, module docstring: "The rule", "The estimates") prices its block
+(`decoding.policies.adaptive`, module docstring: "The rule", "The estimates") prices its block
 lengths with one per verifier and one per drafter mode.
 """
 
@@ -26,7 +26,7 @@ MIN_WEIGHT = 1e-3
 @dataclass(frozen=True)
 class Cost:
     """cost(rows, tokens) = c0 + cr * rows + c1 * tokens, in seconds: a forward's fixed cost, its
-    cost per row and per token (`gateway.policies.adaptive`, module docstring, "The rule")."""
+    cost per row and per token (`decoding.policies.adaptive`, module docstring, "The rule")."""
 
     c0: float
     c1: float

@@ -28,7 +28,7 @@ from tritonclient.utils import InferenceServerException
 from core.errors import SpecdecError, StatusCode
 from core.interfaces import VerifyResult
 from core.wire import SPECIAL_ID_FIELDS, sends_candidates
-from gateway.remote import (
+from gateway.peers.remote import (
     CallOptions,
     RemoteCallError,
     RequestCancelled,

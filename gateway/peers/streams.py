@@ -3,7 +3,7 @@
 `decode()` is synchronous and runs on a gateway worker thread; the peers' session streams live on
 the gateway's own event loop as grpc.aio calls. A step is one coroutine (write the request, read the
 answer) handed to the loop with `asyncio.run_coroutine_threadsafe`; the worker blocks on its future.
-No thread is started per stream (the synchronous streams of `gateway.remote._Stream` start a
+No thread is started per stream (the synchronous streams of `gateway.peers.remote._Stream` start a
 request-iterator consumer thread for each), and a cancelled request's wait fails at once.
 
 A step's latency matches the synchronous streams' at one request, since the round trip is
@@ -29,7 +29,7 @@ from typing import Any
 import grpc
 
 from core.errors import SpecdecError, StatusCode
-from gateway.peer_calls import CallOptions, RequestCancelled, RequestDeadlineExceeded, peer_error
+from gateway.peers.calls import CallOptions, RequestCancelled, RequestDeadlineExceeded, peer_error
 from protos.specdec.v1 import drafter_pb2_grpc, verifier_pb2_grpc
 from serving.tls import ClientTLS
 
@@ -58,7 +58,7 @@ class PeerChannel:
 
 class AioStream:
     """One bidi session stream on a `PeerChannel`, driven step by step from a worker thread: the same
-    surface as `gateway.remote._Stream` (`exchange`, `close`, `cancel`), with the same errors.
+    surface as `gateway.peers.remote._Stream` (`exchange`, `close`, `cancel`), with the same errors.
 
     The `open` message goes out at once and its `opened` answer is read on the loop without anyone
     waiting for it, so the verifier's and the drafter's encoders run concurrently. The first step
@@ -174,7 +174,7 @@ class AioStream:
         with contextlib.suppress(RuntimeError):  # the loop is closed: the call went with it
             self._loop.call_soon_threadsafe(fn)
 
-    # ---- errors, as gateway.remote._Stream raises them ------------------------------------------
+    # ---- errors, as gateway.peers.remote._Stream raises them ------------------------------------------
 
     def _cancelled_error(self) -> Exception:
         if self._cancelled or (self._cancellation is not None and self._cancellation.cancelled):

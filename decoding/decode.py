@@ -1,7 +1,7 @@
 """One entry point for every mode: `decode(source_ids, config, verifier, drafter)`.
 
-It looks the mode up in the registry (`gateway.modes`) and runs its policy, built from the pieces
-in `gateway.policies`, against the `Drafter` / `Verifier` interfaces."""
+It looks the mode up in the registry (`decoding.modes`) and runs its policy, built from the pieces
+in `decoding.policies`, against the `Drafter` / `Verifier` interfaces."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ import numpy as np
 from core.checks import check_ids, check_source_ids
 from core.errors import SpecdecError, StatusCode, out_of_range
 from core.interfaces import Drafter, DrafterSession, Verifier, draft_limit, greedy_run_limit
-from gateway.decoding_config import DecodingConfig
-from gateway.modes import MODES, PolicyInputs
-from gateway.modes.mode_spec import ModeSpec
-from gateway.policies.adaptive import LoadModel, load_model
-from gateway.policies.drafter_sync import DrafterSync, LazyDrafterSession
-from gateway.policies.greedy import greedy_loop
-from gateway.policies.loop import DecodeResult, DecodeStats, LoopOptions, OnTokens, draft_verify_loop
-from gateway.policies.overlap import OverlappedSync, predraft_executor
-from gateway.policies.preverify import PreVerify
+from decoding.config import DecodingConfig
+from decoding.modes import MODES, PolicyInputs
+from decoding.modes.mode_spec import ModeSpec
+from decoding.policies.adaptive import LoadModel, load_model
+from decoding.policies.drafter_sync import DrafterSync, LazyDrafterSession
+from decoding.policies.greedy import greedy_loop
+from decoding.policies.loop import DecodeResult, DecodeStats, LoopOptions, OnTokens, draft_verify_loop
+from decoding.policies.overlap import OverlappedSync, predraft_executor
+from decoding.policies.preverify import PreVerify
 
 
 def decode(
@@ -39,7 +39,7 @@ def decode(
     includes it. `load`: the load model adaptive speculation reads and learns (default: the one the
     verifier shares with every request on it; a caller may force a policy with its own)."""
     # Every request counts in its verifier's load while it decodes, whatever its mode: adaptive
-    # speculation reads the load from there (gateway.policies.adaptive, "rows").
+    # speculation reads the load from there (decoding.policies.adaptive, "rows").
     load = load if load is not None else load_model(verifier)
     with load.decoding():
         return _decode(source_ids, config, verifier, drafter, on_tokens, rng, prefix, load)

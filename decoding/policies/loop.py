@@ -23,7 +23,7 @@ OnTokens = Callable[[list[int]], None]
 
 
 class Overlap(Protocol):
-    """Drafting ahead while the verifier works (`gateway.policies.overlap.OverlappedSync`)."""
+    """Drafting ahead while the verifier works (`decoding.policies.overlap.OverlappedSync`)."""
 
     def predraft(self, output: list[int], draft_ids: list[int], room: int) -> None:
         """`draft_ids` goes to the verifier now: draft what would follow its full acceptance,
@@ -37,7 +37,7 @@ class Overlap(Protocol):
 
 
 class PreVerifyStep(Protocol):
-    """Drafting while the verifier checks the block's first position (`gateway.policies.preverify.PreVerify`)."""
+    """Drafting while the verifier checks the block's first position (`decoding.policies.preverify.PreVerify`)."""
 
     def draft_and_first(
         self, propose: Propose, out: list[int], room: int, session: VerifierSession, sync: PrefixSync,
@@ -186,7 +186,7 @@ def draft_verify_loop(
             t0 = time.perf_counter()
             now = ahead is None or ahead()
             # Pre-verify only after a cut block: cuts come in runs, and a block whose first token
-            # passes pays for the AR step on top of its verify (gateway.policies.preverify). A
+            # passes pays for the AR step on top of its verify (decoding.policies.preverify). A
             # block already drafted ahead (overlap) is verified at once: nothing to pre-verify beside.
             if (preverify is not None and now and room > 0 and after_cut
                     and not (overlap is not None and overlap.holds(out))):

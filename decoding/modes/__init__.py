@@ -1,16 +1,16 @@
 """The mode registry: every decoding mode, declared once by a `ModeSpec` in its own module here.
 
-`gateway.decode.decode()`, the wire maps (gateway.wire), the gateway's fallback and the CLI's --mode choices all
+`decoding.decode.decode()`, the wire maps (gateway.wire), the gateway's fallback and the CLI's --mode choices all
 read `MODES`; nothing else lists the modes.
 
 Adding a mode:
-1. Add its value to the `Mode` enum in gateway/decoding_config.py, and a `MODE_<NAME>` value to
+1. Add its value to the `Mode` enum in decoding/config.py, and a `MODE_<NAME>` value to
    the `Mode` enum in protos/specdec/v1/gateway.proto (stubs regenerate on import, or
    `python -m protos.build`).
-2. Write gateway/modes/<name>.py declaring `SPEC = ModeSpec(Mode.X, wire="MODE_<NAME>", lossless=...,
+2. Write decoding/modes/<name>.py declaring `SPEC = ModeSpec(Mode.X, wire="MODE_<NAME>", lossless=...,
    drafter=DrafterMethod.NONE | BLOCK | BEAM | SAMPLE, build=..., top_k=...)`: `build(inputs)` returns
    (propose, accept) for the draft-verify loop; a mode outside that loop gives `run=` instead.
-3. Put its accept rule, if new, in gateway/policies/accept.py, as a pure function with a test.
+3. Put its accept rule, if new, in decoding/policies/accept.py, as a pure function with a test.
 4. Add `<name>.SPEC` to `_SPECS` below. New decoding parameters are DecodingConfig fields (with
    `field(default=..., metadata=about(help, flag=..., wire=...))`) and gateway.proto fields; the
    CLI flags and wire maps follow from them.
@@ -24,9 +24,9 @@ from dataclasses import fields
 from typing import Any
 
 from core.errors import invalid
-from gateway.decoding_config import DecodingConfig, Mode, cli_flag
-from gateway.modes import ar, beam, gad, gad_plus_plus, iad, mjsd, speculative
-from gateway.modes.mode_spec import COMMON_PARAMS, DrafterMethod, ModeSpec, PolicyInputs
+from decoding.config import DecodingConfig, Mode, cli_flag
+from decoding.modes import ar, beam, gad, gad_plus_plus, iad, mjsd, speculative
+from decoding.modes.mode_spec import COMMON_PARAMS, DrafterMethod, ModeSpec, PolicyInputs
 
 _SPECS = (ar.SPEC, beam.SPEC, iad.SPEC, gad.SPEC, gad_plus_plus.SPEC, mjsd.SPEC, speculative.SPEC)
 

@@ -19,9 +19,9 @@ from core.errors import SpecdecError, StatusCode
 from core.wire import SPECIAL_ID_FIELDS
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
-from gateway.remote import CallOptions, RemoteDrafter
-from gateway.replicas import Replica, ReplicaSet
-from gateway.triton_verifier import TritonVerifierClient
+from gateway.peers.remote import CallOptions, RemoteDrafter
+from gateway.peers.replicas import Replica, ReplicaSet
+from gateway.peers.triton import TritonVerifierClient
 from protos.specdec.v1 import common_pb2
 from serving.tls import ClientTLS
 
@@ -95,7 +95,7 @@ class StartupWait:
 
 
 class DrafterPeer:
-    """The drafter replicas (`gateway.replicas`), each checked against the verifier's ModelInfo, and
+    """The drafter replicas (`gateway.peers.replicas`), each checked against the verifier's ModelInfo, and
     the retry window: after a failed attempt a replica is skipped for `drafter_retry_s`, then tried
     again."""
 

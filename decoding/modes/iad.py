@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from core.interfaces import Draft
-from gateway.decoding_config import Mode
-from gateway.modes.mode_spec import DrafterMethod, ModeSpec, PolicyInputs
-from gateway.policies.accept import exact
-from gateway.policies.adaptive import maybe_adaptive
-from gateway.policies.iad import CopyDrafter
-from gateway.policies.loop import Accept, Propose
+from decoding.config import Mode
+from decoding.modes.mode_spec import DrafterMethod, ModeSpec, PolicyInputs
+from decoding.policies.accept import exact
+from decoding.policies.adaptive import maybe_adaptive
+from decoding.policies.iad import CopyDrafter
+from decoding.policies.loop import Accept, Propose
 
 
 def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:

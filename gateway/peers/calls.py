@@ -1,6 +1,6 @@
 """What a gateway's call to a peer carries and how it fails: the request's call options (deadline,
 request id, cancel switch) and the errors a peer call raises, for both stream paths
-(`gateway.remote`'s synchronous streams and `gateway.peer_streams`' grpc.aio ones).
+(`gateway.peers.remote`'s synchronous streams and `gateway.peers.streams`' grpc.aio ones).
 """
 
 from __future__ import annotations

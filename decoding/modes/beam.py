@@ -1,14 +1,14 @@
-"""AR beam search with the verifier: its own loop (`gateway.policies.beam`), not draft-verify.
+"""AR beam search with the verifier: its own loop (`decoding.policies.beam`), not draft-verify.
 
 One request holds one verifier session: its hypotheses are the rows of that session."""
 
 from __future__ import annotations
 
 from core.interfaces import Verifier
-from gateway.decoding_config import DecodingConfig, Mode
-from gateway.modes.mode_spec import DrafterMethod, ModeSpec, one_session
-from gateway.policies.beam import beam_search
-from gateway.policies.loop import DecodeStats
+from decoding.config import DecodingConfig, Mode
+from decoding.modes.mode_spec import DrafterMethod, ModeSpec, one_session
+from decoding.policies.beam import beam_search
+from decoding.policies.loop import DecodeStats
 
 
 def run(

@@ -1,7 +1,7 @@
 """One request's decoding over the replica sets, moving to another replica when one fails.
 
 Each attempt leases a verifier replica (and, for the drafter modes, a drafter replica) from the
-sets (`gateway.replicas`) and runs `decode()`. When the verifier replica fails mid-request (it died,
+sets (`gateway.peers.replicas`) and runs `decode()`. When the verifier replica fails mid-request (it died,
 drains, or answers a failure status), the next attempt continues on another verifier replica from
 the output committed so far (`decode(..., prefix=committed)`), so the lossless modes give the same
 output and what was streamed stays one sequence. When the drafter replica fails, the next attempt
@@ -19,15 +19,15 @@ from dataclasses import dataclass
 
 from core.errors import SpecdecError, StatusCode
 from core.interfaces import Verifier
+from decoding.config import DecodingConfig, Mode
+from decoding.decode import decode
+from decoding.modes import DRAFTER_MODES
+from decoding.policies.loop import DecodeResult, OnTokens
 from gateway.config import GatewayConfig
-from gateway.decode import decode
-from gateway.decoding_config import DecodingConfig, Mode
 from gateway.metrics import GatewayMetrics
-from gateway.modes import DRAFTER_MODES
-from gateway.peer_calls import CallOptions, DrafterFailure, RemoteCallError, RequestDeadlineExceeded
-from gateway.peers import DrafterPeer
-from gateway.policies.loop import DecodeResult, OnTokens
-from gateway.replicas import Replica, ReplicaSet
+from gateway.peers.calls import CallOptions, DrafterFailure, RemoteCallError, RequestDeadlineExceeded
+from gateway.peers.replicas import Replica, ReplicaSet
+from gateway.peers.startup import DrafterPeer
 
 # A peer's answer that is the replica's trouble, not the request's: another replica may do better.
 _REPLICA_CODES = (StatusCode.UNAVAILABLE, StatusCode.RESOURCE_EXHAUSTED)

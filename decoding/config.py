@@ -13,7 +13,7 @@ from core.sampling import SamplingParams, check_sampling
 
 
 class Mode(StrEnum):
-    """The decoding modes; each is described once, by its module in `gateway.modes`."""
+    """The decoding modes; each is described once, by its module in `decoding.modes`."""
 
     AR = "ar"
     BEAM = "beam"
@@ -56,7 +56,7 @@ class DecodingConfig:
     # Overlap and pre-verify: off by default, because adaptive requests cannot pre-verify (they choose
     # each block's length before drafting it), and with both on by default adaptive GAD at one client
     # fell behind fixed-k GAD (BENCHMARKS.md, "Overlapped drafting and pre-verify: notes"). They are
-    # held back while other requests decode (gateway.decode.AHEAD_MAX_IN_FLIGHT).
+    # held back while other requests decode (decoding.decode.AHEAD_MAX_IN_FLIGHT).
     overlap: bool = field(
         default=False,
         metadata=about("draft the next block while the verifier verifies this one (gad, gad++, mjsd)"),

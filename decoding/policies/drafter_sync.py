@@ -10,7 +10,7 @@ from typing import Any
 
 from core.interfaces import Draft, DrafterSession
 from core.sampling import SamplingParams
-from gateway.policies.loop import PrefixSync
+from decoding.policies.loop import PrefixSync
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class DrafterSync:
 
     With `lookahead`, a block is drafted one position longer than it is verified when the room and
     the drafter's `max_block` allow: the extra token is `Draft.lookahead`, overlapped drafting's
-    guess of the verifier's token (gateway.policies.overlap)."""
+    guess of the verifier's token (decoding.policies.overlap)."""
 
     def __init__(
         self, session: DrafterSession, realign: bool = False, lookahead: bool = False, max_block: int | None = None,

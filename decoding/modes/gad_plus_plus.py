@@ -5,11 +5,11 @@ from __future__ import annotations
 from functools import partial
 
 from core.interfaces import Draft, VerifyResult
-from gateway.decoding_config import DecodingConfig, Mode
-from gateway.modes.mode_spec import DrafterMethod, ModeSpec, PolicyInputs
-from gateway.policies.accept import accept_gad_plus_plus, first_gad_plus_plus
-from gateway.policies.adaptive import maybe_adaptive
-from gateway.policies.loop import Accept, Propose
+from decoding.config import DecodingConfig, Mode
+from decoding.modes.mode_spec import DrafterMethod, ModeSpec, PolicyInputs
+from decoding.policies.accept import accept_gad_plus_plus, first_gad_plus_plus
+from decoding.policies.adaptive import maybe_adaptive
+from decoding.policies.loop import Accept, Propose
 
 
 def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:

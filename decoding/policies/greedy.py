@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from core.interfaces import GreedySession
-from gateway.policies.loop import DecodeStats, OnTokens, PrefixSync, commit, run_plain_steps
+from decoding.policies.loop import DecodeStats, OnTokens, PrefixSync, commit, run_plain_steps
 
 
 def greedy_loop(

@@ -13,13 +13,13 @@ the block's first position. When the draft comes back:
   and a one-token verifier step instead of a block of k+1;
 - it passes: the block is verified as without pre-verify (the AR step was spent).
 
-Only after a cut block (the loop decides, `gateway.policies.loop`): cuts come in runs, so the block
+Only after a cut block (the loop decides, `decoding.policies.loop`): cuts come in runs, so the block
 after one cut at its first token is likely cut there too, while a sentence's first block and the
 block after one accepted in full rarely are (BENCHMARKS.md, "GAD verdicts (what overlap can hit)").
 A block whose first token passes pays for the AR step on top of its verify, and on a CPU that step
 costs a large fraction of a block's verify (a batch-1 step reads every weight once either way), so
 pre-verifying every block gains less than pre-verifying only after cuts. Realigned drafts
-(gateway.policies.drafter_sync) break most runs of cuts, which leaves GAD little to gain from it
+(decoding.policies.drafter_sync) break most runs of cuts, which leaves GAD little to gain from it
 (BENCHMARKS.md, "Overlapped drafting and pre-verify: notes").
 
 The blocks drafted, and which of their tokens are kept, are those of the plain loop, so the output
@@ -29,12 +29,12 @@ position alone (GAD's exact match, GAD++'s top-beta and tau; not MJSD's joint ra
 position can rescue): `ModeSpec.preverify`.
 
 It pays when the drafter and the verifier work at the same time and the request is alone on its
-verifier (the loop holds it back otherwise: gateway.decode.AHEAD_MAX_IN_FLIGHT); under load the
+verifier (the loop holds it back otherwise: decoding.decode.AHEAD_MAX_IN_FLIGHT); under load the
 second verifier call of a block whose first token passes costs a turn of the batch. Its gains with
 and without overlap: BENCHMARKS.md, "Overlapped drafting". Not with adaptive speculation, which
 picks a block length before drafting.
 
-With overlapped drafting (`gateway.policies.overlap`) as well, each covers the other's case: a block
+With overlapped drafting (`decoding.policies.overlap`) as well, each covers the other's case: a block
 drafted ahead that is known to hold (the block before accepted in full, the verifier's token
 guessed right) is verified at once, with no AR step beside it; any other iteration after a cut
 block is pre-verified.
@@ -49,7 +49,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from core.interfaces import Draft, VerifierSession, VerifyResult
-from gateway.policies.loop import DecodeStats, PrefixSync, Propose
+from decoding.policies.loop import DecodeStats, PrefixSync, Propose
 
 # first_passes(d0, result) -> whether draft token d0 passes the mode's rule at `result`'s first position.
 FirstPasses = Callable[[int, VerifyResult], bool]

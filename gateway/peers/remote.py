@@ -7,7 +7,7 @@ and the drafter's encoders run concurrently (ARCHITECTURE.md section 8).
 
 Two stream paths, chosen by the channel a `RemoteVerifier` / `RemoteDrafter` is given:
 
-- a `gateway.peer_streams.PeerChannel` (the gateway's): the stream is a grpc.aio call on the
+- a `gateway.peers.streams.PeerChannel` (the gateway's): the stream is a grpc.aio call on the
   gateway's event loop (no thread per stream);
 - a synchronous `grpc.Channel` (callers without an event loop: tests, benchmarks, tools): a
   synchronous bidi call fed by a request queue (`_Stream`).
@@ -24,7 +24,7 @@ from core.errors import SpecdecError, StatusCode
 from core.interfaces import BeamRow, Draft, VerifyResult
 from core.sampling import SamplingParams
 from core.wire import source_len_from_wire, target_len_from_wire
-from gateway.peer_calls import (
+from gateway.peers.calls import (
     CallOptions,
     Cancellation,
     DrafterFailure,
@@ -33,7 +33,7 @@ from gateway.peer_calls import (
     RequestDeadlineExceeded,
     peer_error,
 )
-from gateway.peer_streams import AioStream, PeerChannel
+from gateway.peers.streams import AioStream, PeerChannel
 from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
 __all__ = [

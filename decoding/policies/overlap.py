@@ -41,8 +41,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from core.interfaces import Draft, DrafterSession
-from gateway.policies.drafter_sync import DrafterSync, DraftKind, LastBlock
-from gateway.policies.loop import DecodeStats
+from decoding.policies.drafter_sync import DrafterSync, DraftKind, LastBlock
+from decoding.policies.loop import DecodeStats
 
 # Pre-draft threads shared by every request of the process (a request has at most one pre-draft in
 # flight). A pre-draft that finds no free thread waits in the queue; if the loop gets there first it

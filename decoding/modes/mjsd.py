@@ -6,10 +6,10 @@ from __future__ import annotations
 from functools import partial
 
 from core.interfaces import Draft, VerifyResult
-from gateway.decoding_config import Mode
-from gateway.modes.mode_spec import DrafterMethod, ModeSpec, PolicyInputs
-from gateway.policies.accept import accept_mjsd
-from gateway.policies.loop import Accept, Propose
+from decoding.config import Mode
+from decoding.modes.mode_spec import DrafterMethod, ModeSpec, PolicyInputs
+from decoding.policies.accept import accept_mjsd
+from decoding.policies.loop import Accept, Propose
 
 
 def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from core.interfaces import BeamRow, Verifier
 from core.multirow import open_rows
-from gateway.policies.loop import DecodeStats
+from decoding.policies.loop import DecodeStats
 
 
 @dataclass
