@@ -68,7 +68,7 @@ class GatewayConfig:
     tls_client_key: str | None = None
     auth_token: str | None = None  # clients must send `authorization: Bearer <token>`
     auth_token_file: str | None = None  # the same, read from a file (keeps it out of env and ps)
-    # Input limits, checked before any work (gateway.inputs): a request's bytes (gRPC refuses more
+    # Input limits, checked before any work (decoding.request): a request's bytes (gRPC refuses more
     # with RESOURCE_EXHAUSTED before parsing it) and a text's characters (more is OUT_OF_RANGE,
     # before tokenising).
     max_request_bytes: int = 1024 * 1024

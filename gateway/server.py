@@ -14,7 +14,6 @@ The peers' start-up waits and the drafter replicas live in `gateway.peers.startu
 from __future__ import annotations
 
 import asyncio
-import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,16 +21,16 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import structlog
 
-from core.errors import SpecdecError, StatusCode, invalid
+from core.errors import SpecdecError, StatusCode
 from core.wire import source_len_from_wire, target_len_from_wire
-from decoding.config import DecodingConfig, Mode, parse_mode, validate
-from decoding.modes import check_applicable
+from decoding.config import DecodingConfig, Mode
 from decoding.policies.loop import DecodeResult, OnTokens
+from decoding.report import TextStream
+from decoding.request import ModelLimits, Policy, Prepared, Request, check_input_size, prepare
 from gateway import kserve
 from gateway.admission import Admission, AdmissionQueue, Budget, client_of, sessions_needed
 from gateway.arrivals import CallArrivals
 from gateway.config import GatewayConfig, verifier_of
-from gateway.inputs import check_input_size, forced_first_tokens, source_ids
 from gateway.metrics import GatewayMetrics
 from gateway.peers.failover import Peers, decode_on_replicas
 from gateway.peers.remote import (
@@ -101,6 +100,10 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.peers = Peers(config, self.metrics, self.verifiers, self.drafter, self._verifier_for)
         self.loop = asyncio.get_running_loop()
         self.verifier_info: common_pb2.ModelInfo | None = None
+        # How this door prepares requests: a drafter mode without a drafter is the fallback's to
+        # answer (gateway.peers.failover), so preparing never refuses it.
+        self.policy = Policy(config.defaults, config.limits, config.max_text_chars,
+                             fresh_seed=not config.seed_from_defaults, has_drafter=True)
         # Requests whose handler is running, by their cancel switch: what a drain waits for and,
         # once its grace is over, cancels.
         self._inflight: set[Cancellation] = set()
@@ -244,8 +247,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             loop.call_soon_threadsafe(chunks.put_nowait, list(block))
 
         task = asyncio.ensure_future(self.run(request, context, on_tokens, cancellation, streaming=True))
-        ids: list[int] = []
-        sent_text = ""
+        text = TextStream(self.tokenizer.decode)
         getter: asyncio.Future | None = None
         try:
             while True:
@@ -258,20 +260,14 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
                     block = chunks.get_nowait()
                 else:
                     block = getter.result()
-                ids.extend(block)
-                text = self.tokenizer.decode(ids)
-                # Send only text that later tokens cannot change (a prefix of the text so far).
-                piece = text[len(sent_text) :] if text.startswith(sent_text) else ""
-                sent_text += piece
+                piece = text.add(block)
                 if first_token_s is None and block:
                     first_token_s = time.perf_counter() - started
                 yield gateway_pb2.GenerateResponse(text=piece, output_ids=block)
             result, mode, total_s = task.result()
             while not chunks.empty():  # blocks queued after the task finished
-                ids.extend(chunks.get_nowait())
-            full = self.tokenizer.decode(result.output_ids)
-            rest = result.output_ids[len(ids) :]
-            tail = full[len(sent_text) :] if full.startswith(sent_text) else ""
+                text.ids.extend(chunks.get_nowait())
+            tail, rest = text.finish(result.output_ids)
             if first_token_s is None and rest:
                 first_token_s = time.perf_counter() - started
             # Both for streams that completed, when the mode is known (a stream cut short has no final stats).
@@ -310,7 +306,8 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         try:
             if self.host.draining:
                 raise SpecdecError(StatusCode.UNAVAILABLE, "the gateway is draining")
-            source, config, first = await self._prepare(request)
+            prepared = await self._prepare(request)
+            source, config, first = prepared.source, prepared.config, prepared.first
             remaining = context.time_remaining()
             deadline = time.monotonic() + (remaining if remaining is not None else self.config.request_timeout_s)
             options = CallOptions(
@@ -400,25 +397,20 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             self.metrics.cancelled.inc()
             log.info("request_cancelled")
 
-    async def _prepare(self, request: gateway_pb2.GenerateRequest) -> tuple[list[int], DecodingConfig, list[int]]:
-        """Sizes first (free), then the decoding config, then tokenising off the loop (gateway.inputs)."""
+    async def _prepare(self, request: gateway_pb2.GenerateRequest) -> Prepared:
+        """`decoding.request.prepare`; a text is tokenised off the event loop, once its size passed."""
         assert self.verifier_info is not None
-        max_source_len = source_len_from_wire(self.verifier_info.max_source_len)
-        check_input_size(request, self.config.max_text_chars, max_source_len)
-        overrides = overrides_from_wire(request.config)
-        check_applicable(overrides, parse_mode(overrides.get("mode", self.config.defaults.mode)))
-        if "seed" not in overrides and not self.config.seed_from_defaults:
-            overrides["seed"] = secrets.randbits(63)  # unset seed: a fresh one per request
-        max_target_len = target_len_from_wire(self.verifier_info.max_target_len)
-        if "max_new_tokens" not in overrides:  # the default never asks for more than the model takes
-            overrides["max_new_tokens"] = min(self.config.defaults.max_new_tokens, max_target_len)
-        config = self.config.defaults.with_overrides(overrides)
-        validate(config, self.config.limits, max_target_len, self.verifier_info.vocab_size)
-        first = forced_first_tokens(self.tokenizer, request.target_lang, config)
-        source = await source_ids(request, self.tokenizer, self.pool, max_source_len)
-        if not source:
-            raise invalid("input is empty")
-        return source, config, first
+        info = self.verifier_info
+        model = ModelLimits(info.vocab_size, source_len_from_wire(info.max_source_len),
+                            target_len_from_wire(info.max_target_len))
+        wanted = Request(text=request.text, input_ids=request.input_ids, overrides=overrides_from_wire(request.config),
+                         target_lang=request.target_lang)
+        if not wanted.text:
+            return prepare(wanted, model, self.policy, self.tokenizer)
+        check_input_size(wanted, model, self.policy)  # a text over the limit is never tokenised
+        return await asyncio.get_running_loop().run_in_executor(
+            self.pool, prepare, wanted, model, self.policy, self.tokenizer
+        )
 
     def _decode(
         self, source, config: DecodingConfig, options: CallOptions, on_tokens: OnTokens, log, first: list[int]

@@ -9,6 +9,7 @@ from core.errors import invalid
 from decoding.config import DecodingConfig, Mode, wire_name
 from decoding.modes import MODES
 from decoding.policies.loop import DecodeStats
+from decoding.report import Stats, request_stats
 from protos.specdec.v1 import gateway_pb2
 
 # Both derived from the mode registry and DecodingConfig's field metadata; nothing is listed here.
@@ -43,51 +44,34 @@ def overrides_to_wire(overrides: dict[str, Any]) -> gateway_pb2.DecodingConfig:
 
 
 def stats_record(stats: DecodeStats, mode: Mode, total_s: float) -> dict[str, Any]:
-    """The stats as `specdec decode` and `specdec generate --json` print them: the DecodingStats
-    message's fields by their names (times in ms), so the CLI, gRPC and KServe name them alike."""
-    return stats_dict(stats_to_wire(stats, mode, total_s))
+    """The stats as `specdec decode` and `specdec generate --json` print them (`decoding.report.Stats`)."""
+    return request_stats(stats, mode, total_s).record()
 
 
 def stats_dict(stats: gateway_pb2.DecodingStats) -> dict[str, Any]:
     """A DecodingStats message as a dict of its fields (lists for repeated ones, the mode by name)."""
-    out: dict[str, Any] = {}
+    return report_from_wire(stats).record()
+
+
+def stats_to_wire(stats: DecodeStats, mode: Mode, total_s: float) -> gateway_pb2.DecodingStats:
+    return report_to_wire(request_stats(stats, mode, total_s))
+
+
+def report_to_wire(report: Stats) -> gateway_pb2.DecodingStats:
+    values = {f.name: getattr(report, f.name) for f in fields(Stats) if f.name != "mode"}
+    return gateway_pb2.DecodingStats(**values, mode=MODE_TO_WIRE[Mode(report.mode)])
+
+
+def report_from_wire(stats: gateway_pb2.DecodingStats) -> Stats:
+    values: dict[str, Any] = {}
     for f in stats.DESCRIPTOR.fields:
         value = getattr(stats, f.name)
         if f.name == "mode":
             value = WIRE_TO_MODE[value].value if value in WIRE_TO_MODE else ""
         elif f.is_repeated:
             value = list(value)
-        elif isinstance(value, float):
-            value = round(value, 4)
-        out[f.name] = value
-    return out
-
-
-def stats_to_wire(stats: DecodeStats, mode: Mode, total_s: float) -> gateway_pb2.DecodingStats:
-    gateway_s = max(total_s - stats.drafter_time_s - stats.verifier_time_s, 0.0)
-    return gateway_pb2.DecodingStats(
-        iterations=stats.iterations,
-        drafted_tokens=stats.drafted_tokens,
-        accepted_tokens=stats.accepted_tokens,
-        accepted_per_position=stats.accepted_per_position,
-        steps_per_draft_length=stats.steps_per_draft_length,
-        predrafts=stats.predrafts,
-        predrafts_used=stats.predrafts_used,
-        predraft_wait_ms=stats.predraft_wait_s * 1e3,
-        preverified=stats.preverified,
-        preverify_cuts=stats.preverify_cuts,
-        mean_accepted_length=stats.mean_accepted_length,
-        drafter_time_ms=stats.drafter_time_s * 1e3,
-        first_draft_ms=stats.first_draft_time_s * 1e3,
-        verifier_time_ms=stats.verifier_time_s * 1e3,
-        gateway_time_ms=gateway_s * 1e3,
-        total_time_ms=total_s * 1e3,
-        output_tokens=stats.output_tokens,
-        mean_draft_length=stats.mean_draft_length,
-        degraded=stats.degraded,
-        finish_reason=stats.finish_reason,
-        mode=MODE_TO_WIRE[mode],
-    )
+        values[f.name] = value
+    return Stats(**values)
 
 
 def stats_from_wire(stats: gateway_pb2.DecodingStats, output_tokens: int) -> DecodeStats:

@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import os
 import sys
-import time
 import typing
 from collections.abc import Sequence
 from dataclasses import Field, fields
 from pathlib import Path
 
-from core.backends import BACKENDS, DEFAULT_BACKEND, DEFAULT_PRECISION, PRECISIONS, check_precision
+from core.backends import BACKENDS, DEFAULT_BACKEND, PRECISIONS
 from core.config import DEVICE_HELP, DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS, device_arg
 from core.errors import BindError, SpecdecError
 from specdec import distill, import_hf
+from specdec.api import ADDR_ENV, BUNDLE_ENV, default_address, resolve_bundle
 from specdec.serve import add_batch_flags
 
-# Where `decode` looks for a bundle when --bundle is not given.
-DEFAULT_BUNDLE_ENV = "SPECDEC_BUNDLE"
-# The gateway address of `generate`, `loadtest` and `health` when --addr is not given.
-ADDR_ENV = "SPECDEC_ADDR"
-DEFAULT_BUNDLE_DIR = Path(__file__).resolve().parent.parent / "bundles" / "ua-gec"
 DEFAULT_LOADTEST_SENTENCES = 100  # `specdec loadtest` without --inputs / --ua-gec
 BACKEND_HELP = (
     f"backend of the verifier and the NAR drafter (default: {DEFAULT_BACKEND}, or the [verifier] and [drafter] "
@@ -87,17 +80,6 @@ def _decoding_fields() -> list[tuple[Field, type]]:
     return out
 
 
-def resolve_bundle(path: str | None) -> Path:
-    if path:
-        return Path(path)
-    env = os.environ.get(DEFAULT_BUNDLE_ENV)
-    if env:
-        return Path(env)
-    if DEFAULT_BUNDLE_DIR.is_dir():
-        return DEFAULT_BUNDLE_DIR
-    raise FileNotFoundError("no bundle given: pass --bundle DIR (make one with `specdec tiny-bundle --out DIR`)")
-
-
 # ----------------------------------------------------------------------------------------------
 # Subcommands
 # ----------------------------------------------------------------------------------------------
@@ -112,58 +94,38 @@ def _cmd_tiny_bundle(args: argparse.Namespace) -> int:
 
 
 def _cmd_decode(args: argparse.Namespace) -> int:
-    try:
-        import torch
-    except ImportError:
-        raise ValueError('decode runs the models in this process and needs torch: pip install "specdec[torch]"'
-                         ) from None
+    """`Engine.load` and `Engine.generate_each` over stdin's lines: one JSON record a line, in order;
+    a bad line gets an error record and the rest go on (exit status 2 if any failed)."""
+    from decoding.request import Policy
+    from specdec.api import Engine
 
-    from decoding.config import DecodingConfig, DecodingLimits, validate
-    from decoding.decode import decode
-    from decoding.modes import DRAFTER_MODES, check_applicable
-    from drafter_service.session import make_drafter
-    from gateway.inputs import forced_first_tokens
-    from gateway.wire import stats_record
-    from seq2seq_models.bundle import load_bundle
-    from verifier_service.session import make_verifier
-
+    engine = Engine.load(args.bundle, backend=args.backend, precision=args.precision, device=args.device,
+                         dtype=args.dtype, policy=Policy(flags=True))
     overrides = {k: v for k, v in decoding_overrides(args).items() if v is not None}
-    config = DecodingConfig().with_overrides(overrides)
-    check_applicable(overrides, config.mode, flags=True)
-    bundle = load_bundle(resolve_bundle(args.bundle), dtype=getattr(torch, args.dtype))
-    backend, precision = args.backend or DEFAULT_BACKEND, args.precision or DEFAULT_PRECISION
-    check_precision(backend, precision)  # before the bundle loads: one line, not a traceback
-    verifier = make_verifier(bundle, backend, device=args.device, precision=precision)
-    if "max_new_tokens" not in overrides:  # the default never asks for more than the model takes
-        config = dataclasses.replace(config, max_new_tokens=min(config.max_new_tokens, verifier.max_target_len))
-    validate(config, DecodingLimits(), verifier.max_target_len)
-    drafter = make_drafter(bundle, backend, device=args.device, precision=precision)
-    if config.mode in DRAFTER_MODES and drafter is None:
-        raise ValueError(
-            f"mode {config.mode.value} needs a drafter and {bundle.path} has none: use --mode ar or iad"
-        )
-    tokenizer = bundle.tokenizer
-    first = forced_first_tokens(tokenizer, args.target_lang, config)
+    engine.prepare_config(overrides)  # a bad flag is one error for the run, before any line is read
+    requests = (_line_request(engine, number, line.rstrip("\n"), args, overrides)
+                for number, line in enumerate(sys.stdin, start=1))
     failed = 0
-    for number, line in enumerate(sys.stdin, start=1):
-        line = line.rstrip("\n")
-        # One record per input line, in order: a bad line gets an error record and the rest go on.
-        try:
-            source = [] if not line.strip() else _parse_ids(line) if args.ids else tokenizer.encode(line)
-            started = time.perf_counter()
-            result = decode(source, config, verifier, drafter, prefix=list(first) or None)
-        except SpecdecError as exc:
+    for index, outcome in engine.generate_each(requests):
+        if isinstance(outcome, SpecdecError):
             failed += 1
-            print(f"specdec decode: error: {exc.code.value}: line {number}: {exc.message}", file=sys.stderr)
-            record = {"line": number, "error": exc.message, "code": exc.code.value}
+            print(f"specdec decode: error: {outcome.code.value}: line {index + 1}: {outcome.message}", file=sys.stderr)
+            record = {"line": index + 1, "error": outcome.message, "code": outcome.code.value}
         else:
-            record = {
-                "output_ids": result.output_ids,
-                "text": tokenizer.decode(result.output_ids),
-                "stats": stats_record(result.stats, config.mode, time.perf_counter() - started),
-            }
+            record = {"output_ids": outcome.output_ids, "text": outcome.text, "stats": outcome.stats.record()}
         print(json.dumps(record, ensure_ascii=False), flush=True)
     return 2 if failed else 0
+
+
+def _line_request(engine, number: int, line: str, args: argparse.Namespace, overrides: dict):
+    """One stdin line as a request (text, or ids with --ids), or the SpecdecError of a malformed one."""
+    try:
+        ids = _parse_ids(line) if args.ids and line.strip() else None
+    except SpecdecError as exc:
+        return exc
+    if ids is not None:
+        return engine.request(ids, args.target_lang, overrides)
+    return engine.request(line if line.strip() else [], args.target_lang, overrides)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -442,7 +404,7 @@ def addresses_arg(text: str) -> str:
 
 
 def _default_addr() -> str:
-    return os.environ.get(ADDR_ENV) or GATEWAY_ADDRESS
+    return default_address()
 
 
 ADDR_HELP = f"gateway address HOST:PORT (default: ${ADDR_ENV}, else {GATEWAY_ADDRESS})"
@@ -476,7 +438,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_cmd_tiny_bundle)
 
     p = sub.add_parser("decode", help="decode stdin lines in-process, one JSON object per line")
-    p.add_argument("--bundle", help=f"model bundle directory (default: ${DEFAULT_BUNDLE_ENV} or bundles/ua-gec)")
+    p.add_argument("--bundle", help=f"model bundle directory (default: ${BUNDLE_ENV} or bundles/ua-gec)")
     p.add_argument("--ids", action="store_true", help="lines are space-separated token ids, not text")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="the models' dtype (torch)")
     p.add_argument("--backend", choices=BACKENDS, default=None, help=BACKEND_HELP)
@@ -489,13 +451,13 @@ def _build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_cmd_decode)
 
     p = sub.add_parser("export-onnx", help="export the bundle's models to ONNX (cached by bundle fingerprint)")
-    p.add_argument("--bundle", help=f"model bundle directory (default: ${DEFAULT_BUNDLE_ENV} or bundles/ua-gec)")
+    p.add_argument("--bundle", help=f"model bundle directory (default: ${BUNDLE_ENV} or bundles/ua-gec)")
     p.add_argument("--out", help="cache root (default: $SPECDEC_ONNX_CACHE or BUNDLE/onnx)")
     p.add_argument("--force", action="store_true", help="re-export even when the cache has this fingerprint")
     p.set_defaults(run=_cmd_export_onnx)
 
     p = sub.add_parser("export-triton", help="write a Triton Inference Server model repository for the verifier")
-    p.add_argument("--bundle", help=f"model bundle directory (default: ${DEFAULT_BUNDLE_ENV} or bundles/ua-gec)")
+    p.add_argument("--bundle", help=f"model bundle directory (default: ${BUNDLE_ENV} or bundles/ua-gec)")
     p.add_argument("--out", required=True, help="model repository directory (tritonserver --model-repository)")
     p.add_argument("--model", default="specdec_verifier", help="model name (verifier_url triton://HOST:PORT/MODEL)")
     p.add_argument("--backend", choices=BACKENDS, default=None, help="the verifier backend inside the model "
@@ -509,7 +471,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="run the verifier, drafter or gateway service (or all three)")
     p.add_argument("role", choices=["verifier", "drafter", "gateway", "all"])
-    p.add_argument("--bundle", help=f"model bundle directory (default: ${DEFAULT_BUNDLE_ENV} or bundles/ua-gec)")
+    p.add_argument("--bundle", help=f"model bundle directory (default: ${BUNDLE_ENV} or bundles/ua-gec)")
     p.add_argument("--config", help="TOML config file (see config/specdec.example.toml; default: none)")
     p.add_argument("--gateway-addr", type=address_arg,
                    help=f"gateway listen address (default: [gateway] address of the config, else {GATEWAY_ADDRESS})")

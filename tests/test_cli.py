@@ -185,7 +185,8 @@ def test_serve_gateway_without_bundle_uses_the_shipped_tokenizer():
 
     from gateway.wire import overrides_to_wire
     from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
-    from specdec.cli import DEFAULT_BUNDLE_DIR, DEFAULT_BUNDLE_ENV
+    from specdec.api import BUNDLE_ENV as DEFAULT_BUNDLE_ENV
+    from specdec.api import DEFAULT_BUNDLE_DIR
     from specdec.serve import ServiceStack
     from tests.services.conftest import free_port, wait_ready_line
 

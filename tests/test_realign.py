@@ -26,7 +26,7 @@ from decoding.modes import MODES
 from decoding.policies.drafter_sync import DrafterSync, DraftKind
 from drafter_service.session import make_drafter
 from seq2seq_models.bundle import load_bundle
-from specdec.cli import DEFAULT_BUNDLE_DIR
+from specdec.api import DEFAULT_BUNDLE_DIR
 from specdec.loadtest import ua_gec_texts
 from tests.recording import RecordingDrafter, local_drafter, local_verifier
 from tests.zoo import MAX_LEN, random_source

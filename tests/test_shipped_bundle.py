@@ -18,7 +18,7 @@ from decoding.decode import decode
 from drafter_service.session import LocalDrafter
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.bundle import load_bundle
-from specdec.cli import DEFAULT_BUNDLE_DIR
+from specdec.api import DEFAULT_BUNDLE_DIR
 from tests.services.conftest import wait_ready_line
 from training.arguments import SHIPPED_PRESET
 from training.data import load_test_set

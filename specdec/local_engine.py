@@ -1,0 +1,144 @@
+"""`Engine.load`: a bundle's models in this process, decoded through `decoding.decode.decode`.
+
+The verifier and the drafter are the services' own in-process classes (`verifier_service.session`,
+`drafter_service.session`), so what runs here is what the services run, without the wire.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from core.backends import check_precision
+from core.errors import SpecdecError
+from decoding.config import DecodingConfig
+from decoding.decode import decode
+from decoding.report import TextStream, request_stats
+from decoding.request import ModelLimits, Policy, Prepared, Request, prepare, prepare_config
+from specdec.api import Chunk, Engine, Output
+
+
+def open_local_engine(
+    bundle_dir: Path, backend: str, precision: str, device: str, threads: int | None, dtype: str, policy: Policy
+) -> LocalEngine:
+    """Load the bundle and build its verifier and drafter (`Engine.load` says what each argument is)."""
+    from drafter_service.session import make_drafter
+    from seq2seq_models.bundle import load_bundle
+    from verifier_service.session import make_verifier
+
+    check_precision(backend, precision)  # before the bundle loads: one line, not a traceback
+    if dtype not in ("float32", "float64"):
+        raise ValueError(f"dtype must be float32 or float64; got {dtype!r}")
+    torch_dtype = None
+    if backend == "torch" or dtype != "float32":
+        try:
+            import torch
+        except ImportError:
+            raise ValueError('the torch backend and dtype float64 need torch: pip install "specdec[torch]"') from None
+        torch_dtype = getattr(torch, dtype)
+    bundle = load_bundle(bundle_dir, dtype=torch_dtype)
+    options = {} if threads is None else {"intra_op_threads": threads}
+    verifier = make_verifier(bundle, backend, device=device, precision=precision, **options)
+    drafter = make_drafter(bundle, backend, device=device, precision=precision, **options)
+    return LocalEngine(verifier, drafter, bundle.tokenizer, policy, bundle.path)
+
+
+class LocalEngine(Engine):
+    """The models in this process: a verifier, a drafter when the bundle has one, and the bundle's
+    tokenizer."""
+
+    def __init__(self, verifier: Any, drafter: Any, tokenizer: Any, policy: Policy, bundle: Path | None = None) -> None:
+        self.verifier = verifier
+        self.drafter = drafter
+        self.tokenizer = tokenizer
+        self.bundle = bundle
+        self.model = ModelLimits.of(verifier)
+        self.policy = replace(policy, has_drafter=drafter is not None)
+
+    def prepare(self, request: Request) -> Prepared:
+        return prepare(request, self.model, self.policy, self.tokenizer)
+
+    def _run(self, requests: Sequence[Request]) -> list[Output]:
+        prepared = self.prepare_all(requests)
+        for index, item in enumerate(prepared):
+            if isinstance(item, SpecdecError):
+                raise item if len(prepared) == 1 else SpecdecError(item.code, f"input {index}: {item.message}")
+        return [self.decode(item) for item in prepared]  # type: ignore[arg-type]
+
+    def generate_each(
+        self, requests: Iterable[Request | SpecdecError], ordered: bool = True
+    ) -> Iterator[tuple[int, Output | SpecdecError]]:
+        """Read lazily: an input is taken only once the one before it is done."""
+        for index, request in enumerate(requests):
+            item = request if isinstance(request, SpecdecError) else self.prepare_all([request])[0]
+            yield index, item if isinstance(item, SpecdecError) else self.decode(item)
+
+    def prepare_config(self, params: Mapping[str, Any]) -> DecodingConfig:
+        """The decoding config `params` give (SpecdecError if they are bad), without an input."""
+        return prepare_config(params, self.model, self.policy)
+
+    def prepare_all(self, requests: Sequence[Request]) -> list[Prepared | SpecdecError]:
+        """Every request prepared, or the error it failed with."""
+        out: list[Prepared | SpecdecError] = []
+        for request in requests:
+            try:
+                out.append(self.prepare(request))
+            except SpecdecError as exc:
+                out.append(exc)
+        return out
+
+    def decode(self, prepared: Prepared, on_tokens: Any = None) -> Output:
+        """One prepared request, decoded; `on_tokens` hears every committed block (the forced first
+        tokens first)."""
+        started = time.perf_counter()
+        first = prepared.first
+        if on_tokens is not None and first:
+            on_tokens(list(first))
+        result = decode(prepared.source, prepared.config, self.verifier, self.drafter, on_tokens,
+                        prefix=list(first) or None)
+        stats = request_stats(result.stats, prepared.config.mode, time.perf_counter() - started)
+        return Output(self.tokenizer.decode(result.output_ids), result.output_ids, stats)
+
+    def _stream(self, request: Request) -> Iterator[Chunk]:
+        """decode() on a thread of its own, its blocks handed over through a queue; the consumer
+        leaving stops it at its next block."""
+        prepared = self.prepare(request)
+        blocks: queue.Queue = queue.Queue()
+        stop = threading.Event()
+
+        def on_tokens(block: list[int]) -> None:
+            if stop.is_set():
+                raise _Stopped()
+            blocks.put(list(block))
+
+        def work() -> None:
+            try:
+                blocks.put(self.decode(prepared, on_tokens))
+            except BaseException as exc:  # handed to the consumer, raised there
+                blocks.put(exc)
+
+        worker = threading.Thread(target=work, name="specdec-stream", daemon=True)
+        worker.start()
+        text = TextStream(self.tokenizer.decode)
+        try:
+            while True:
+                item = blocks.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, Output):
+                    tail, rest = text.finish(item.output_ids)
+                    yield Chunk(tail, rest, item)
+                    return
+                yield Chunk(text.add(item), item)
+        finally:
+            stop.set()
+            worker.join()
+
+
+class _Stopped(Exception):
+    """The consumer of a stream left it: the decoding stops at its next block."""
