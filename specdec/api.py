@@ -9,7 +9,7 @@
         for chunk in engine.generate_stream("Я хочу подякувати вам.", mode="gad"):
             print(chunk.text, end="", flush=True)
 
-    with specdec.Engine.connect("127.0.0.1:50051") as engine:    # a gateway (`specdec serve all`)
+    with specdec.Engine.connect() as engine:    # the gateway `specdec serve all` started
         out = engine.generate("Я хочу подякувати вам.", mode="gad")
 
 Decoding parameters are keyword arguments named as `decoding.config.DecodingConfig`'s fields
@@ -84,7 +84,7 @@ class Engine:
         address: str | None = None, *, timeout: float = 120.0, tls: Any = None, token: str | None = None,
         concurrency: int = 16,
     ) -> Engine:
-        """A gateway at `address` (default: `$SPECDEC_ADDR`, else 127.0.0.1:50051). `tls`: a
+        """A gateway at `address` (default: `$SPECDEC_ADDR`, else the default gateway address). `tls`: a
         `serving.tls.ClientTLS` (None: plaintext); `token`: its bearer token; `timeout`: each request's
         deadline in seconds; `concurrency`: requests in flight at once for many inputs."""
         from specdec.remote_engine import RemoteEngine
