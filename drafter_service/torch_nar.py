@@ -10,7 +10,7 @@ import torch
 
 from drafter_service.nar_batch import BatchNarDrafter
 from seq2seq_models.batch_graph import NAR_BATCH_INPUTS
-from seq2seq_models.engines import TorchBatchEngine
+from seq2seq_models.torch_engine import TorchBatchEngine
 from seq2seq_models.transformer import Seq2SeqTransformer
 
 

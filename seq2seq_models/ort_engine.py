@@ -1,6 +1,6 @@
-"""The ONNX Runtime half of the batched engines (`seq2seq_models.engines` is the torch half): encoding
-a source and one call of the one-row graph on an `OrtRunner`. Imports no torch, so the ONNX serving
-path of verifier and drafters runs on an install without it."""
+"""The ONNX Runtime half of the batched engines (`seq2seq_models.torch_engine` is the torch half):
+encoding a source and one call of the one-row graph on an `OrtRunner`. Imports no torch, so the
+ONNX serving path of verifier and drafters runs on an install without it."""
 
 from __future__ import annotations
 

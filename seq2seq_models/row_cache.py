@@ -107,7 +107,7 @@ class Cross:
 
 
 class Encoder(Protocol):
-    """What encodes sources: a batched engine (`engines.TorchBatchEngine`, `ort_engine.OrtBatchEngine`)."""
+    """What encodes sources: a batched engine (`torch_engine.TorchBatchEngine`, `ort_engine.OrtBatchEngine`)."""
 
     def encode_batch(self, sources: list[list[int]]) -> list[Cross]: ...
 

@@ -10,7 +10,7 @@ import torch
 
 from kernels import output_head, warm_up_head
 from seq2seq_models.batch_graph import BATCH_INPUTS
-from seq2seq_models.engines import TorchBatchEngine
+from seq2seq_models.torch_engine import TorchBatchEngine
 from seq2seq_models.transformer import Seq2SeqTransformer
 from verifier_service.batch_session import BatchVerifier
 

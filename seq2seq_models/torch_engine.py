@@ -1,9 +1,8 @@
-"""What the batched engines of both models share: encoding a source, zero K/V arrays, and one call of
-the batched decoder (`batch_graph.BatchedDecoder`) or of the one-row graph, on eager torch and on
-ONNX Runtime. The verifier's engines add the output head to a forward, the NAR drafter's the argmax
-over its mask rows (`verifier_service.torch_backend`, `verifier_service.onnx_backend`,
-`drafter_service.torch_nar`, `drafter_service.onnx_nar`). This module is the torch half; the ONNX
-Runtime half is `seq2seq_models.ort_engine`, which imports no torch."""
+"""The torch half of the batched engines: what both models' engines share (encoding a source, zero
+K/V arrays, and one call of the batched decoder, `batch_graph.BatchedDecoder`) on eager torch. The
+verifier's engines add the output head to a forward, the NAR drafter's the argmax over its mask
+rows (`verifier_service.torch_backend`, `drafter_service.torch_nar`). The ONNX Runtime half is
+`seq2seq_models.ort_engine`, which imports no torch."""
 
 from __future__ import annotations
 
