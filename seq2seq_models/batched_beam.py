@@ -1,5 +1,5 @@
 """Batched beam search over many sources at once, for offline decoding: the sequence-level
-distillation that re-labels the drafters' training data (`training.distill`). Beam mode in the
+distillation that re-labels the drafters' training data (`training.beam_relabel`). Beam mode in the
 services and the benchmarks is the gateway's (`decoding.policies.beam`), not this one.
 
 Every source gets `num_beams` rows in one DecoderCache; each step extends all live rows by one

@@ -239,7 +239,7 @@ def test_a_bundle_of_our_own_takes_text_sources_and_gets_its_drafters_replaced(t
 def test_the_labels_are_the_verifiers_greedy_outputs(tmp_path, first):
     """`greedy_outputs` (batched, sources of different lengths) equals the AR mode one source at a
     time, after a forced first token too, up to the same length limit."""
-    from training.greedy_labels import greedy_outputs
+    from training.drafter_distillation.greedy_labels import greedy_outputs
 
     bundle = load_bundle(make_tiny_bundle(tmp_path / "bundle", seed=3))
     verifier = make_verifier(bundle, "torch")

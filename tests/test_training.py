@@ -19,6 +19,7 @@ from seq2seq_models.tokenizer import Tokenizer
 from seq2seq_models.transformer import Seq2SeqTransformer
 from training.arguments import STAGES
 from training.batching import IGNORE, nar_tensors, token_batches
+from training.beam_relabel import relabel_pairs
 from training.checkpoint import Interrupted
 from training.data import (
     IdPair,
@@ -30,7 +31,6 @@ from training.data import (
     normalise,
     split_train_valid,
 )
-from training.distill import distill_pairs
 from training.pipeline import run_pipeline
 from training.presets import get_preset
 from training.train import TrainConfig, train_role, uses_bfloat16
@@ -172,7 +172,7 @@ def test_distillation_stops_on_sigterm_between_chunks_and_resumes_to_the_same_pa
     gen = torch.Generator().manual_seed(1)
     pairs = [IdPair(torch.randint(4, 30, (int(n),), generator=gen).tolist(), [5])
              for n in torch.randint(2, 10, (12,), generator=gen)]
-    whole = distill_pairs(model, pairs, tmp_path / "whole.jsonl", num_beams=1, max_tokens=32, chunk_size=4)
+    whole = relabel_pairs(model, pairs, tmp_path / "whole.jsonl", num_beams=1, max_tokens=32, chunk_size=4)
 
     def terminate_after_the_first_chunk(**record):
         if record["done"] == 4:
@@ -180,12 +180,12 @@ def test_distillation_stops_on_sigterm_between_chunks_and_resumes_to_the_same_pa
 
     out = tmp_path / "run.jsonl"
     with pytest.raises(Interrupted, match="stopped at 4 of 12 pairs"):
-        distill_pairs(model, pairs, out, num_beams=1, max_tokens=32, chunk_size=4, log=terminate_after_the_first_chunk)
+        relabel_pairs(model, pairs, out, num_beams=1, max_tokens=32, chunk_size=4, log=terminate_after_the_first_chunk)
     partial = tmp_path / "run.jsonl.partial"
     assert len(partial.read_text().splitlines()) == 4 and not out.exists()
     with partial.open("a") as f:
         f.write('{"i": 7, "tar')  # a process killed while writing a line
-    assert distill_pairs(model, pairs, out, num_beams=1, max_tokens=32, chunk_size=4) == whole
+    assert relabel_pairs(model, pairs, out, num_beams=1, max_tokens=32, chunk_size=4) == whole
     assert not partial.exists() and out.is_file()
 
 
@@ -385,7 +385,7 @@ def test_redistill_trains_the_drafters_on_from_their_weights_on_the_verifiers_ou
     data = tmp_path / "rd" / "data"
     sources = load_id_pairs(data / "valid.ids.jsonl")
     preset = get_preset("smoke")
-    expected = distill_pairs(before.verifier, sources, tmp_path / "check.jsonl", num_beams=preset.distill_beams,
+    expected = relabel_pairs(before.verifier, sources, tmp_path / "check.jsonl", num_beams=preset.distill_beams,
                              max_tokens=preset.max_tokens, chunk_size=preset.distill_chunk)
     assert load_id_pairs(data / "valid.distill.jsonl") == expected
     (leg,) = after.metadata["redistilled"]

@@ -30,6 +30,7 @@ import torch
 
 from seq2seq_models.bundle import save_bundle
 from training.arguments import SHIPPED_PRESET, STAGES, add_arguments
+from training.beam_relabel import relabel_pairs
 from training.checkpoint import Interrupted
 from training.data import (
     TextPair,
@@ -41,7 +42,6 @@ from training.data import (
     prepare_text_splits,
     write_id_pairs,
 )
-from training.distill import distill_pairs
 from training.model_card import render_model_card
 from training.presets import ROLES, Preset, get_preset
 from training.synthetic import learn_error_model, synthetic_pairs, ua_gec_edits
@@ -145,7 +145,7 @@ def run_pipeline(
                                      out / "verifier").to(device)
                 counts = {}
                 for split in ("train", "valid"):
-                    pairs = distill_pairs(
+                    pairs = relabel_pairs(
                         verifier, load_id_pairs(data_dir / f"{split}.ids.jsonl"), data_dir / f"{split}.distill.jsonl",
                         num_beams=preset.distill_beams, max_tokens=preset.max_tokens, chunk_size=preset.distill_chunk,
                         log=lambda split=split, **r: log.write(split=split, **r),

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from training import bundle_legs
+from training.beam_relabel import relabel_pairs
 from training.data import load_id_pairs
-from training.distill import distill_pairs
 from training.pipeline import hardware
 from training.presets import Preset
 from training.train import evaluate, inverse_sqrt, load_best, train_role, training_seconds
@@ -102,7 +102,7 @@ def final_lr(preset: Preset, role: str) -> float:
 def _distill(verifier, data_dir: Path, preset: Preset) -> dict[str, list]:
     """The verifier's outputs on the training and validation sources (the pipeline's distill stage,
     which resumes from a partial file), as (source, output) pairs; progress as JSON lines on stdout."""
-    return {split: distill_pairs(verifier, load_id_pairs(data_dir / f"{split}.ids.jsonl"),
+    return {split: relabel_pairs(verifier, load_id_pairs(data_dir / f"{split}.ids.jsonl"),
                                  data_dir / f"{split}.distill.jsonl", num_beams=preset.distill_beams,
                                  max_tokens=preset.max_tokens, chunk_size=preset.distill_chunk,
                                  log=lambda split=split, **r: print(json.dumps({"split": split, **r}), flush=True))

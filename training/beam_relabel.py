@@ -1,5 +1,7 @@
-"""Sequence-level distillation: re-label sources with the verifier's own beam search, so the
-drafters learn what the verifier would output (high acceptance) rather than the references."""
+"""Sources re-labelled with the verifier's own beam search (sequence-level knowledge distillation's
+data), so the drafters learn what the verifier would output (high acceptance) rather than the
+references. Resumable chunk by chunk; `search` may replace the beam search (`specdec distill`
+labels with greedy)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from training.checkpoint import Interrupted, stop_on_signals
 from training.data import IdPair, load_id_pairs, write_id_pairs
 
 
-def distill_pairs(
+def relabel_pairs(
     model: Seq2SeqTransformer,
     pairs: Sequence[IdPair],
     out_path: str | Path,
@@ -46,7 +48,7 @@ def distill_pairs(
     with partial.open("a", encoding="utf-8") as f, stop_on_signals() as stop:
         for start in range(0, len(todo), chunk_size):
             if stop:
-                raise Interrupted(f"distill: stopped at {len(done)} of {len(pairs)} pairs on signal {stop.signal}; "
+                raise Interrupted(f"relabel: stopped at {len(done)} of {len(pairs)} pairs on signal {stop.signal}; "
                                   f"rerun with --resume")
             chunk = todo[start : start + chunk_size]
             with torch.no_grad():
@@ -62,7 +64,7 @@ def distill_pairs(
             f.flush()
             if log is not None:
                 elapsed = time.perf_counter() - started
-                log(event="distill", done=len(done), total=len(pairs), sentences_per_s=(start + len(chunk)) / elapsed)
+                log(event="relabel", done=len(done), total=len(pairs), sentences_per_s=(start + len(chunk)) / elapsed)
     kept = [IdPair(pairs[i].source, done[i]) for i in range(len(pairs)) if 0 < len(done[i]) < max_tokens]
     write_id_pairs(out_path, kept)
     partial.unlink()

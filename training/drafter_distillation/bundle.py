@@ -65,7 +65,7 @@ def write_distilled_bundle(src: Path, out: Path, drafters: dict[str, Any], info:
 
 
 def render_section(info: dict[str, Any]) -> str:
-    """The MODEL_CARD.md section for `info` (`specdec.distill.distill`'s record of the run)."""
+    """The MODEL_CARD.md section for `info` (`run.distill`'s record of the run)."""
     s = info["sources"]
     rows = [_row(role, r) for role, r in info["roles"].items()]
     dropped = f"; {s['dropped_too_long']} longer than the verifier takes left out" if s["dropped_too_long"] else ""

@@ -25,7 +25,7 @@ def greedy_outputs(
 ) -> list[list[int]]:
     """Each source's greedy output (the `first` tokens included, EOS not), in order, as the AR mode
     with `max_new_tokens=max_tokens` gives it: an output without EOS by then is cut there (kept,
-    as the batched beam search of `training.distill` keeps its cut outputs). Sources are token ids
+    as the batched beam search of `training.beam_relabel` keeps its cut outputs). Sources are token ids
     without EOS (appended here); a batch holds about `batch_tokens` source tokens."""
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     outputs: list[list[int]] = [[] for _ in sources]
