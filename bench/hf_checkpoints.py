@@ -38,11 +38,14 @@ FAMILIES = ("marian", "bart", "mbart", "m2m100", "t5", "t5-v1.1")
 @dataclass(frozen=True)
 class Shape:
     d_model: int = 32
-    layers: int = 2  # encoder and decoder alike
-    heads: int = 4
-    ffn: int = 64
+    layers: int = 2  # the encoder's, and the decoder's unless decoder_layers is set
+    heads: int = 4  # likewise (T5 configs have one head count for both stacks)
+    ffn: int = 64  # likewise (T5 configs have one width for both stacks)
     vocab: int = 0  # 0: the tokenizer's own size; else padded with dummy pieces to this size (Marian)
     max_len: int = 256
+    decoder_layers: int = 0  # 0: `layers`
+    decoder_heads: int = 0  # 0: `heads`
+    decoder_ffn: int = 0  # 0: `ffn`
 
 
 MARIAN_BASE = Shape(d_model=512, layers=6, heads=8, ffn=2048, vocab=32000, max_len=512)
@@ -94,14 +97,16 @@ def _model(family: str, root: Path, s: Shape) -> tuple[Any, Any, dict[str, Any]]
     """(model, tokenizer, keys to add to config.json) of one family."""
     import transformers as t
 
+    decoder_layers = s.decoder_layers or s.layers
     bart_shape = dict(
-        d_model=s.d_model, encoder_layers=s.layers, decoder_layers=s.layers, encoder_attention_heads=s.heads,
-        decoder_attention_heads=s.heads, encoder_ffn_dim=s.ffn, decoder_ffn_dim=s.ffn,
+        d_model=s.d_model, encoder_layers=s.layers, decoder_layers=decoder_layers, encoder_attention_heads=s.heads,
+        decoder_attention_heads=s.decoder_heads or s.heads, encoder_ffn_dim=s.ffn,
+        decoder_ffn_dim=s.decoder_ffn or s.ffn,
         max_position_embeddings=s.max_len, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
         forced_eos_token_id=None,
     )
     t5_shape = dict(d_model=s.d_model, d_kv=s.d_model // s.heads, num_heads=s.heads, num_layers=s.layers,
-                    num_decoder_layers=s.layers, d_ff=s.ffn, dropout_rate=0.0, decoder_start_token_id=0)
+                    num_decoder_layers=decoder_layers, d_ff=s.ffn, dropout_rate=0.0, decoder_start_token_id=0)
     if family == "marian":
         tok = _marian_tokenizer(root, s.vocab)
         cfg = t.MarianConfig(vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,

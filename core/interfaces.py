@@ -152,6 +152,7 @@ class MultiRowSession(VerifierSession, Protocol):
 
 class Verifier(Protocol):
     vocab_size: int
+    source_vocab_size: int  # source ids lie in [0, source_vocab_size); the target's unless separate
     bos_id: int
     eos_id: int
     max_source_len: int  # source tokens, excluding the EOS the verifier adds

@@ -24,6 +24,11 @@ SPECIAL_ID_FIELDS = ("pad_id", "unk_id", "bos_id", "eos_id", "mask_id")
 TOP1_ONLY = 0
 
 
+def source_vocab_from_wire(source_vocab_size: int, vocab_size: int) -> int:
+    """The source vocabulary's size from ModelInfo's two sizes (`source_vocab_size` 0: the target's)."""
+    return source_vocab_size or vocab_size
+
+
 def source_len_to_wire(max_source_len: int) -> int:
     """ModelInfo.max_source_len for an interface limit that excludes the source's EOS."""
     return max_source_len + 1

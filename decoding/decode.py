@@ -56,7 +56,8 @@ def _decode(
     load: LoadModel,
 ) -> DecodeResult:
     # The in-process edge: what a caller controls is checked here; the sessions below trust it.
-    check_source_ids(source_ids, verifier.vocab_size, verifier.max_source_len, what="input", ids_name="input_ids")
+    check_source_ids(source_ids, verifier.source_vocab_size, verifier.max_source_len, what="input",
+                     ids_name="input_ids")
     spec = MODES[config.mode]
     check_ids(prefix or [], verifier.vocab_size, "prefix")
     if prefix and len(prefix) >= config.max_new_tokens:

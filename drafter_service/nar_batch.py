@@ -53,7 +53,7 @@ class NarRow:
         self.drafter = drafter
         self.config = cfg
         self.source = Source(source_ids)  # encoded by its first forward (`row_cache.Source`)
-        self.kv = RowKV(drafter.engine.zeros, cfg.decoder_layers, cfg.n_heads, cfg.attn_head_dim)
+        self.kv = RowKV(drafter.engine.zeros, cfg.decoder_layers, cfg.decoder_shape.heads, cfg.decoder_shape.head_dim)
         self.tokens: list[int] = []  # the client's output prefix after BOS
         self.valid = 0  # leading positions (BOS first) whose K/V the cache holds for this prefix
 

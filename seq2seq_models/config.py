@@ -18,10 +18,10 @@ from typing import Any
 class ModelConfig:
     vocab_size: int
     d_model: int = 256
-    n_heads: int = 4
+    n_heads: int = 4  # the encoder's attention heads, and the decoder's unless `decoder_heads` says otherwise
     encoder_layers: int = 6
     decoder_layers: int = 6
-    ffn_dim: int = 1024
+    ffn_dim: int = 1024  # the encoder's feed-forward width, and the decoder's unless `decoder_ffn_dim` does
     # Longest source (including its EOS) and longest target (including BOS) the model takes.
     max_len: int = 256
     dropout: float = 0.1
@@ -30,8 +30,12 @@ class ModelConfig:
     bos_id: int = 2
     eos_id: int = 3
     mask_id: int = 4
-    # Per-head width; 0 means d_model // n_heads (T5 and mT5 may use another, e.g. 6 heads of 64 in 512).
+    # Per-head width; 0 means d_model // heads (T5 and mT5 may use another, e.g. 6 heads of 64 in 512).
     head_dim: int = 0
+    # The decoder's own head count and feed-forward width, where a checkpoint's differ from its
+    # encoder's (BART-style configs allow it); 0: the encoder's.
+    decoder_heads: int = 0
+    decoder_ffn_dim: int = 0
     norm_position: str = "pre"  # "pre": x + f(norm(x)); "post": norm(x + f(x)) (Marian, BART)
     norm_kind: str = "layer"  # "layer" (LayerNorm) or "rms" (T5's RMSNorm: no mean, no bias)
     norm_eps: float = 1e-5
@@ -41,16 +45,19 @@ class ModelConfig:
     positions: str = "learnt"  # "learnt" tables (also imported sinusoids), or T5's "relative" bias
     relative_buckets: int = 32
     relative_max_distance: int = 128
-    activation: str = "gelu"  # gelu (exact), gelu_tanh, relu, silu
+    activation: str = "gelu"  # one of ACTIVATIONS
     gated_ffn: bool = False  # act(x W0) * (x W1), as T5 v1.1's gated-GELU
     linear_bias: bool = True  # biases in attention and feed-forward projections (none in T5)
     tied_head: bool = True  # the output projection is the target embedding matrix
-    # Source vocabulary when it differs from the target one (Marian with separate vocabularies); 0: shared.
+    # Rows of a source embedding of its own: a source vocabulary of its own (Marian's separate ones, of
+    # any size), or a checkpoint whose stacks' embeddings are untied; 0: the target embedding serves both.
     src_vocab_size: int = 0
 
     def __post_init__(self) -> None:
-        if not self.head_dim and self.d_model % self.n_heads:
-            raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
+        for name in ("n_heads", "decoder_heads"):
+            heads = getattr(self, name)
+            if heads and not self.head_dim and self.d_model % heads:
+                raise ValueError(f"d_model {self.d_model} is not divisible by {name} {heads}")
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {sorted(allowed)}, not {getattr(self, name)!r}")
@@ -59,13 +66,14 @@ class ModelConfig:
                 raise ValueError(f"{name} {getattr(self, name)} is outside the vocabulary")
 
     @property
-    def attn_head_dim(self) -> int:
-        return self.head_dim or self.d_model // self.n_heads
+    def encoder_shape(self) -> StackShape:
+        return StackShape(self.n_heads, self.head_dim or self.d_model // self.n_heads, self.ffn_dim)
 
     @property
-    def attn_dim(self) -> int:
-        """Width of the attention projections (n_heads x head width)."""
-        return self.n_heads * self.attn_head_dim
+    def decoder_shape(self) -> StackShape:
+        """The decoder's self- and cross-attention heads (and so its KV cache's), and its feed-forward."""
+        heads = self.decoder_heads or self.n_heads
+        return StackShape(heads, self.head_dim or self.d_model // heads, self.decoder_ffn_dim or self.ffn_dim)
 
     @property
     def token_scale(self) -> float:
@@ -87,9 +95,30 @@ class ModelConfig:
         return cls(**data)
 
 
+@dataclass(frozen=True)
+class StackShape:
+    """One stack's attention and feed-forward widths."""
+
+    heads: int
+    head_dim: int
+    ffn_dim: int
+
+    @property
+    def attn_dim(self) -> int:
+        """Width of the attention projections (heads x head width)."""
+        return self.heads * self.head_dim
+
+
+# The element-wise activations `seq2seq_models.layers` implements: every parameter-free one the
+# supported families' configs can name (transformers' ACT2FN, the tanh-approximated GELUs as one).
+ACTIVATIONS = (
+    "gelu", "gelu_tanh", "gelu_10", "quick_gelu", "relu", "relu2", "relu6", "leaky_relu", "silu", "mish",
+    "tanh", "sigmoid", "hardswish", "laplace", "sqrt_softplus", "linear",
+)
+
 _CHOICES = {
     "norm_position": {"pre", "post"},
     "norm_kind": {"layer", "rms"},
     "positions": {"learnt", "relative"},
-    "activation": {"gelu", "gelu_tanh", "relu", "silu"},
+    "activation": set(ACTIVATIONS),
 }

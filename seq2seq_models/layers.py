@@ -10,6 +10,7 @@ exporter drops them from the graph.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kernels.attention import EAGER, AttentionKernel
-from seq2seq_models.config import ModelConfig
+from seq2seq_models.config import ModelConfig, StackShape
 
 # (block K, block V) [B, H, T, hd] -> the keys and values the block attends over [B, H, L, hd].
 JoinPast = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
@@ -26,7 +27,7 @@ JoinPast = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 class EncoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        _add_sublayers(self, config, ("attn_norm", "attn"))
+        _add_sublayers(self, config, config.encoder_shape, ("attn_norm", "attn"))
 
     def forward(self, x: Tensor, mask: Tensor | None, kernel: AttentionKernel = EAGER) -> Tensor:
         def attend(h: Tensor) -> Tensor:
@@ -40,7 +41,7 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        _add_sublayers(self, config, ("self_norm", "self_attn"), ("cross_norm", "cross_attn"))
+        _add_sublayers(self, config, config.decoder_shape, ("self_norm", "self_attn"), ("cross_norm", "cross_attn"))
 
     def forward(
         self,
@@ -70,11 +71,11 @@ class DecoderLayer(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, shape: StackShape) -> None:
         super().__init__()
-        d, inner, bias = config.d_model, config.attn_dim, config.linear_bias
-        self.n_heads = config.n_heads
-        self.head_dim = config.attn_head_dim
+        d, inner, bias = config.d_model, shape.attn_dim, config.linear_bias
+        self.n_heads = shape.heads
+        self.head_dim = shape.head_dim
         self.q_proj = nn.Linear(d, inner, bias=bias)
         self.k_proj = nn.Linear(d, inner, bias=bias)
         self.v_proj = nn.Linear(d, inner, bias=bias)
@@ -98,13 +99,13 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, shape: StackShape) -> None:
         super().__init__()
-        bias = config.linear_bias
-        self.up = nn.Linear(config.d_model, config.ffn_dim, bias=bias)
+        bias, width = config.linear_bias, shape.ffn_dim
+        self.up = nn.Linear(config.d_model, width, bias=bias)
         # The gate's linear half (T5 v1.1's wi_1); `up` is the half the activation applies to.
-        self.gate = nn.Linear(config.d_model, config.ffn_dim, bias=bias) if config.gated_ffn else None
-        self.down = nn.Linear(config.ffn_dim, config.d_model, bias=bias)
+        self.gate = nn.Linear(config.d_model, width, bias=bias) if config.gated_ffn else None
+        self.down = nn.Linear(width, config.d_model, bias=bias)
         self.act = ACTIVATIONS[config.activation]
         self.dropout = nn.Dropout(config.dropout)
 
@@ -128,11 +129,25 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
+# The names are `seq2seq_models.config.ACTIVATIONS`; each is written as transformers' ACT2FN
+# computes it, in ops the ONNX export has.
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_10": lambda x: torch.clip(F.gelu(x), -10.0, 10.0),
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
     "relu": F.relu,
+    "relu2": lambda x: torch.square(F.relu(x)),
+    "relu6": F.relu6,
+    "leaky_relu": F.leaky_relu,
     "silu": F.silu,
+    "mish": lambda x: x * torch.tanh(F.softplus(x)),
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "hardswish": F.hardswish,
+    "laplace": lambda x: 0.5 * (1.0 + torch.erf((x - 0.707107).div(0.282095 * math.sqrt(2.0)))),
+    "sqrt_softplus": lambda x: F.softplus(x).sqrt(),
+    "linear": lambda x: x,
 }
 
 
@@ -142,22 +157,23 @@ def make_norm(config: ModelConfig) -> nn.Module:
     return nn.LayerNorm(config.d_model, eps=config.norm_eps)
 
 
-def _add_sublayers(layer: nn.Module, config: ModelConfig, *attentions: tuple[str, str]) -> None:
-    """A layer's residual sublayers, each after its norm: the attentions (named (norm, attention) as
-    the checkpoints' weights are), then `ffn_norm`, `ffn`; and its `dropout` and `post_norm`."""
+def _add_sublayers(layer: nn.Module, config: ModelConfig, shape: StackShape, *attentions: tuple[str, str]) -> None:
+    """A layer's residual sublayers of its stack's `shape`, each after its norm: the attentions
+    (named (norm, attention) as the checkpoints' weights are), then `ffn_norm`, `ffn`; and its
+    `dropout` and `post_norm`."""
     layer.post_norm = config.norm_position == "post"
     for norm_name, attention_name in attentions:
-        norm, attention = _normed(config, Attention)
+        norm, attention = _normed(config, shape, Attention)
         setattr(layer, norm_name, norm)
         setattr(layer, attention_name, attention)
-    layer.ffn_norm, layer.ffn = _normed(config, FeedForward)
+    layer.ffn_norm, layer.ffn = _normed(config, shape, FeedForward)
     layer.dropout = nn.Dropout(config.dropout)
 
 
-def _normed(config: ModelConfig, sublayer: type[nn.Module]) -> tuple[nn.Module, nn.Module]:
+def _normed(config: ModelConfig, shape: StackShape, sublayer: type[nn.Module]) -> tuple[nn.Module, nn.Module]:
     """A sublayer and its norm (made in this order, so a seeded model's random init stays what it was)."""
     norm = make_norm(config)
-    return norm, sublayer(config)
+    return norm, sublayer(config, shape)
 
 
 def _residual(

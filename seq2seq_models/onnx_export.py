@@ -166,7 +166,7 @@ def _export_batch_decoder(model32: Seq2SeqTransformer, out: Path, role: str = "v
     head (verifier), the mask positions' argmax (the NAR drafter, with `mask_from`) or the wanted
     rows' logits (the AR drafter)."""
     cfg = model32.config
-    layers, heads, hd = cfg.decoder_layers, cfg.n_heads, cfg.attn_head_dim
+    layers, heads, hd = cfg.decoder_layers, cfg.decoder_shape.heads, cfg.decoder_shape.head_dim
     # Every traced size distinct (B 2, T 3, P 5, N 2, S 4, R 4), so none is mistaken for another.
     example: tuple = (
         torch.tensor([[7, 8, 9], [7, 0, 0]]) % cfg.vocab_size,  # tokens
@@ -285,7 +285,7 @@ def _export_encoder(model: Seq2SeqTransformer, out: Path) -> Seq2SeqTransformer:
 
 def _example_cache(cfg) -> tuple[Tensor, Tensor]:
     """Example cross-attention K (source of 4) and past K (capacity 5) for tracing a decoder."""
-    layers, heads, hd = cfg.decoder_layers, cfg.n_heads, cfg.attn_head_dim
+    layers, heads, hd = cfg.decoder_layers, cfg.decoder_shape.heads, cfg.decoder_shape.head_dim
     return torch.zeros(layers, 1, heads, 4, hd), torch.zeros(layers, 1, heads, 5, hd)
 
 

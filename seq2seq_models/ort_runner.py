@@ -95,7 +95,7 @@ class OrtRunner:
 
     def empty_past(self, cfg: ModelConfig) -> tuple[Any, Any]:
         """Past K and V holding no position yet."""
-        shape = (cfg.decoder_layers, 1, cfg.n_heads, 0, cfg.attn_head_dim)
+        shape = (cfg.decoder_layers, 1, cfg.decoder_shape.heads, 0, cfg.decoder_shape.head_dim)
         return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
 
     def nbytes(self, t: Any) -> int:

@@ -92,8 +92,8 @@ class Seq2SeqTransformer(nn.Module):
             self.src_pos = nn.Embedding(config.max_len, d)
             self.tgt_pos = nn.Embedding(config.max_len, d)
         else:  # T5: one bias table per stack, shared by every layer's self-attention
-            self.src_rel_bias = nn.Embedding(config.relative_buckets, config.n_heads)
-            self.tgt_rel_bias = nn.Embedding(config.relative_buckets, config.n_heads)
+            self.src_rel_bias = nn.Embedding(config.relative_buckets, config.encoder_shape.heads)
+            self.tgt_rel_bias = nn.Embedding(config.relative_buckets, config.decoder_shape.heads)
         self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.decoder_layers))
         self.encoder_norm = make_norm(config) if config.final_norm else nn.Identity()
@@ -146,12 +146,12 @@ class Seq2SeqTransformer(nn.Module):
         memory = self.encode(src, src_mask)
         b = src.shape[0]
         cfg = self.config
-        head_dim = cfg.attn_head_dim
+        shape = cfg.decoder_shape
         capacity = min(capacity, cfg.max_len)
         cross_k, cross_v = self.cross_kv(memory)
 
         def empty() -> Tensor:
-            return memory.new_zeros(b, cfg.n_heads, capacity, head_dim)
+            return memory.new_zeros(b, shape.heads, capacity, shape.head_dim)
 
         return DecoderCache(
             self_k=[empty() for _ in self.decoder_layers],

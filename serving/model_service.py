@@ -17,7 +17,7 @@ from google.protobuf.message_factory import GetMessageClass
 
 from core.checks import check_source_ids
 from core.config import ServiceSection
-from core.wire import SPECIAL_ID_FIELDS, source_len_to_wire, target_len_to_wire
+from core.wire import SPECIAL_ID_FIELDS, source_len_to_wire, source_vocab_from_wire, target_len_to_wire
 from protos.specdec.v1 import common_pb2
 from serving.batching import BatchLimits, BatchScheduler, BatchStats, RunBatch
 from serving.host import ServiceHost
@@ -28,9 +28,10 @@ from serving.tls import ServerTLS
 
 class ModelIds(Protocol):
     """The part of a model config that ModelInfo reports (seq2seq_models.config.ModelConfig):
-    vocab_size and core.wire.SPECIAL_ID_FIELDS."""
+    the vocabularies' sizes and core.wire.SPECIAL_ID_FIELDS."""
 
     vocab_size: int
+    source_vocab_size: int
     pad_id: int
     unk_id: int
     bos_id: int
@@ -174,7 +175,8 @@ class ModelService:
     async def _open(self, request) -> tuple[Any, Any]:
         """The `open` message: the source checked here, at the edge, then a session on the worker."""
         source = list(request.source_ids)
-        check_source_ids(source, self.model_info.vocab_size, self.max_source_len)
+        info = self.model_info
+        check_source_ids(source, source_vocab_from_wire(info.source_vocab_size, info.vocab_size), self.max_source_len)
         # A stream cancelled while its session is being made must not leak it: close it once made.
         session = await self.executor.run_owned(self.open_session, _close, source, request)
         opened = self._opened(source_len=len(source), max_output_len=self.max_output_len)
@@ -204,6 +206,7 @@ def make_model_info(
     """ModelInfo for a service; the lengths are the interface's (without EOS / BOS, core.wire)."""
     return common_pb2.ModelInfo(
         vocab_size=config.vocab_size,
+        source_vocab_size=config.source_vocab_size if config.source_vocab_size != config.vocab_size else 0,
         **{name: getattr(config, name) for name in SPECIAL_ID_FIELDS},
         tokenizer_fingerprint=tokenizer_fingerprint,
         bundle_fingerprint=bundle_fingerprint,

@@ -62,6 +62,7 @@ def export_triton(bundle_dir: str | Path, out: str | Path, options: TritonExport
     cfg = bundle.verifier.config
     info = {
         "vocab_size": cfg.vocab_size,
+        "source_vocab_size": cfg.source_vocab_size if cfg.source_vocab_size != cfg.vocab_size else 0,
         **{name: getattr(cfg, name) for name in SPECIAL_ID_FIELDS},
         "tokenizer_fingerprint": bundle.tokenizer.fingerprint,
         "bundle_fingerprint": bundle.fingerprint,

@@ -185,7 +185,7 @@ class StepsVerifier:
         self.before_failing = before_failing
         self.lengths: list[int] = []
         self.steps: list[tuple[list[int], list[int]]] = []
-        for name in ("vocab_size", "bos_id", "eos_id", "max_source_len", "max_target_len"):
+        for name in ("vocab_size", "source_vocab_size", "bos_id", "eos_id", "max_source_len", "max_target_len"):
             setattr(self, name, getattr(inner, name))
 
     def open(self, source_ids: list[int]):

@@ -242,8 +242,9 @@ def test_onnx_encoder_runs_ragged_sources_as_one_by_one(bundle, tmp_path, role):
     batched = engine.encode_batch(sources)
     for src, got in zip(sources, batched, strict=True):
         alone = engine.encode_batch([src])[0]
-        assert got.k.shape == alone.k.shape == (model.config.decoder_layers, 1, model.config.n_heads, len(src) + 1,
-                                                model.config.d_model // model.config.n_heads)
+        shape = model.config.decoder_shape
+        assert got.k.shape == alone.k.shape == (model.config.decoder_layers, 1, shape.heads, len(src) + 1,
+                                                shape.head_dim)
         assert got.k.flags.c_contiguous and got.v.flags.c_contiguous
         assert abs(got.k - alone.k).max() < 1e-4 and abs(got.v - alone.v).max() < 1e-4
 

@@ -109,7 +109,7 @@ class ChunkedVerifier:
         self.verifier = verifier
         self.chunk = chunk
         self.sessions: list[Chunked] = []
-        for name in ("vocab_size", "bos_id", "eos_id", "max_source_len", "max_target_len"):
+        for name in ("vocab_size", "source_vocab_size", "bos_id", "eos_id", "max_source_len", "max_target_len"):
             setattr(self, name, getattr(verifier, name))
 
     def open(self, source_ids):

@@ -19,7 +19,7 @@ from bench.bench_hf_ctranslate2 import (
     import_bundle,
     random_sources,
 )
-from bench.hf_checkpoints import FAMILIES, build
+from bench.hf_checkpoints import FAMILIES, Shape, build
 from decoding.config import DecodingConfig, Mode
 from decoding.decode import decode
 from seq2seq_models.bundle import load_bundle
@@ -57,6 +57,24 @@ def test_ctranslate2_greedy_equals_specdec_greedy(family, backend, tmp_path):
             f"{family}/{backend} source {source}: specdec {ours} vs CTranslate2 {theirs} (HF top-2 gap {gap:.2e})")
     # A near-tie excuses one source, not the comparison.
     assert same >= SOURCES - 1, f"{family}/{backend}: equal on only {same}/{SOURCES} sources"
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_a_t5_decoder_deeper_than_its_encoder_equals_ctranslate2(backend, tmp_path):
+    """`num_decoder_layers` above `num_layers`: transformers' generate() overruns its own KV cache
+    there, so CTranslate2 is the reference (it converts this shape faithfully; for BART-style
+    encoder and decoder head counts that differ it takes the encoder's for both, so it is not one)."""
+    hf_dir = build("t5", tmp_path / "hf", Shape(layers=1, decoder_layers=3), seed=5)
+    import_bundle(hf_dir, tmp_path / "bundle")
+    convert(hf_dir, tmp_path / "ct2")
+    bundle = load_bundle(tmp_path / "bundle", roles=("verifier",))
+    cfg = bundle.config("verifier")
+    assert (cfg.encoder_layers, cfg.decoder_layers) == (1, 3)
+    ct2 = Ct2Model(tmp_path / "ct2")
+    verifier = make_verifier(bundle, backend, cache_root=tmp_path / "onnx")
+    config = DecodingConfig(mode=Mode.AR, max_new_tokens=MAX_NEW)
+    for source in random_sources(bundle, len(ct2.source_vocab), SOURCES, seed=3, max_len=20):
+        assert decode(source, config, verifier).output_ids == ct2.greedy(source, cfg.eos_id, cfg.bos_id, MAX_NEW)
 
 
 def test_marians_forbidden_padding_token_is_never_emitted(tmp_path):

@@ -41,16 +41,19 @@ LOOPBACK = {
 
 
 def _shape(**extra) -> dict:
-    return dict(
+    """A BART-style config's shape; `extra` adds keys or replaces these."""
+    base = dict(
         d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
         encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
-        activation_dropout=0.0, forced_eos_token_id=None, **extra,
+        activation_dropout=0.0, forced_eos_token_id=None,
     )
+    return {**base, **extra}
 
 
 def _t5_shape(**extra) -> dict:
-    return dict(d_model=32, d_kv=8, num_layers=2, num_decoder_layers=2, d_ff=64, dropout_rate=0.0,
-                decoder_start_token_id=0, **extra)
+    base = dict(d_model=32, d_kv=8, num_layers=2, num_decoder_layers=2, d_ff=64, dropout_rate=0.0,
+                decoder_start_token_id=0)
+    return {**base, **extra}
 
 
 def _bart_tokenizer(root: Path):
@@ -156,12 +159,12 @@ def imported(tmp_path_factory):
     return out
 
 
-def _sources(bundle, seed: int) -> list[list[int]]:
+def _sources(bundle, seed: int, n: int = SOURCES) -> list[list[int]]:
     cfg = bundle.config("verifier")
     specials = {cfg.pad_id, cfg.eos_id, cfg.bos_id, cfg.unk_id}
     words = [i for i in range(cfg.source_vocab_size) if i not in specials]
     rng = random.Random(seed)
-    return [[rng.choice(words) for _ in range(rng.randint(1, 14))] for _ in range(SOURCES)]
+    return [[rng.choice(words) for _ in range(rng.randint(1, 14))] for _ in range(n)]
 
 
 def _config(**overrides) -> DecodingConfig:
@@ -180,12 +183,15 @@ def _hf_beam(model, source: list[int], eos: int, forced_bos: int, width: int = 4
 
 
 def _hf_greedy(model, source: list[int], eos: int, forced_bos: int | None = None) -> list[int]:
+    # A T5 decoder deeper than its encoder overruns transformers' KV cache, which is sized by the
+    # encoder's depth: generate() recomputes the whole prefix each step instead.
+    use_cache = model.config.num_decoder_layers <= model.config.num_layers if "t5" in model.config.model_type else True
     with torch.no_grad():
         out = model.generate(
             torch.tensor([[*source, eos]]), do_sample=False, num_beams=1, max_new_tokens=MAX_NEW,
-            forced_eos_token_id=None, forced_bos_token_id=forced_bos, min_length=0,
-        )[0].tolist()
-    return out[1:]  # without the decoder start token
+            forced_eos_token_id=None, forced_bos_token_id=forced_bos, min_length=0, use_cache=use_cache,
+        )[0].tolist()[1:]  # without the decoder start token
+    return out[: out.index(eos)] if eos in out else out  # and without the EOS, as output_ids are
 
 
 def _near_tie_gap(model, source: list[int], start: int, prefix: list[int], eos: int) -> float:
@@ -202,18 +208,184 @@ def _near_tie_gap(model, source: list[int], start: int, prefix: list[int], eos: 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_equals_transformers_generate(imported, family, backend, tmp_path):
     model, _, bundle_dir = imported[family]
+    _check_greedy(model, bundle_dir, backend, tmp_path, seed=len(family), label=family)
+
+
+def _check_greedy(model, bundle_dir: Path, backend: str, cache: Path, seed: int, label: str, sources: int = SOURCES):
+    """Greedy on `backend` equals `generate(do_sample=False, num_beams=1)`, but at a float32 near-tie."""
     bundle = load_bundle(bundle_dir)
     cfg = bundle.config("verifier")
-    verifier = make_verifier(bundle, backend, cache_root=tmp_path)
+    verifier = make_verifier(bundle, backend, cache_root=cache)
     config = DecodingConfig().with_overrides({"mode": "ar", "max_new_tokens": MAX_NEW})
-    for source in _sources(bundle, seed=len(family)):
+    for source in _sources(bundle, seed=seed, n=sources):
         want = _hf_greedy(model, source, cfg.eos_id)
         got = decode(source, config, verifier).output_ids
         if got == want:
             continue
-        at = next(i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b)
+        # Where they part (one may end first: then the other's EOS was the choice there).
+        at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
         gap = _near_tie_gap(model, source, cfg.bos_id, want[:at], cfg.eos_id)
-        assert gap < NEAR_TIE, f"{family}/{backend} source {source}: ours {got} vs HF {want} (HF top-2 gap {gap:.2e})"
+        assert gap < NEAR_TIE, f"{label}/{backend} source {source}: ours {got} vs HF {want} (HF top-2 gap {gap:.2e})"
+
+
+def _separate_vocabularies(root: Path):
+    """A Marian tokenizer with separate source (150 pieces) and target (90 pieces) vocabularies; the
+    special tokens have the same ids in both."""
+    vocabs = {}
+    for side, size in (("source", 150), ("target", 90)):
+        sp = _spm(size)
+        (root / f"{side}.spm").write_bytes(sp.serialized_model_proto())
+        pieces = ["</s>", "<unk>", "<pad>", *(sp.id_to_piece(i) for i in range(sp.get_piece_size()))]
+        vocabs[side] = {piece: i for i, piece in enumerate(p for p in dict.fromkeys(pieces) if p != "<s>")}
+    (root / "vocab.json").write_text(json.dumps(vocabs["source"]))
+    (root / "target_vocab.json").write_text(json.dumps(vocabs["target"]))
+    tok = transformers.MarianTokenizer(
+        source_spm=str(root / "source.spm"), target_spm=str(root / "target.spm"), vocab=str(root / "vocab.json"),
+        target_vocab_file=str(root / "target_vocab.json"), separate_vocabs=True,
+    )
+    return tok, len(vocabs["source"]), len(vocabs["target"])
+
+
+def _shaped(name: str, root: Path):
+    """(model, tokenizer or None) of one of SHAPES."""
+    t = transformers
+    if name == "marian-separate-vocabularies":
+        tok, source, target = _separate_vocabularies(root)
+        pad = tok.pad_token_id
+        cfg = t.MarianConfig(
+            vocab_size=source, decoder_vocab_size=target, share_encoder_decoder_embeddings=False,
+            pad_token_id=pad, eos_token_id=tok.eos_token_id, decoder_start_token_id=pad,
+            **_shape(encoder_attention_heads=2, decoder_attention_heads=8, encoder_ffn_dim=96, decoder_ffn_dim=40),
+        )
+        return t.MarianMTModel(cfg), tok
+    if name == "bart-wide-decoder":  # deeper encoder; untied head; ReLU
+        cfg = t.BartConfig(vocab_size=120, tie_word_embeddings=False, activation_function="relu", **_shape(
+            encoder_layers=3, decoder_layers=1, decoder_attention_heads=8, decoder_ffn_dim=112))
+        return t.BartForConditionalGeneration(cfg), None
+    if name == "mbart-narrow-decoder":  # deeper decoder; unscaled embeddings; tanh-approximated GELU
+        cfg = t.MBartConfig(vocab_size=120, scale_embedding=False, activation_function="gelu_new", **_shape(
+            encoder_layers=1, decoder_layers=3, encoder_attention_heads=8, decoder_attention_heads=2,
+            encoder_ffn_dim=128, decoder_ffn_dim=48))
+        return t.MBartForConditionalGeneration(cfg), None
+    if name == "m2m100-untied":  # scaled embeddings off, untied head, SiLU
+        cfg = t.M2M100Config(vocab_size=120, scale_embedding=False, tie_word_embeddings=False,
+                             activation_function="silu", **_shape(decoder_attention_heads=2, decoder_ffn_dim=24,
+                                                                  decoder_layers=3))
+        return t.M2M100ForConditionalGeneration(cfg), None
+    if name == "t5-deep-encoder":  # num_decoder_layers below num_layers; gated SiLU; untied head
+        cfg = t.T5Config(vocab_size=120, num_heads=4, feed_forward_proj="gated-silu", tie_word_embeddings=False,
+                         **_t5_shape(num_layers=3, num_decoder_layers=1))
+        return t.T5ForConditionalGeneration(cfg), None
+    if name == "mt5-deep-decoder":  # num_decoder_layers above num_layers (see _hf_greedy); tied head
+        cfg = t.MT5Config(vocab_size=120, num_heads=2, feed_forward_proj="gated-gelu",
+                          tie_word_embeddings=True, **_t5_shape(num_layers=1, num_decoder_layers=3, d_kv=12))
+        return t.MT5ForConditionalGeneration(cfg), None
+    raise AssertionError(name)
+
+
+SHAPES = ["marian-separate-vocabularies", "bart-wide-decoder", "mbart-narrow-decoder", "m2m100-untied",
+          "t5-deep-encoder", "mt5-deep-decoder"]
+
+
+@pytest.fixture(scope="module")
+def shaped(tmp_path_factory):
+    """name -> (HF model, HF tokenizer or None, bundle directory) of the SHAPES, built once."""
+    made = {}
+
+    def get(name: str):
+        if name not in made:
+            root = tmp_path_factory.mktemp(name)
+            model, tok = _shaped(name, root)
+            scaled(model, seed=SHAPES.index(name) + 20).save_pretrained(root / "hf")
+            if tok is not None:
+                tok.save_pretrained(root / "hf")
+            assert cli_main(["import-hf", "--model", str(root / "hf"), "--out", str(root / "bundle")]) == 0
+            reloaded = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(root / "hf")).eval()
+            made[name] = (reloaded, tok, root / "bundle")
+        return made[name]
+
+    return get
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+@pytest.mark.parametrize("name", SHAPES)
+def test_every_shape_the_configs_allow_equals_generate(shaped, name, backend, tmp_path):
+    """Encoder and decoder of their own head counts, FFN widths and depths, Marian's separate
+    vocabularies of different sizes, tied and untied heads, scaled embeddings on and off."""
+    model, _, bundle_dir = shaped(name)
+    _check_greedy(model, bundle_dir, backend, tmp_path, seed=SHAPES.index(name), label=name)
+
+
+def test_separate_vocabularies_take_text_and_refuse_a_target_id_as_source(shaped, tmp_path):
+    """Marian with separate vocabularies: sources are encoded in the source vocabulary and outputs
+    decoded in the target's, as `transformers` does; the in-process edge takes source ids up to the
+    source vocabulary's size (larger than the target's) and refuses one past it."""
+    from core.errors import SpecdecError
+
+    model, tok, bundle_dir = shaped("marian-separate-vocabularies")
+    bundle = load_bundle(bundle_dir)
+    cfg = bundle.config("verifier")
+    assert (cfg.source_vocab_size, cfg.vocab_size) == (model.config.vocab_size, model.config.decoder_vocab_size)
+    for text in TEXTS + CORPUS[:10]:
+        assert bundle.tokenizer.encode(text) == tok(text)["input_ids"][:-1], text
+    for ids in ([5, 6, 7, 8], list(range(3, cfg.vocab_size))):
+        assert bundle.tokenizer.decode(ids) == tok.decode(ids, skip_special_tokens=True), ids
+    verifier = make_verifier(bundle, "torch")
+    top = cfg.source_vocab_size - 1
+    want = _hf_greedy(model, [top, 5, top], cfg.eos_id)
+    assert decode([top, 5, top], _config(mode="ar"), verifier).output_ids == want
+    with pytest.raises(SpecdecError, match="outside the vocabulary"):
+        decode([top + 1], _config(mode="ar"), verifier)
+
+
+def test_separate_vocabularies_through_serve_all(shaped):
+    """The verifier reports its source vocabulary's size (ModelInfo.source_vocab_size): the gateway
+    takes source ids past the target vocabulary and refuses one past the source's."""
+    import grpc
+
+    model, _, bundle_dir = shaped("marian-separate-vocabularies")
+    cfg = load_bundle(bundle_dir).config("verifier")
+    top = cfg.source_vocab_size - 1
+    config = overrides_to_wire({"mode": "ar", "max_new_tokens": MAX_NEW})
+    with ServiceStack("all", bundle_dir, LOOPBACK) as stack, grpc.insecure_channel(
+        stack.running.addresses["gateway"]
+    ) as channel:
+        gateway = gateway_pb2_grpc.GatewayServiceStub(channel)
+        reply = gateway.Generate(gateway_pb2.GenerateRequest(input_ids=[top, 5, top], config=config), timeout=60)
+        assert list(reply.output_ids) == _hf_greedy(model, [top, 5, top], cfg.eos_id)
+        with pytest.raises(grpc.RpcError) as err:
+            gateway.Generate(gateway_pb2.GenerateRequest(input_ids=[top + 1], config=config), timeout=60)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "outside the vocabulary" in err.value.details()
+
+
+# transformers' activations but the two with learnt parameters (refused by name).
+ACTIVATION_NAMES = sorted(set(transformers.activations.ACT2FN) - {"prelu", "xielu"})
+
+
+def test_every_parameter_free_activation_is_transformers_own():
+    """Each activation transformers names (ACT2FN) maps to one of ours that computes it."""
+    from seq2seq_models.hf_import.common import activation
+    from seq2seq_models.layers import ACTIVATIONS
+
+    x = torch.linspace(-12, 12, 2001)
+    for name in ACTIVATION_NAMES:
+        want = transformers.activations.ACT2FN[name](x)
+        got = ACTIVATIONS[activation(name)](x)
+        assert torch.allclose(got, want, atol=1e-6, rtol=1e-5), name
+    assert set(ACTIVATIONS) == {activation(name) for name in ACTIVATION_NAMES}
+
+
+@pytest.mark.parametrize("name", ACTIVATION_NAMES)
+def test_a_checkpoint_of_each_activation_equals_generate(name, tmp_path):
+    """A one-layer BART of each activation, on both backends (the ONNX export has each op)."""
+    t = transformers
+    cfg = t.BartConfig(vocab_size=60, activation_function=name, **_shape(encoder_layers=1, decoder_layers=1))
+    model = scaled(t.BartForConditionalGeneration(cfg), seed=ACTIVATION_NAMES.index(name) + 40)
+    model.save_pretrained(tmp_path / "hf")
+    assert cli_main(["import-hf", "--model", str(tmp_path / "hf"), "--out", str(tmp_path / "bundle")]) == 0
+    reloaded = t.AutoModelForSeq2SeqLM.from_pretrained(str(tmp_path / "hf")).eval()
+    for backend in ("torch", "onnxruntime"):
+        _check_greedy(reloaded, tmp_path / "bundle", backend, tmp_path / "onnx", seed=1, label=name, sources=3)
 
 
 @pytest.mark.parametrize("family", ["bart", "t5"])

@@ -27,7 +27,7 @@ DRAWS = 20_000
 class BigramVerifier:
     """A verifier whose next-token distribution depends only on the previous token."""
 
-    vocab_size = V
+    vocab_size = source_vocab_size = V
     bos_id = START
     eos_id = -1  # never produced: max_new_tokens ends every output
     max_source_len = 16

@@ -156,7 +156,7 @@ class BatchVerifier(ModelVerifier):
 
     def new_kv(self) -> RowKV:
         cfg = self.config
-        return RowKV(self.engine.zeros, cfg.decoder_layers, cfg.n_heads, cfg.attn_head_dim)
+        return RowKV(self.engine.zeros, cfg.decoder_layers, cfg.decoder_shape.heads, cfg.decoder_shape.head_dim)
 
     def step_batch(self, items: Sequence[tuple[BatchSession, StepCall]]) -> list[StepOutcome]:
         """One forward over every valid item's rows; one outcome per item, in order."""

@@ -10,6 +10,7 @@ class ModelVerifier:
 
     def __init__(self, config: ModelConfig) -> None:
         self.vocab_size = config.vocab_size
+        self.source_vocab_size = config.source_vocab_size
         self.bos_id = config.bos_id
         self.eos_id = config.eos_id
         # The model's max_len counts the source's EOS and the target's BOS; the interface does not.

@@ -27,7 +27,7 @@ from core.checks import check_draft_len, check_ids, check_length, check_source_i
 from core.errors import SpecdecError, StatusCode, invalid, out_of_step
 from core.greedy import check_greedy_steps
 from core.interfaces import StepCall, VerifyResult
-from core.wire import session_top_k
+from core.wire import session_top_k, source_vocab_from_wire
 
 # Outputs, in the config's order; TOPK_* are [positions, top_k], the others [n].
 OUTPUTS = ("TOP1", "TOPK_IDS", "TOPK_LOGPROBS", "DRAFT_LOGPROBS", "SESSIONS")
@@ -41,6 +41,7 @@ class TableLimits:
     max_source_len: int
     max_output_len: int
     vocab_size: int
+    source_vocab_size: int = 0  # 0: the target vocabulary's
 
 
 @dataclass
@@ -101,7 +102,8 @@ class SequenceTable:
         self.free(corrid)  # a restarted sequence starts over
         if source is None:
             raise invalid("the first request of a sequence (START) must carry SOURCE_IDS")
-        check_source_ids(source, self.limits.vocab_size, self.limits.max_source_len)
+        vocab = source_vocab_from_wire(self.limits.source_vocab_size, self.limits.vocab_size)
+        check_source_ids(source, vocab, self.limits.max_source_len)
         if len(self.sessions) >= self.limits.max_sessions:
             held = len(self.sessions)
             raise SpecdecError(StatusCode.RESOURCE_EXHAUSTED, f"the verifier holds {held} sessions, its limit")
@@ -164,6 +166,7 @@ class TritonPythonModel:
                 max_source_len=verifier.max_source_len,
                 max_output_len=verifier.max_target_len,
                 vocab_size=verifier.vocab_size,
+                source_vocab_size=verifier.source_vocab_size,
             ),
         )
 

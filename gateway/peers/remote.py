@@ -23,7 +23,7 @@ import grpc
 from core.errors import SpecdecError, StatusCode
 from core.interfaces import BeamRow, Draft, VerifyResult
 from core.sampling import SamplingParams
-from core.wire import source_len_from_wire, target_len_from_wire
+from core.wire import source_len_from_wire, source_vocab_from_wire, target_len_from_wire
 from gateway.peers.calls import (
     CallOptions,
     Cancellation,
@@ -75,6 +75,7 @@ class ServedVerifier:
     def __init__(self, info: common_pb2.ModelInfo, greedy_chunk: int, stream_greedy_chunk: int) -> None:
         self.info = info
         self.vocab_size = info.vocab_size
+        self.source_vocab_size = source_vocab_from_wire(info.source_vocab_size, info.vocab_size)
         self.bos_id = info.bos_id
         self.eos_id = info.eos_id
         self.max_source_len = source_len_from_wire(info.max_source_len)

@@ -152,7 +152,7 @@ class DrafterPeer:
         assert self.verifier is not None
         mismatch = [
             name
-            for name in ("vocab_size", "tokenizer_fingerprint", *SPECIAL_ID_FIELDS)
+            for name in ("vocab_size", "source_vocab_size", "tokenizer_fingerprint", *SPECIAL_ID_FIELDS)
             if getattr(info, name) != getattr(self.verifier, name)
         ]
         if mismatch:

@@ -92,6 +92,8 @@ def model_info(parameters, model: str) -> common_pb2.ModelInfo:
             "max_top_k", "max_sessions")
     return common_pb2.ModelInfo(
         **{k: int(get(k)) for k in ints},
+        # A repository exported before separate source vocabularies has none: the target's.
+        source_vocab_size=int(parameters["source_vocab_size"].string_value) if "source_vocab_size" in parameters else 0,
         tokenizer_fingerprint=get("tokenizer_fingerprint"),
         bundle_fingerprint=get("bundle_fingerprint"),
         backend=f"triton-{get('backend')}-{get('device')}",

@@ -1,8 +1,10 @@
 """The checkpoint layout transformers' BART, mBART, Marian and M2M100 share (fairseq's): `model.`
 encoder and decoder stacks of `layers.{i}` with `self_attn`, `encoder_attn`, `fc1` / `fc2` and a
-norm after each, a shared or decoder token embedding, a `lm_head` and a `final_logits_bias`. What a
-family adds is a `Layout`: where its norms go, whether its embeddings are normed, its position
-tables and its vocabularies. The family modules (`marian`, `bart`, `m2m100`) say which."""
+norm after each, a shared or per-stack token embedding, a `lm_head` and a `final_logits_bias`.
+Encoder and decoder may differ in depth, heads and feed-forward width. What a family adds is a
+`Layout`: where its norms go, whether its embeddings are normed, its position tables and its
+target vocabulary (a source embedding of its own is found in the weights). The family modules
+(`marian`, `bart`, `m2m100`) say which."""
 
 from __future__ import annotations
 
@@ -14,13 +16,13 @@ import torch
 
 from seq2seq_models.config import ModelConfig
 from seq2seq_models.hf_import.common import (
-    UnsupportedModel,
     activation,
     copy_attention,
     copy_linear,
     copy_norm,
     replace,
     special_ids,
+    token_embeddings,
 )
 
 PREFIX = "model."
@@ -36,22 +38,25 @@ class Layout:
     source_positions: torch.Tensor  # [max_len, d]
     target_positions: torch.Tensor
     vocab_size: int  # the target vocabulary's
-    source_vocab_size: int = 0  # a source embedding of its own (Marian with separate vocabularies); 0: shared
 
 
 def convert(c: Any, gen: Any, w: dict, mask_id: int | None, layout: Layout) -> tuple[ModelConfig, dict]:
     """specdec's config and state dict of a checkpoint in this layout (`c`: its config, `gen`: its
     generation config, `w`: its float32 state dict)."""
-    if c.encoder_attention_heads != c.decoder_attention_heads or c.encoder_ffn_dim != c.decoder_ffn_dim:
-        raise UnsupportedModel("encoder and decoder of different widths are not supported")
     d, vocab = c.d_model, layout.vocab_size
+    heads, ffn = c.encoder_attention_heads, c.encoder_ffn_dim
+    p = PREFIX
+    dec_embed, src_embed = token_embeddings(w, p)
     cfg = ModelConfig(
         vocab_size=vocab,
         d_model=d,
-        n_heads=c.encoder_attention_heads,
+        n_heads=heads,
         encoder_layers=c.encoder_layers,
         decoder_layers=c.decoder_layers,
-        ffn_dim=c.encoder_ffn_dim,
+        ffn_dim=ffn,
+        # The decoder's own shape where it differs (0: the encoder's).
+        decoder_heads=0 if c.decoder_attention_heads == heads else c.decoder_attention_heads,
+        decoder_ffn_dim=0 if c.decoder_ffn_dim == ffn else c.decoder_ffn_dim,
         max_len=layout.source_positions.shape[0],
         dropout=0.0,
         **special_ids(c, gen, vocab, mask_id),
@@ -60,13 +65,11 @@ def convert(c: Any, gen: Any, w: dict, mask_id: int | None, layout: Layout) -> t
         embed_norm=layout.embed_norm,
         embed_scale=math.sqrt(d) if c.scale_embedding else 1.0,
         activation=activation(c.activation_function),
-        src_vocab_size=layout.source_vocab_size,
+        src_vocab_size=0 if src_embed is None else src_embed.shape[0],
     )
-    p = PREFIX
-    dec_embed = w.get(f"{p}decoder.embed_tokens.weight", w.get(f"{p}shared.weight"))
     ours: dict[str, torch.Tensor] = {"embed.weight": dec_embed}
-    if layout.source_vocab_size:
-        ours["src_embed.weight"] = w[f"{p}encoder.embed_tokens.weight"]
+    if src_embed is not None:
+        ours["src_embed.weight"] = src_embed
     ours["src_pos.weight"] = layout.source_positions
     ours["tgt_pos.weight"] = layout.target_positions
     if layout.embed_norm:

@@ -5,18 +5,38 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from seq2seq_models.config import ModelConfig
 
-# transformers' activation names -> ours (`seq2seq_models.layers.ACTIVATIONS`).
+# transformers' activation names (ACT2FN) -> ours (`seq2seq_models.config.ACTIVATIONS`): every
+# parameter-free one. The five spellings of GELU's tanh approximation are one function.
 ACTIVATIONS = {
     "gelu": "gelu",
+    "gelu_python": "gelu",
     "gelu_new": "gelu_tanh",
     "gelu_pytorch_tanh": "gelu_tanh",
     "gelu_fast": "gelu_tanh",
+    "gelu_accurate": "gelu_tanh",
+    "gelu_python_tanh": "gelu_tanh",
+    "gelu_10": "gelu_10",
+    "quick_gelu": "quick_gelu",
     "relu": "relu",
+    "relu2": "relu2",
+    "relu6": "relu6",
+    "leaky_relu": "leaky_relu",
     "swish": "silu",
     "silu": "silu",
+    "mish": "mish",
+    "tanh": "tanh",
+    "sigmoid": "sigmoid",
+    "hardswish": "hardswish",
+    "laplace": "laplace",
+    "sqrtsoftplus": "sqrt_softplus",
+    "linear": "linear",
 }
+# ACT2FN's activations with weights of their own, which no checkpoint of these families carries.
+LEARNT_ACTIVATIONS = ("prelu", "xielu")
 
 
 class UnsupportedModel(ValueError):
@@ -54,13 +74,26 @@ def special_ids(c: Any, gen: Any, vocab: int, mask_id: int | None, default_start
 
 
 def activation(name: str) -> str:
+    if name in LEARNT_ACTIVATIONS:
+        raise UnsupportedModel(f"activation {name!r} has learnt parameters, which these families' layers do not have")
     if name not in ACTIVATIONS:
-        raise UnsupportedModel(f"activation {name!r} is not supported (one of {sorted(ACTIVATIONS)})")
+        raise UnsupportedModel(f"activation {name!r} is not one of transformers' ({', '.join(sorted(ACTIVATIONS))})")
     return ACTIVATIONS[name]
 
 
 def replace(cfg: ModelConfig, **changes: Any) -> ModelConfig:
     return ModelConfig.from_dict({**cfg.to_dict(), **changes})
+
+
+def token_embeddings(w: dict, prefix: str = "") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The decoder's token embedding, and the encoder's where it is a table of its own (None where the
+    encoder reads the decoder's): separate vocabularies (Marian), or a checkpoint saved with
+    `tie_word_embeddings` false, which transformers unties from `shared` in both stacks."""
+    shared = w.get(f"{prefix}shared.weight")
+    decoder = w.get(f"{prefix}decoder.embed_tokens.weight", shared)
+    encoder = w.get(f"{prefix}encoder.embed_tokens.weight", shared)
+    same = encoder.shape == decoder.shape and torch.equal(encoder, decoder)
+    return decoder, None if same else encoder
 
 
 def copy_linear(ours: dict, dst: str, w: dict, src: str, scale: float = 1.0) -> None:

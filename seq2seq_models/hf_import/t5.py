@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from seq2seq_models.config import ModelConfig
-from seq2seq_models.hf_import.common import activation, copy_attention, first, special_ids
+from seq2seq_models.hf_import.common import activation, copy_attention, first, special_ids, token_embeddings
 
 MODEL_TYPES = ("t5", "mt5")
 # Longest source / target a T5 bundle takes (relative positions set no limit of their own).
@@ -25,6 +25,7 @@ def convert(c: Any, gen: Any, w: dict, mask_id: int | None) -> tuple[ModelConfig
         act_name = "gelu_new"  # transformers maps gated-gelu to the tanh approximation
     tied = getattr(c, "tie_word_embeddings", True) is not False
     d, hd = c.d_model, c.d_kv
+    embed, src_embed = token_embeddings(w)
     cfg = ModelConfig(
         vocab_size=c.vocab_size,
         d_model=d,
@@ -47,11 +48,14 @@ def convert(c: Any, gen: Any, w: dict, mask_id: int | None) -> tuple[ModelConfig
         gated_ffn=gated,
         linear_bias=False,
         tied_head=tied,
+        src_vocab_size=0 if src_embed is None else src_embed.shape[0],
     )
     # T5 does not scale its attention scores; the kernels divide by sqrt(head_dim), so the query
     # projection is multiplied by it here.
     q_scale = math.sqrt(hd)
-    ours: dict[str, torch.Tensor] = {"embed.weight": w["shared.weight"]}
+    ours: dict[str, torch.Tensor] = {"embed.weight": embed}
+    if src_embed is not None:
+        ours["src_embed.weight"] = src_embed
     ours["src_rel_bias.weight"] = w["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
     ours["tgt_rel_bias.weight"] = w["decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
     ours["encoder_norm.weight"] = w["encoder.final_layer_norm.weight"]

@@ -27,7 +27,7 @@ def distill(options: DistillOptions, progress: TextIO | None = None, report: Tex
     o.check()
     bundle = load_bundle(o.bundle, roles=["verifier"])
     verifier_cfg = bundle.config("verifier")
-    sources, reading = read_sources(o.sources, bundle.tokenizer, o.ids, verifier_cfg.vocab_size,
+    sources, reading = read_sources(o.sources, bundle.tokenizer, o.ids, verifier_cfg.source_vocab_size,
                                     verifier_cfg.max_len)
     if o.k_max > verifier_cfg.max_len // 2:
         raise ValueError(f"--k-max {o.k_max} leaves too little of the verifier's {verifier_cfg.max_len} positions "
