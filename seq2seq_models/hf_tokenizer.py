@@ -84,6 +84,10 @@ class HFTokenizer(FirstTokens):
             from tokenizers import Tokenizer as FastTokenizer
 
             self._fast = FastTokenizer.from_file(str(files[0]))
+            # A bundle imported before import-hf dropped them may carry a fine-tuning script's
+            # settings; transformers' generate path applies neither, and a source is never cut.
+            self._fast.no_truncation()
+            self._fast.no_padding()
             self.vocab_size = self._fast.get_vocab_size(with_added_tokens=True)
         elif self.kind == "spm-vocab":
             import sentencepiece as spm

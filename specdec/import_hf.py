@@ -22,6 +22,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", required=True, help="the bundle directory to write")
     p.add_argument("--ar-drafter", help="a smaller checkpoint of the same vocabulary: the bundle's AR drafter")
     p.add_argument("--name", help="the bundle's name (default: the model directory's name)")
+    p.add_argument("--force", action="store_true", help="replace --out whole when it is not empty (without it, "
+                   "--out must be new or empty)")
     p.set_defaults(run=run)
 
 
@@ -31,6 +33,6 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ValueError(f"import-hf needs transformers and torch: pip install -e '.[hf]' ({exc})") from None
     drafter = Path(args.ar_drafter) if args.ar_drafter else None
-    out = write_bundle(Path(args.model), Path(args.out), drafter, args.name)
+    out = write_bundle(Path(args.model), Path(args.out), drafter, args.name, force=args.force)
     print(f"wrote {out}", file=sys.stderr)
     return 0

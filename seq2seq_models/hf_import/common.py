@@ -43,6 +43,16 @@ class UnsupportedModel(ValueError):
     """A checkpoint outside the supported families, or with a setting specdec does not run."""
 
 
+class BadCheckpoint(ValueError):
+    """A checkpoint whose files are broken or do not fit each other; the message is one line that
+    names the file and the problem."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line (the command's errors are one line)."""
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+
+
 def first(gen: Any, c: Any, name: str) -> Any:
     """A setting from generation_config.json, else config.json (as generate reads them)."""
     value = getattr(gen, name, None)

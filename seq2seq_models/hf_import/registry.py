@@ -5,7 +5,6 @@ and state dict. A new family is a module with `MODEL_TYPES` and `convert`, liste
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 from seq2seq_models.config import ModelConfig
 from seq2seq_models.hf_import import bart, m2m100, marian, t5
 from seq2seq_models.hf_import.common import UnsupportedModel
+from seq2seq_models.hf_import.files import read_config
 
 Converter = Callable[[Any, Any, dict, "int | None"], tuple[ModelConfig, dict]]
 
@@ -32,9 +32,6 @@ def converter(model_type: str) -> Converter:
 
 def read_model_type(model_dir: str | Path) -> str:
     """The checkpoint's `model_type`, refused unless a converter takes it."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{model_dir} is not a save_pretrained directory (no config.json)")
-    model_type = json.loads(path.read_text()).get("model_type", "")
+    model_type = read_config(Path(model_dir)).get("model_type", "")
     converter(model_type)
-    return model_type
+    return str(model_type)

@@ -1,16 +1,26 @@
 """A checkpoint's tokenizer written into the bundle, described for
 `seq2seq_models.hf_tokenizer.HFTokenizer`: a fast tokenizer's tokenizer.json, or the SentencePiece
 models and vocab.json files of Marian and M2M100, with the ids a source is framed by and the
-target-language codes."""
+target-language codes. A checkpoint without tokenizer files gives an ids-only bundle; one whose
+tokenizer_config.json names a tokenizer that cannot be loaded is refused. Truncation and padding
+settings a tokenizer.json was saved with are dropped: transformers does not apply them when it
+encodes a source for generate(), and a source is never cut silently."""
 
 from __future__ import annotations
 
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
-from seq2seq_models.hf_import.common import UnsupportedModel
+import transformers
+from transformers import AutoTokenizer
+
+from seq2seq_models.hf_import.common import BadCheckpoint, UnsupportedModel, first_line
+from seq2seq_models.hf_import.files import read_json
+
+TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
 def import_tokenizer(
@@ -18,13 +28,15 @@ def import_tokenizer(
 ) -> dict[str, Any] | None:
     """Write the checkpoint's tokenizer into the bundle directory `out` and return its spec for
     `seq2seq_models.hf_tokenizer.HFTokenizer`; None when the checkpoint has no tokenizer files."""
-    from transformers import AutoTokenizer
-
     model_dir = Path(model_dir)
     try:
-        tok = AutoTokenizer.from_pretrained(str(model_dir))
-    except (OSError, ValueError, TypeError):
-        return None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. Marian's "pip install sacremoses": not the user's concern
+            tok = AutoTokenizer.from_pretrained(str(model_dir))
+    except Exception as exc:  # whatever transformers raises, the user gets one line
+        if (model_dir / TOKENIZER_CONFIG).is_file():
+            raise _unloadable(model_dir, exc) from None
+        return None  # no tokenizer: the bundle serves ids
     spec: dict[str, Any] = {
         "eos_id": eos_id,
         "forced_bos_token_id": forced_bos_id,
@@ -34,6 +46,8 @@ def import_tokenizer(
     }
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is not None:
+        backend.no_truncation()
+        backend.no_padding()
         backend.save(str(out / "tokenizer.json"))
         spec.update(kind="tokenizers", files=["tokenizer.json"])
     else:
@@ -48,6 +62,20 @@ def import_tokenizer(
         )
     spec["prefix"], spec["suffix"] = _framing(tok)
     return spec
+
+
+def _unloadable(model_dir: Path, exc: Exception) -> BadCheckpoint:
+    """The one line for a tokenizer that tokenizer_config.json names and transformers cannot load:
+    the files its class reads that are missing, else transformers' reason."""
+    path = model_dir / TOKENIZER_CONFIG
+    config = read_json(path)
+    name = str(config.get("tokenizer_class") or "tokenizer")
+    files = getattr(getattr(transformers, name, None), "vocab_files_names", {})
+    optional = {"tokenizer_config_file"} | (set() if config.get("separate_vocabs") else {"target_vocab_file"})
+    missing = [file for key, file in files.items() if key not in optional and not (model_dir / file).is_file()]
+    if missing:
+        return BadCheckpoint(f"{path}: names a {name}, whose files are missing: {', '.join(missing)}")
+    return BadCheckpoint(f"{path}: names a {name}, which cannot be loaded ({first_line(exc)})")
 
 
 def _languages(tok: Any) -> dict[str, int]:

@@ -1,8 +1,12 @@
 """`specdec import-hf`'s work: a checkpoint (and optionally a smaller one of the same vocabulary as
-its AR drafter) written as a bundle every other command takes."""
+its AR drafter) written as a bundle every other command takes. The bundle directory is new or
+empty, or replaced whole when asked: never written into, where an earlier bundle's drafters, caches
+and card would be left behind. It is written beside its place and renamed, so an import that fails
+leaves nothing half-written."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +14,14 @@ from seq2seq_models.hf_import.checkpoint import build_model, check_same_vocabula
 from seq2seq_models.hf_import.tokenizer import import_tokenizer
 
 
-def write_bundle(model_dir: Path, out: Path, ar_drafter_dir: Path | None = None, name: str | None = None) -> Path:
-    """Import `model_dir` as the verifier (and `ar_drafter_dir` as the AR drafter) into bundle `out`."""
+def write_bundle(
+    model_dir: Path, out: Path, ar_drafter_dir: Path | None = None, name: str | None = None, force: bool = False
+) -> Path:
+    """Import `model_dir` as the verifier (and `ar_drafter_dir` as the AR drafter) into bundle `out`;
+    `force`: replace a non-empty `out` whole."""
     from seq2seq_models.bundle import save_imported_bundle
 
+    check_out(out, force)
     verifier = import_checkpoint(model_dir)
     models = {"verifier": build_model(verifier)}
     metadata: dict[str, Any] = {
@@ -27,7 +35,26 @@ def write_bundle(model_dir: Path, out: Path, ar_drafter_dir: Path | None = None,
         check_same_vocabulary(verifier, drafter, ar_drafter_dir)
         models["ar_drafter"] = build_model(drafter)
         metadata["ar_drafter"] = {"model_type": drafter.model_type, "source": ar_drafter_dir.name}
-    out.mkdir(parents=True, exist_ok=True)
-    forced = verifier.generation.get("forced_bos_token_id")
-    spec = import_tokenizer(model_dir, out, verifier.config.eos_id, forced)
-    return save_imported_bundle(out, models, name or model_dir.name, spec, metadata)
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        forced = verifier.generation.get("forced_bos_token_id")
+        spec = import_tokenizer(model_dir, tmp, verifier.config.eos_id, forced)
+        save_imported_bundle(tmp, models, name or model_dir.name, spec, metadata)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.replace(out)
+    return out
+
+
+def check_out(out: Path, force: bool) -> None:
+    """`out` must be new or an empty directory; with `force`, any directory (it is replaced whole)."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a directory")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise ValueError(f"--out {out} is not empty: give a new or empty directory, or --force to replace it whole")
