@@ -5,7 +5,9 @@ The verifier decodes the unlabelled sources greedily, and an NAR block drafter (
 checked against. Everything resumable lives in a work directory (--work): the labelled pairs, each
 drafter's checkpoints and logs. Rerunning the same command continues where it stopped; a finished
 drafter is not trained again. The new bundle (--out) is a copy of the old one with the drafters
-added and a section appended to its MODEL_CARD.md.
+added and a section appended to its MODEL_CARD.md. The drafters are sized from the verifier (a share
+of its parameters) unless given a shape; each one's shape and steps, with a time estimate, are
+printed before anything runs.
 
 This module reads the command line into one `DistillOptions` and prints what the run reports; the
 work is `training.drafter_distillation`'s.
@@ -19,12 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from training.drafter_distillation.options import (
+    AR_SHARE,
     DEFAULT_AR_STEPS,
     DEFAULT_BATCH_TOKENS,
     DEFAULT_K_MAX,
     DEFAULT_LR,
     DEFAULT_STEPS,
     DEFAULT_WARMUP,
+    NAR_SHARE,
     DistillOptions,
 )
 
@@ -63,9 +67,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help=f"warm-up steps (default {DEFAULT_WARMUP})")
     p.add_argument("--nar-layers", type=_layers, help="NAR drafter layers ENC,DEC (default: the verifier's "
                    "encoder depth, and 1 or 2 decoder layers)")
-    p.add_argument("--nar-width", type=int, help="NAR drafter width (default: the verifier's, up to 512)")
+    p.add_argument("--nar-width", type=int, help="NAR drafter width (default: the widest, up to the verifier's "
+                   f"and 512, that keeps the drafter within {NAR_SHARE * 100:.0f}%% of the verifier's parameters)")
     p.add_argument("--ar-layers", type=_layers, help="AR drafter layers ENC,DEC (default: up to 3,1)")
-    p.add_argument("--ar-width", type=int, help="AR drafter width (default: half the verifier's, 32 to 256)")
+    p.add_argument("--ar-width", type=int, help="AR drafter width (default: the widest, up to half the verifier's "
+                   f"and 256, that keeps the drafter within {AR_SHARE * 100:.0f}%% of the verifier's parameters)")
     p.add_argument("--seed", type=int, default=1, help="the drafters' initialisation and batch order (default: 1)")
     p.add_argument("--name", help="the new bundle's name (default: the old one's)")
     p.add_argument("--progress", action="store_true", help="show the progress line even when stderr is not "

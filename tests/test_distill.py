@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 from pathlib import Path
 
@@ -33,8 +34,11 @@ RENAMED, DROPPED = range(3, 13), 13
 # moves with them, so the step count is what makes the test repeatable.
 HF_STEPS, HF_SECONDS = 600, 180.0
 DISTILL_SOURCES, DISTILL_STEPS, K = 1500, 450, 8
-# A drafter of width 64 learns fast at a learning rate above the default's; small batches, more steps.
-DISTILL_FLAGS = ["--k-max", str(K), "--batch-tokens", "1024", "--lr", "3e-3", "--warmup", "30"]
+# A drafter of the verifier's width (64) learns fast at a learning rate above the default's; small
+# batches, more steps. The shape is given: this verifier is so small that the default (a share of its
+# parameters) would be too narrow to learn the task in DISTILL_STEPS.
+DISTILL_FLAGS = ["--k-max", str(K), "--batch-tokens", "1024", "--lr", "3e-3", "--warmup", "30",
+                 "--nar-layers", "2,1", "--nar-width", "64"]
 HELD_OUT = 24
 MAX_NEW = 40
 
@@ -233,6 +237,56 @@ def test_a_bundle_of_our_own_takes_text_sources_and_gets_its_drafters_replaced(t
     source = loaded.tokenizer.encode(corpus.splitlines()[0])
     greedy = decode(source, DecodingConfig(mode="ar", max_new_tokens=12), verifier).output_ids
     assert decode(source, DecodingConfig(mode="gad", k=4, max_new_tokens=12), verifier, drafter).output_ids == greedy
+
+
+@pytest.mark.parametrize(
+    ("vocab", "width", "layers"),
+    [(8000, 256, 3), (58101, 512, 6), (32128, 512, 6)],  # a small Marian, opus-mt-base's shape, t5-small-like
+)
+def test_the_default_drafters_are_a_share_of_the_verifier(vocab, width, layers):
+    """Sized from the verifier: the NAR drafter within NAR_SHARE of its parameters (embeddings and
+    head included) with the verifier's encoder depth and a shallow decoder, the AR drafter within
+    AR_SHARE; both as wide as that allows, never wider than the verifier."""
+    from seq2seq_models.config import ModelConfig
+    from training.drafter_distillation.drafter_models import (
+        AR_SHARE,
+        NAR_SHARE,
+        WIDTH_STEP,
+        default_ar_shape,
+        default_nar_shape,
+        drafter_config,
+        parameter_count,
+    )
+
+    verifier = ModelConfig(vocab_size=vocab, d_model=width, n_heads=8, encoder_layers=layers, decoder_layers=layers,
+                           ffn_dim=4 * width)
+    params = parameter_count(verifier)
+    for shape, share in ((default_nar_shape(verifier, params), NAR_SHARE), (default_ar_shape(verifier, params),
+                                                                             AR_SHARE)):
+        encoder, decoder, drafter_width = shape
+        assert parameter_count(drafter_config(verifier, *shape)) <= share * params, shape
+        wider = drafter_config(verifier, encoder, decoder, drafter_width + WIDTH_STEP)
+        assert drafter_width + WIDTH_STEP > width or parameter_count(wider) > share * params, shape
+    encoder, decoder, _ = default_nar_shape(verifier, params)
+    assert encoder == layers and decoder == min(2, layers // 3)
+
+
+def test_the_plan_is_told_before_anything_is_trained(tmp_path, capsys):
+    """Each drafter's shape, its share of the verifier and its steps with a time estimate come first,
+    before the labelling and the training."""
+    bundle = make_tiny_bundle(tmp_path / "bundle", seed=0)
+    corpus = (Path(__file__).resolve().parents[1] / "seq2seq_models" / "data" / "tiny_corpus.txt").read_text()
+    (tmp_path / "sources.txt").write_text(corpus)
+    capsys.readouterr()
+    assert cli_main(["distill", "--bundle", str(bundle), "--sources", str(tmp_path / "sources.txt"), "--out",
+                     str(tmp_path / "out"), "--device", "cpu", "--steps", "2", "--k-max", "4", "--ar-drafter",
+                     "--ar-steps", "2"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    plan = (r"specdec distill: {}: \d\+\d layers of width \d+, [\d.]+M parameters \(\d+% of the verifier's "
+            r"[\d.]+M\); 2 steps, about [\d.]+ (s|min|h)$")
+    assert re.match(plan.format("nar_drafter"), lines[0]), lines
+    assert re.match(plan.format("ar_drafter"), lines[1]), lines
+    assert "sources labelled" in lines[2], lines
 
 
 @pytest.mark.parametrize("first", [[], [7]])

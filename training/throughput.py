@@ -22,10 +22,10 @@ import torch
 from seq2seq_models.transformer import Seq2SeqTransformer
 from training.batching import token_batches
 from training.checkpoint import seed_everything
-from training.data import load_id_pairs
+from training.data import IdPair, load_id_pairs
 from training.pipeline import configure_threads
 from training.presets import get_preset
-from training.train import batch_loss, count_parameters
+from training.train import TrainConfig, batch_loss, count_parameters
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,26 +53,11 @@ def measure(out: Path, preset_name: str, role: str, steps: int, device: torch.de
         train_file = "train.ids.jsonl"  # drafters before distillation: same lengths, close enough
     pairs = load_id_pairs(out / "data" / train_file)
     config = preset.training[role]
-    generator = seed_everything(config.seed)
-    model = Seq2SeqTransformer(preset.model_config(role, vocab)).to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model = Seq2SeqTransformer(preset.model_config(role, vocab))
     extra = config.nar_k_max if config.objective == "nar" else 0
     batches = token_batches(pairs, config.max_tokens, config.seed, epoch=0, extra=extra)
     tokens_per_epoch = sum(len(p.source) + len(p.target) + 2 for p in pairs)
-    tokens, elapsed = 0, 0.0
-    for i in range(steps + 3):
-        batch = [pairs[j] for j in batches[i % len(batches)]]
-        started = time.perf_counter()
-        loss, n = batch_loss(model, batch, config, generator, device)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
-        optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= 3:  # the first steps pay for allocator warm-up
-            tokens += n
-            elapsed += time.perf_counter() - started
+    elapsed, tokens = timed_steps(model, pairs, config, device, steps)
     rate = tokens / elapsed
     epoch_s = tokens_per_epoch / rate
     return {
@@ -91,6 +76,36 @@ def measure(out: Path, preset_name: str, role: str, steps: int, device: torch.de
         "max_steps_epochs": round(config.max_steps / len(batches), 1),
         "verify_step_ms": round(_verify_step_ms(model.eval(), device), 2),
     }
+
+
+def timed_steps(
+    model: Seq2SeqTransformer, pairs: Sequence[IdPair], config: TrainConfig, device: torch.device | str, steps: int,
+    warmup: int = 3,
+) -> tuple[float, int]:
+    """Seconds and real tokens of `steps` training steps of `model` (forward, backward, clipped AdamW
+    update) on batches of `pairs` as training makes them, after `warmup` untimed steps (the first
+    pay for the allocator's warm-up). The model's weights are changed."""
+    device = torch.device(device)
+    generator = seed_everything(config.seed)
+    model.to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    extra = config.nar_k_max if config.objective == "nar" else 0
+    batches = token_batches(pairs, config.max_tokens, config.seed, epoch=0, extra=extra)
+    tokens, elapsed = 0, 0.0
+    for i in range(steps + warmup):
+        batch = [pairs[j] for j in batches[i % len(batches)]]
+        started = time.perf_counter()
+        loss, n = batch_loss(model, batch, config, generator, device)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i >= warmup:
+            tokens += n
+            elapsed += time.perf_counter() - started
+    return elapsed, tokens
 
 
 @torch.no_grad()

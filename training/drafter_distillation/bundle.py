@@ -8,6 +8,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from training.drafter_distillation.work import duration
+
 CARD_FILE = "MODEL_CARD.md"
 
 SECTION = """
@@ -84,7 +86,7 @@ def render_section(info: dict[str, Any]) -> str:
         notes.append(note)
     return SECTION.format(
         lines=s["lines"], file=s["file"], sha256_short=s["sha256"][:16], dropped=dropped, split=split, first=first,
-        labelling=_duration(s["labelling_seconds"]), rows="\n".join(rows), notes="\n".join(notes) + "\n",
+        labelling=duration(s["labelling_seconds"]), rows="\n".join(rows), notes="\n".join(notes) + "\n",
         device=info["device"], hardware=info["hardware"], torch_version=info["torch_version"],
         command=info["command"],
     )
@@ -94,7 +96,7 @@ def _row(role: str, r: dict[str, Any]) -> str:
     a = r["architecture"]
     return (f"| {role} | {_USES[role]} | {a['encoder_layers']}+{a['decoder_layers']} | {a['d_model']} | "
             f"{a['n_heads']} | {a['ffn_dim']} | {r['params'] / 1e6:.2f}M | {r['steps']} | {r['epochs']:.1f} | "
-            f"{r['valid_loss']:.3f} | {r['valid_acc']:.3f} | {_duration(r['seconds'])} |")
+            f"{r['valid_loss']:.3f} | {r['valid_acc']:.3f} | {duration(r['seconds'])} |")
 
 
 def _metadata(info: dict[str, Any]) -> dict[str, Any]:
@@ -103,7 +105,3 @@ def _metadata(info: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in info.items() if k != "roles"}, "roles": roles}
 
 
-def _duration(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"

@@ -1,5 +1,6 @@
-"""Each drafter's plan (shape and training settings, from the options and the verifier) and its
-training in its own directory of the work directory: continued on a rerun, only loaded once done."""
+"""Each drafter's plan (shape and training settings, from the options and the verifier), told before
+anything runs with a time estimate measured on a few training steps, and its training in its own
+directory of the work directory: continued on a rerun, only loaded once done."""
 
 from __future__ import annotations
 
@@ -11,17 +12,24 @@ from typing import Any, TextIO
 import torch
 
 from seq2seq_models.config import ModelConfig
+from seq2seq_models.transformer import Seq2SeqTransformer
+from training.data import IdPair
 from training.drafter_distillation.drafter_models import (
     default_ar_shape,
     default_nar_shape,
     drafter_config,
     initial_weights,
+    parameter_count,
 )
 from training.drafter_distillation.options import DistillOptions
 from training.drafter_distillation.progress import ProgressLine
 from training.drafter_distillation.sources import VALID_MAX
-from training.drafter_distillation.work import check_work
+from training.drafter_distillation.work import check_work, duration
+from training.throughput import timed_steps
 from training.train import TrainConfig, load_best, train_role, training_seconds
+
+TIMED_STEPS = 2  # training steps timed for the estimate (after one untimed)
+TIMED_PAIRS = 2000  # pairs the timed batches are drawn from
 
 
 @dataclass(frozen=True)
@@ -32,8 +40,9 @@ class DrafterPlan:
     seed: int
 
 
-def drafter_plans(o: DistillOptions, verifier_cfg: Any) -> list[DrafterPlan]:
-    """The drafters to train: the NAR drafter, and the AR drafter when asked for."""
+def drafter_plans(o: DistillOptions, verifier_cfg: ModelConfig, verifier_params: int) -> list[DrafterPlan]:
+    """The drafters to train: the NAR drafter, and the AR drafter when asked for; a shape the options
+    leave open is sized from the verifier (`drafter_models`)."""
     def shape(layers: tuple[int, int] | None, width: int | None, default: tuple[int, int, int]) -> tuple[int, ...]:
         enc, dec = layers or default[:2]
         return enc, dec, width or default[2]
@@ -45,18 +54,37 @@ def drafter_plans(o: DistillOptions, verifier_cfg: Any) -> list[DrafterPlan]:
 
     plans = [DrafterPlan(
         "nar_drafter",
-        drafter_config(verifier_cfg, *shape(o.nar_layers, o.nar_width, default_nar_shape(verifier_cfg))),
+        drafter_config(verifier_cfg, *shape(o.nar_layers, o.nar_width, default_nar_shape(verifier_cfg,
+                                                                                         verifier_params))),
         TrainConfig(objective="nar", peak_lr=o.lr, nar_k_max=o.k_max, glat_ratio=0.5, **schedule(o.steps)),
         o.seed,
     )]
     if o.ar_drafter:
         plans.append(DrafterPlan(
             "ar_drafter",
-            drafter_config(verifier_cfg, *shape(o.ar_layers, o.ar_width, default_ar_shape(verifier_cfg))),
+            drafter_config(verifier_cfg, *shape(o.ar_layers, o.ar_width, default_ar_shape(verifier_cfg,
+                                                                                          verifier_params))),
             TrainConfig(objective="ar", peak_lr=o.lr, **schedule(o.ar_steps)),
             o.seed,
         ))
     return plans
+
+
+def describe(plan: DrafterPlan, verifier_params: int, pairs: list[IdPair], work: Path, device: str) -> str:
+    """One line: the drafter's shape, its parameters against the verifier's, and its steps with the
+    time they should take (TIMED_STEPS of them timed on batches of `pairs`, shaped as the training
+    pairs will be), or that the work directory has it trained already."""
+    cfg, steps = plan.model_config, plan.train_config.max_steps
+    params = parameter_count(cfg)
+    shape = (f"{plan.role}: {cfg.encoder_layers}+{cfg.decoder_layers} layers of width {cfg.d_model}, "
+             f"{params / 1e6:.2f}M parameters ({params / verifier_params:.0%} of the verifier's "
+             f"{verifier_params / 1e6:.2f}M)")
+    done = _steps_done(work / plan.role)
+    if done >= steps:
+        return f"{shape}; {steps} steps, trained already in {work / plan.role}"
+    seconds, _ = timed_steps(Seq2SeqTransformer(cfg), pairs, plan.train_config, device, TIMED_STEPS, warmup=1)
+    left = (steps - done) * seconds / TIMED_STEPS
+    return f"{shape}; {steps - done} steps{f' (of {steps})' if done else ''}, about {duration(left)}"
 
 
 def train_drafter(
@@ -96,3 +124,13 @@ def train_drafter(
     }
     model = load_best(plan.model_config, role_dir)
     return summary, model
+
+
+def _steps_done(role_dir: Path) -> int:
+    """The steps a drafter's directory holds: its result's, else the last logged (a resumed run
+    continues from its last checkpoint, at most a checkpoint's steps before)."""
+    if (role_dir / "result.json").is_file():
+        return int(json.loads((role_dir / "result.json").read_text())["steps"])
+    log = role_dir / "log.jsonl"
+    lines = log.read_text().splitlines() if log.is_file() else []
+    return max((int(json.loads(line).get("step", 0)) for line in lines if line.strip()), default=0)

@@ -12,6 +12,10 @@ DEFAULT_K_MAX = 25
 DEFAULT_LR = 1e-3  # the presets' drafters' peak learning rate (training/presets.py)
 DEFAULT_WARMUP = 150
 DEFAULT_BATCH_TOKENS = 4096
+# The default drafters' share of the verifier's parameters (`drafter_models`): the NAR drafter runs
+# one forward an iteration beside the verifier's; the AR drafter one a drafted token, so it gets less.
+NAR_SHARE = 0.25
+AR_SHARE = 0.1
 
 
 @dataclass(frozen=True)

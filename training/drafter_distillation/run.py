@@ -11,12 +11,14 @@ import torch
 
 from seq2seq_models.bundle import load_bundle
 from seq2seq_models.ort_runner import resolve_device
+from training.data import IdPair
 from training.drafter_distillation.bundle import write_distilled_bundle
-from training.drafter_distillation.drafters import drafter_plans, train_drafter
+from training.drafter_distillation.drafters import TIMED_PAIRS, describe, drafter_plans, train_drafter
 from training.drafter_distillation.labels import Labelling, label
 from training.drafter_distillation.options import DistillOptions
 from training.drafter_distillation.sources import VALID_EVERY, read_sources, split_pairs
 from training.pipeline import hardware
+from training.train import count_parameters
 
 
 def distill(options: DistillOptions, progress: TextIO | None = None, report: TextIO | None = None) -> Path:
@@ -33,7 +35,8 @@ def distill(options: DistillOptions, progress: TextIO | None = None, report: Tex
         raise ValueError(f"--k-max {o.k_max} leaves too little of the verifier's {verifier_cfg.max_len} positions "
                          f"for the output (at most {verifier_cfg.max_len // 2})")
     device = resolve_device(o.device)
-    plans = drafter_plans(o, verifier_cfg)
+    verifier_params = count_parameters(bundle.verifier)
+    plans = drafter_plans(o, verifier_cfg, verifier_params)
     o.work.mkdir(parents=True, exist_ok=True)
     labelling = Labelling(
         work=o.work,
@@ -44,6 +47,14 @@ def distill(options: DistillOptions, progress: TextIO | None = None, report: Tex
         batch_tokens=o.batch_tokens,
         key={"bundle": bundle.fingerprint, "sources_sha256": reading["sha256"], "ids": o.ids},
     )
+    if reading["dropped_too_long"]:
+        print(f"specdec distill: {reading['dropped_too_long']} of {reading['lines']} sources are longer than the "
+              f"verifier's {verifier_cfg.max_len - 1} tokens: left out", file=report)
+    # What will be trained, and for how long, before anything is: timed on the sources as their own
+    # labels, cut as labels are.
+    proxies = [IdPair(source, source[: labelling.longest]) for source in sources[:TIMED_PAIRS]]
+    for plan in plans:
+        print(f"specdec distill: {describe(plan, verifier_params, proxies, o.work, device)}", file=report)
 
     pairs, seconds = label(bundle.verifier, sources, labelling, device, progress)
     if not pairs:

@@ -17,6 +17,13 @@ def check_work(path: Path, key: dict[str, Any]) -> None:
         path.write_text(json.dumps(key, indent=2) + "\n")
 
 
+def duration(seconds: float) -> str:
+    """A time as the model card and the plan lines tell it: seconds, minutes or hours."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
 def stage_seconds(path: Path, seconds: float, pairs: int) -> dict[str, Any]:
     """A stage's wall time, kept from the run that finished it (a rerun finds it done)."""
     if path.is_file():
