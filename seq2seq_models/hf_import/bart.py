@@ -16,6 +16,6 @@ def convert(c: Any, gen: Any, w: dict, mask_id: int | None) -> tuple[ModelConfig
     layout = bart_layout.Layout(
         pre_norm=c.model_type == "mbart", embed_norm=True,
         source_positions=bart_layout.learnt_positions(w, "encoder", max_len),
-        target_positions=bart_layout.learnt_positions(w, "decoder", max_len), vocab_size=c.vocab_size,
+        target_positions=bart_layout.learnt_positions(w, "decoder", max_len),
     )
     return bart_layout.convert(c, gen, w, mask_id, layout)

@@ -2,8 +2,8 @@
 encoder and decoder stacks of `layers.{i}` with `self_attn`, `encoder_attn`, `fc1` / `fc2` and a
 norm after each, a shared or per-stack token embedding, a `lm_head` and a `final_logits_bias`.
 Encoder and decoder may differ in depth, heads and feed-forward width. What a family adds is a
-`Layout`: where its norms go, whether its embeddings are normed, its position tables and its
-target vocabulary (a source embedding of its own is found in the weights). The family modules
+`Layout`: where its norms go, whether its embeddings are normed, its position tables; the
+vocabularies' sizes and a source embedding of its own are found in the weights. The family modules
 (`marian`, `bart`, `m2m100`) say which."""
 
 from __future__ import annotations
@@ -37,16 +37,15 @@ class Layout:
     embed_norm: bool  # a LayerNorm on each stack's embedded input (BART, mBART)
     source_positions: torch.Tensor  # [max_len, d]
     target_positions: torch.Tensor
-    vocab_size: int  # the target vocabulary's
 
 
 def convert(c: Any, gen: Any, w: dict, mask_id: int | None, layout: Layout) -> tuple[ModelConfig, dict]:
     """specdec's config and state dict of a checkpoint in this layout (`c`: its config, `gen`: its
     generation config, `w`: its float32 state dict)."""
-    d, vocab = c.d_model, layout.vocab_size
-    heads, ffn = c.encoder_attention_heads, c.encoder_ffn_dim
+    heads, ffn, d = c.encoder_attention_heads, c.encoder_ffn_dim, c.d_model
     p = PREFIX
     dec_embed, src_embed = token_embeddings(w, p)
+    vocab = dec_embed.shape[0]  # the target vocabulary's (Marian's `decoder_vocab_size` when separate)
     cfg = ModelConfig(
         vocab_size=vocab,
         d_model=d,

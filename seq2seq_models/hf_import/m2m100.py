@@ -19,7 +19,6 @@ def convert(c: Any, gen: Any, w: dict, mask_id: int | None) -> tuple[ModelConfig
     table = sinusoids(c.max_position_embeddings + offset, c.d_model, c.pad_token_id)[offset:]
     layout = bart_layout.Layout(
         pre_norm=True, embed_norm=False, source_positions=table, target_positions=table.clone(),
-        vocab_size=c.vocab_size,
     )
     return bart_layout.convert(c, gen, w, mask_id, layout)
 

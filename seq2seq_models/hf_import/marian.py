@@ -1,7 +1,8 @@
 """Marian (opus-mt): post-LN, sinusoidal positions (the sine half, then the cosine half), SiLU by
 default, embeddings scaled by sqrt(d), a logits bias; the source embedding is its own when the
 vocabularies are separate (`share_encoder_decoder_embeddings` false), of its own size too
-(`vocab_size` the source's, `decoder_vocab_size` the target's)."""
+(`vocab_size` the source's, `decoder_vocab_size` the target's: the layout reads both off the
+weights)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,9 @@ MODEL_TYPES = ("marian",)
 
 
 def convert(c: Any, gen: Any, w: dict, mask_id: int | None) -> tuple[ModelConfig, dict]:
-    shared = getattr(c, "share_encoder_decoder_embeddings", True)
-    # With separate vocabularies `vocab_size` is the source's and `decoder_vocab_size` the target's;
-    # a shared one is `vocab_size` (transformers ignores decoder_vocab_size then).
-    vocab = c.vocab_size if shared else (getattr(c, "decoder_vocab_size", None) or c.vocab_size)
     table = sinusoids(c.max_position_embeddings, c.d_model)
     layout = bart_layout.Layout(
         pre_norm=False, embed_norm=False, source_positions=table, target_positions=table.clone(),
-        vocab_size=vocab,
     )
     return bart_layout.convert(c, gen, w, mask_id, layout)
 
