@@ -1,14 +1,15 @@
-"""The GatewayService: tokenises, validates, and runs `decode()` against remote sessions.
+"""The GatewayService: prepares each request once (`decoding.request.prepare`) and runs `decode()`
+through the gateway's peers.
 
-`decode()` is synchronous; each request runs it on a worker thread over `gateway.peers.remote`'s
-gRPC sessions, so the event loop only moves messages. The verifier and the drafter are replica
-sets (`gateway.peers.replicas`): each session goes to the replica with the most free sessions, and a
-request whose replica fails goes on on another one from the tokens already committed
-(`gateway.peers.failover`); with no drafter replica left it goes on as plain AR through the verifier
-(`stats.degraded`). For the lossless modes both give the same output.
+`decode()` is synchronous; each request runs it on a worker thread over the sessions of the verifier
+and drafter pools (`gateway.peers.pools`: replica sets, or a Triton-hosted verifier), so the event
+loop only moves messages. Each session goes to the replica with the most free sessions, and a request
+whose replica fails goes on at another one from the tokens already committed (`gateway.peers.failover`);
+with no drafter replica left it goes on as plain AR through the verifier (`stats.degraded`). For the
+lossless modes both give the same output.
 
-The peers' start-up waits and the drafter replicas live in `gateway.peers.startup`, the metrics in
-`gateway.metrics`, the KServe v2 endpoint in `gateway.kserve` (which calls `run`).
+The metrics live in `gateway.metrics`, admission control in `gateway.admission`, the KServe v2
+endpoint in `gateway.kserve` (which calls `run`).
 """
 
 from __future__ import annotations
@@ -30,20 +31,18 @@ from decoding.request import ModelLimits, Policy, Prepared, Request, check_input
 from gateway import kserve
 from gateway.admission import Admission, AdmissionQueue, Budget, client_of, sessions_needed
 from gateway.arrivals import CallArrivals
-from gateway.config import GatewayConfig, verifier_of
+from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
-from gateway.peers.failover import Peers, decode_on_replicas
+from gateway.peers.failover import Peers, decode_with_failover
+from gateway.peers.pools import drafter_pool, verifier_pool
 from gateway.peers.remote import (
     CallOptions,
     Cancellation,
     RemoteCallError,
-    RemoteVerifier,
     RequestCancelled,
     RequestDeadlineExceeded,
 )
-from gateway.peers.replicas import Replica, ReplicaSet
-from gateway.peers.startup import DrafterPeer, StartupWait
-from gateway.peers.triton import TritonVerifier, TritonVerifierClient
+from gateway.peers.startup import StartupWait
 from gateway.wire import overrides_from_wire, stats_to_wire
 from protos.specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.tokenizer import Tokenizer
@@ -84,20 +83,14 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.config = config
         self.tokenizer = tokenizer
         self.log = structlog.get_logger(service="gateway")
-        peers = peer_tls(config)
-        target = verifier_of(config)
+        tls = peer_tls(config)
         self.registry = Registry()
         self.metrics = GatewayMetrics(self.registry)
-        # verifier_url = "triton://HOST:PORT/MODEL": the Triton-hosted verifier (gateway.peers.triton);
-        # else the verifier replicas, watched on this (the gateway's) loop and driven from the
-        # worker threads through grpc.aio session streams (gateway.peers.replicas, gateway.peers.failover).
-        self.triton = TritonVerifierClient(target.address, target.model) if target.kind == "triton" else None
-        self.verifiers = (
-            ReplicaSet("verifier", target.address, peers, self._check_verifier, self.metrics, config.resolve_interval_s)
-            if self.triton is None else None
-        )
-        self.drafter = DrafterPeer(config, peers, self.metrics) if config.drafter_address else None
-        self.peers = Peers(config, self.metrics, self.verifiers, self.drafter, self._verifier_for)
+        # The verifier pool: replicas, or the Triton-hosted verifier; the drafter pool, checked
+        # against the verifier once it is known (gateway.peers.pools).
+        self.verifiers = verifier_pool(config, tls, self._check_verifier, self.metrics)
+        self.drafters = drafter_pool(config, tls, self.metrics, lambda: self.verifier_info)
+        self.peers = Peers(config, self.metrics, self.verifiers, self.drafters)
         self.loop = asyncio.get_running_loop()
         self.verifier_info: common_pb2.ModelInfo | None = None
         # How this door prepares requests: a drafter mode without a drafter is the fallback's to
@@ -134,42 +127,23 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
     # ---- start-up and peers ----------------------------------------------------------------------
 
     async def start_peers(self) -> None:
-        """Resolve the verifier replicas and start watching them (on the event loop)."""
-        if self.verifiers is not None:
-            await self.verifiers.start()
+        """Start finding and watching the verifier's places (on the event loop)."""
+        await self.verifiers.start()
 
     def check_peers(self) -> None:
-        """Wait for a verifier replica (checked against the tokenizer); then start the drafter
-        replicas, checked against it (a worker thread: the waits block)."""
+        """Wait for the verifier (checked against the tokenizer); then start the drafter pool,
+        checked against it (a worker thread: the waits block)."""
         wait = StartupWait(self.config.startup_timeout_s, self.log, self.abandon_start)
-        verifier = verifier_of(self.config)
-        try:
-            if self.triton is not None:
-                self.verifier_info = wait.triton_info(self.triton, verifier.address)
-                self._check_tokenizer(self.verifier_info)
-            else:
-                assert self.verifiers is not None
-                usable = wait.replicas(self.verifiers, "verifier")
-                self.log.info("verifier_replicas", usable=usable, address=verifier.address)
-                self.verifier_info = self.verifiers.reference
-        except (grpc.RpcError, grpc.FutureTimeoutError) as exc:
-            why = str(exc) or f"no replica SERVING within {wait.timeout}s"
-            raise SpecdecError(StatusCode.UNAVAILABLE, f"verifier at {verifier.address}: {why}") from None
-        if self.drafter is not None:
-            assert self.verifier_info is not None
-            asyncio.run_coroutine_threadsafe(self.drafter.start(self.verifier_info), self.loop).result()
-            self.drafter.check_at_start(wait)
+        self.verifier_info = self.verifiers.wait_ready(wait)
+        if self.drafters is not None:
+            asyncio.run_coroutine_threadsafe(self.drafters.start(), self.loop).result()
+            self.drafters.wait_ready(wait)
 
     def _check_verifier(self, info: common_pb2.ModelInfo) -> str | None:
         """Why a verifier replica may not serve this gateway (None: it may)."""
         if info.tokenizer_fingerprint != self.tokenizer.fingerprint:
             return "the verifier's tokenizer fingerprint differs from the gateway's bundle tokenizer"
         return None
-
-    def _check_tokenizer(self, info: common_pb2.ModelInfo) -> None:
-        reason = self._check_verifier(info)
-        if reason:
-            raise ValueError(reason)
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain: new requests get UNAVAILABLE from the handler, in-flight ones get `grace` seconds
@@ -209,14 +183,11 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         await self.close_peers()
 
     async def close_peers(self) -> None:
-        """Close the channels to the verifier and drafter replicas and the worker pool."""
+        """Close the pools' channels and the worker pool."""
         self.pool.shutdown(wait=False, cancel_futures=True)
-        if self.triton is not None:
-            self.triton.close()
-        if self.verifiers is not None:
-            await self.verifiers.close()
-        if self.drafter is not None:
-            await self.drafter.close()
+        await self.verifiers.close()
+        if self.drafters is not None:
+            await self.drafters.close()
 
     # ---- RPCs ----------------------------------------------------------------------------------
 
@@ -313,7 +284,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             options = CallOptions(
                 deadline=deadline, request_id=request_id, cancellation=cancellation, streaming=streaming
             )
-            need = sessions_needed(config, self.drafter is not None)
+            need = sessions_needed(config, self.drafters is not None)
             async with self.admission.slot(client_of(context), need, deadline - time.monotonic()):
                 result = await self._submit(source, config, options, on_tokens, log, first)
         except asyncio.CancelledError:
@@ -415,27 +386,13 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
     def _decode(
         self, source, config: DecodingConfig, options: CallOptions, on_tokens: OnTokens, log, first: list[int]
     ) -> DecodeResult:
-        """Worker thread: decode through the replicas, failing over between them (gateway.peers.failover)."""
-        return decode_on_replicas(self.peers, source, config, options, on_tokens, log, first)
-
-    def _verifier_for(self, replica: Replica | None, options: CallOptions) -> RemoteVerifier | TritonVerifier:
-        """The verifier of one attempt: on `replica`, or the Triton-hosted one (replica None)."""
-        assert self.verifier_info is not None
-        runs = (self.config.greedy_chunk, self.config.stream_greedy_chunk)
-        if replica is None:
-            assert self.triton is not None
-            return self.triton.verifier(self.verifier_info, options, *runs)
-        assert replica.info is not None
-        return RemoteVerifier(replica.channel, replica.info, options, *runs)
+        """Worker thread: decode through the pools, failing over between places (gateway.peers.failover)."""
+        return decode_with_failover(self.peers, source, config, options, on_tokens, log, first)
 
     def _budget(self) -> Budget:
-        """What admission may hand out: the workers, and the sessions of the usable replicas (0: unknown)."""
-        if self.verifiers is not None:
-            verifier_sessions = self.verifiers.session_budget()
-        else:
-            verifier_sessions = self.verifier_info.max_sessions if self.verifier_info else 0
-        drafter_sessions = 0 if self.drafter is None else self.drafter.replicas.session_budget()
-        return Budget(self.config.workers, verifier_sessions, drafter_sessions)
+        """What admission may hand out: the workers, and the sessions of the usable places (0: unknown)."""
+        drafter_sessions = 0 if self.drafters is None else self.drafters.session_budget()
+        return Budget(self.config.workers, self.verifiers.session_budget(), drafter_sessions)
 
 
 def _consume(task: asyncio.Future) -> None:

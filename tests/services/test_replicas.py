@@ -145,7 +145,7 @@ def test_a_replica_serving_another_bundle_is_refused(bundle_dir, replicas, expec
     with gateway_over(bundle_dir, f"{kept},{refused}") as gateway:
         assert gateway.verifiers.usable() == [kept]
         with ServiceStack("verifier", other, {"verifier": {"address": refused}}):
-            by_address = gateway.verifiers.replicas
+            by_address = gateway.verifiers.replicas.replicas
             assert wait_until(lambda: by_address[refused].refused is not None, 10.0)
             assert "serves bundle" in by_address[refused].refused
             results = generate_all(gateway, AR, 4, 2)
