@@ -20,7 +20,18 @@ from decoding.config import DecodingConfig
 from decoding.decode import decode
 from decoding.report import TextStream, request_stats
 from decoding.request import ModelLimits, Policy, Prepared, Request, prepare, prepare_config
+from drafter_service.scheduled import ScheduledDrafter
+from serving.batching import BatchLimits, StepExecutor
 from specdec.api import Chunk, Engine, Output
+from specdec.bulk import BulkRun, Pending
+from verifier_service.scheduled import ScheduledVerifier
+
+# A bulk run's forwards: at most this many rows (beam hypotheses count each) and tokens per input
+# in flight, and how long the model worker waits for the other rows' steps to join a forward (it
+# stops waiting as soon as every row in flight has queued its step: `StepExecutor.callers`).
+BULK_ROWS_PER_INPUT = 16
+BULK_TOKENS_PER_INPUT = 96
+BULK_WAIT_S = 0.005
 
 
 def open_local_engine(
@@ -71,12 +82,34 @@ class LocalEngine(Engine):
         return [self.decode(item) for item in prepared]  # type: ignore[arg-type]
 
     def generate_each(
-        self, requests: Iterable[Request | SpecdecError], ordered: bool = True
+        self, requests: Iterable[Request | SpecdecError], ordered: bool = True, batch_size: int = 1
     ) -> Iterator[tuple[int, Output | SpecdecError]]:
-        """Read lazily: an input is taken only once the one before it is done."""
-        for index, request in enumerate(requests):
-            item = request if isinstance(request, SpecdecError) else self.prepare_all([request])[0]
-            yield index, item if isinstance(item, SpecdecError) else self.decode(item)
+        return iter(self.bulk(requests, batch_size, ordered))
+
+    def bulk(self, requests: Iterable[Request | SpecdecError], batch_size: int, ordered: bool = True) -> BulkRun:
+        """`specdec.bulk.BulkRun` over the requests: `batch_size` decoding at once, their steps in
+        shared forwards (`verifier_service.scheduled`); 1: one at a time on the models directly,
+        each input read only once the one before it is done."""
+        items = (self._pending(index, request) for index, request in enumerate(requests))
+        if batch_size == 1:
+            return BulkRun(items, lambda prepared, stop: self.decode(prepared, _stopper(stop)), 1, ordered, window=1)
+        executor = StepExecutor("bulk")
+        limits = BatchLimits(max_rows=BULK_ROWS_PER_INPUT * batch_size, max_tokens=BULK_TOKENS_PER_INPUT * batch_size,
+                             wait_s=BULK_WAIT_S)
+        verifier = ScheduledVerifier(self.verifier, executor, limits)
+        drafter = None if self.drafter is None else ScheduledDrafter(self.drafter, executor, limits)
+
+        def decode_one(prepared: Prepared, stop: threading.Event) -> Output:
+            return self.decode(prepared, _stopper(stop), verifier, drafter)
+
+        run = BulkRun(items, decode_one, batch_size, ordered, on_close=executor.shutdown)
+        executor.callers = run.in_flight
+        return run
+
+    def _pending(self, index: int, request: Request | SpecdecError) -> Pending:
+        item = request if isinstance(request, SpecdecError) else self.prepare_all([request])[0]
+        length = 0 if isinstance(item, SpecdecError) else len(item.source)
+        return Pending(index, item, length)
 
     def prepare_config(self, params: Mapping[str, Any]) -> DecodingConfig:
         """The decoding config `params` give (SpecdecError if they are bad), without an input."""
@@ -92,15 +125,15 @@ class LocalEngine(Engine):
                 out.append(exc)
         return out
 
-    def decode(self, prepared: Prepared, on_tokens: Any = None) -> Output:
-        """One prepared request, decoded; `on_tokens` hears every committed block (the forced first
-        tokens first)."""
+    def decode(self, prepared: Prepared, on_tokens: Any = None, verifier: Any = None, drafter: Any = None) -> Output:
+        """One prepared request, decoded (on `verifier` and `drafter`, default the engine's own);
+        `on_tokens` hears every committed block (the forced first tokens first)."""
         started = time.perf_counter()
         first = prepared.first
         if on_tokens is not None and first:
             on_tokens(list(first))
-        result = decode(prepared.source, prepared.config, self.verifier, self.drafter, on_tokens,
-                        prefix=list(first) or None)
+        result = decode(prepared.source, prepared.config, verifier or self.verifier, drafter or self.drafter,
+                        on_tokens, prefix=list(first) or None)
         stats = request_stats(result.stats, prepared.config.mode, time.perf_counter() - started)
         return Output(self.tokenizer.decode(result.output_ids), result.output_ids, stats)
 
@@ -141,4 +174,15 @@ class LocalEngine(Engine):
 
 
 class _Stopped(Exception):
-    """The consumer of a stream left it: the decoding stops at its next block."""
+    """The consumer of a stream left it (or a bulk run was interrupted): the decoding stops at its
+    next block."""
+
+
+def _stopper(stop: threading.Event):
+    """An `on_tokens` that ends the decoding at its next block once `stop` is set."""
+
+    def on_tokens(block: list[int]) -> None:
+        if stop.is_set():
+            raise _Stopped()
+
+    return on_tokens
