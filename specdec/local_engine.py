@@ -9,13 +9,14 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from core.backends import check_precision
 from core.errors import SpecdecError
+from core.threads import usable_cpus
 from decoding.config import DecodingConfig
 from decoding.decode import decode
 from decoding.report import TextStream, request_stats
@@ -53,23 +54,32 @@ def open_local_engine(
             raise ValueError('the torch backend and dtype float64 need torch: pip install "specdec[torch]"') from None
         torch_dtype = getattr(torch, dtype)
     bundle = load_bundle(bundle_dir, dtype=torch_dtype)
-    options = {} if threads is None else {"intra_op_threads": threads}
-    verifier = make_verifier(bundle, backend, device=device, precision=precision, **options)
-    drafter = make_drafter(bundle, backend, device=device, precision=precision, **options)
-    return LocalEngine(verifier, drafter, bundle.tokenizer, policy, bundle.path)
+
+    def make_models(threads: int | None) -> tuple[Any, Any]:
+        options = {} if threads is None else {"intra_op_threads": threads}
+        return (make_verifier(bundle, backend, device=device, precision=precision, **options),
+                make_drafter(bundle, backend, device=device, precision=precision, **options))
+
+    verifier, drafter = make_models(threads)
+    return LocalEngine(verifier, drafter, bundle.tokenizer, policy, bundle.path, make_models)
 
 
 class LocalEngine(Engine):
     """The models in this process: a verifier, a drafter when the bundle has one, and the bundle's
     tokenizer."""
 
-    def __init__(self, verifier: Any, drafter: Any, tokenizer: Any, policy: Policy, bundle: Path | None = None) -> None:
+    def __init__(
+        self, verifier: Any, drafter: Any, tokenizer: Any, policy: Policy, bundle: Path | None = None,
+        make_models: Callable[[int | None], tuple[Any, Any]] | None = None,
+    ) -> None:
         self.verifier = verifier
         self.drafter = drafter
         self.tokenizer = tokenizer
         self.bundle = bundle
         self.model = ModelLimits.of(verifier)
         self.policy = replace(policy, has_drafter=drafter is not None)
+        # (intra-op threads) -> another (verifier, drafter) over the same bundle: a bulk run's lanes.
+        self._make_models = make_models
 
     def prepare(self, request: Request) -> Prepared:
         return prepare(request, self.model, self.policy, self.tokenizer)
@@ -82,29 +92,62 @@ class LocalEngine(Engine):
         return [self.decode(item) for item in prepared]  # type: ignore[arg-type]
 
     def generate_each(
-        self, requests: Iterable[Request | SpecdecError], ordered: bool = True, batch_size: int = 1
+        self, requests: Iterable[Request | SpecdecError], ordered: bool = True, batch_size: int = 1,
+        workers: int = 1, threads: int | None = None,
     ) -> Iterator[tuple[int, Output | SpecdecError]]:
-        return iter(self.bulk(requests, batch_size, ordered))
+        return iter(self.bulk(requests, batch_size, ordered, workers, threads))
 
-    def bulk(self, requests: Iterable[Request | SpecdecError], batch_size: int, ordered: bool = True) -> BulkRun:
+    def bulk(
+        self, requests: Iterable[Request | SpecdecError], batch_size: int, ordered: bool = True,
+        workers: int = 1, threads: int | None = None,
+    ) -> BulkRun:
         """`specdec.bulk.BulkRun` over the requests: `batch_size` decoding at once, their steps in
         shared forwards (`verifier_service.scheduled`); 1: one at a time on the models directly,
-        each input read only once the one before it is done."""
+        each input read only once the one before it is done. `workers` model workers (lanes: each
+        its own models, `threads` intra-op threads each, default the usable CPUs shared out) run
+        forwards side by side, each over its share of the rows."""
         items = (self._pending(index, request) for index, request in enumerate(requests))
         if batch_size == 1:
             return BulkRun(items, lambda prepared, stop: self.decode(prepared, _stopper(stop)), 1, ordered, window=1)
-        executor = StepExecutor("bulk")
-        limits = BatchLimits(max_rows=BULK_ROWS_PER_INPUT * batch_size, max_tokens=BULK_TOKENS_PER_INPUT * batch_size,
-                             wait_s=BULK_WAIT_S)
-        verifier = ScheduledVerifier(self.verifier, executor, limits)
-        drafter = None if self.drafter is None else ScheduledDrafter(self.drafter, executor, limits)
+        lanes = self._lanes(batch_size, workers, threads)
+        placing = threading.Lock()
 
         def decode_one(prepared: Prepared, stop: threading.Event) -> Output:
-            return self.decode(prepared, _stopper(stop), verifier, drafter)
+            with placing:
+                lane = min(lanes, key=lambda lane: lane.rows)  # the lane with the fewest rows in flight
+                lane.rows += 1
+            try:
+                return self.decode(prepared, _stopper(stop), lane.verifier, lane.drafter)
+            finally:
+                with placing:
+                    lane.rows -= 1
 
-        run = BulkRun(items, decode_one, batch_size, ordered, on_close=executor.shutdown)
-        executor.callers = run.in_flight
-        return run
+        def close() -> None:
+            for lane in lanes:
+                lane.executor.shutdown()
+
+        return BulkRun(items, decode_one, batch_size, ordered, on_close=close)
+
+    def _lanes(self, batch_size: int, workers: int, threads: int | None) -> list[_Lane]:
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1; got {workers}")
+        limits = BatchLimits(max_rows=BULK_ROWS_PER_INPUT * batch_size, max_tokens=BULK_TOKENS_PER_INPUT * batch_size,
+                             wait_s=BULK_WAIT_S)
+        if workers == 1 and threads is None:
+            models = [(self.verifier, self.drafter)]
+        elif self._make_models is None:
+            raise ValueError("this engine cannot make more model workers (it was not opened by Engine.load)")
+        else:
+            per_lane = threads or max(1, usable_cpus() // workers)
+            models = [self._make_models(per_lane) for _ in range(workers)]
+        lanes = []
+        for verifier, drafter in models:
+            lane = _Lane(StepExecutor("bulk"))
+            lane.verifier = ScheduledVerifier(verifier, lane.executor, limits)
+            lane.drafter = None if drafter is None else ScheduledDrafter(drafter, lane.executor, limits)
+            lane.executor.callers = lambda lane=lane: lane.rows
+            lanes.append(lane)
+        return lanes
 
     def _pending(self, index: int, request: Request | SpecdecError) -> Pending:
         item = request if isinstance(request, SpecdecError) else self.prepare_all([request])[0]
@@ -171,6 +214,16 @@ class LocalEngine(Engine):
         finally:
             stop.set()
             worker.join()
+
+
+class _Lane:
+    """One model worker of a bulk run: its thread, its scheduled models, the rows it decodes now."""
+
+    def __init__(self, executor: StepExecutor) -> None:
+        self.executor = executor
+        self.verifier: Any = None
+        self.drafter: Any = None
+        self.rows = 0
 
 
 class _Stopped(Exception):
