@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from specdec import benchmark
+from specdec.api import resolve_bundle
 from specdec.bench_report import cpu_name, write_section
-from specdec.cli import resolve_bundle
 
 REPO = Path(__file__).resolve().parents[1]
 SECTION = "## End-to-end speed-up per model backend"
