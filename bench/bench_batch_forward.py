@@ -28,8 +28,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from core.interfaces import StepCall
+from evaluation.bench_report import median_seconds
 from seq2seq_models.bundle import load_bundle
-from specdec.bench_report import median_seconds
 from verifier_service.onnx_backend import OnnxVerifier
 
 PREFIX, SOURCE_LEN = 30, 30

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from core.interfaces import BlockCall
 from drafter_service.session import LocalDrafter, make_drafter
+from evaluation.bench_report import median_seconds
 from seq2seq_models.bundle import load_bundle
-from specdec.bench_report import median_seconds
 
 PREFIX, SOURCE_LEN = 30, 30
 

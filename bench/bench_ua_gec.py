@@ -1,4 +1,4 @@
-"""The UA-GEC benchmark as a script: the same as `specdec bench` (see `specdec/benchmark.py`).
+"""The UA-GEC benchmark as a script: the same as `specdec bench` (see `evaluation/benchmark.py`).
 
     python bench/bench_ua_gec.py                         # 500 test sentences, in-process, print the table
     python bench/bench_ua_gec.py --through both --write  # also through the services; update BENCHMARKS.md

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from evaluation import benchmark
+from evaluation.bench_report import accelerator_note, vector_units
+from evaluation.gec_metrics import exact_match, gleu, sentence_stats, tokenize
+from evaluation.perplexity import output_nll, perplexity
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
-from specdec import benchmark
-from specdec.bench_report import accelerator_note, vector_units
 from specdec.cli import main
-from specdec.gec_metrics import exact_match, gleu, sentence_stats, tokenize
-from specdec.perplexity import output_nll, perplexity
 from verifier_service.session import LocalVerifier
 
 # Hand-computed (see each test): one error, in the last word.

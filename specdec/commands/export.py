@@ -48,7 +48,7 @@ def run_export_onnx(args: argparse.Namespace) -> int:
 
 
 def run_export_triton(args: argparse.Namespace) -> int:
-    from specdec.triton_export import TritonExportOptions, export_triton
+    from verifier_service.triton_export import TritonExportOptions, export_triton
 
     options = TritonExportOptions(
         model=args.model, backend=args.backend or "torch", device=args.device,

@@ -1,5 +1,5 @@
 """`specdec loadtest`: a running gateway driven with concurrent requests; throughput and latency
-(`specdec.loadtest` does the driving)."""
+(`evaluation.loadtest` does the driving)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Exit 0 when at least one request of every run succeeded, 1 otherwise (e.g. every call refused)."""
-    from specdec import loadtest
+    from evaluation import loadtest
 
     if args.sweep and (args.rate is not None or args.concurrency is not None):
         raise ValueError("--sweep sets the concurrency of each run: leave out --concurrency and --rate")
