@@ -3,7 +3,7 @@ k=10 and GAD k=10 with `adaptive` (the block length chosen per step, up to 10), 
 `evaluation.benchmark` (interleaved rounds, lossless check against greedy), then one more untimed
 pass of the adaptive row for the block lengths it chose.
 
-    PYTHONPATH=. python bench/bench_adaptive.py [--sample 50] [--backend onnxruntime] [--k 10]
+    python bench/bench_adaptive.py [--sample 50] [--backend onnxruntime] [--k 10]
 
 The issue's target: adaptive GAD at >= 0.95x fixed-k GAD's throughput at one client.
 """
@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from evaluation.benchmark import GREEDY, BenchConfig, _decoding_config, format_table, run_benchmark
 

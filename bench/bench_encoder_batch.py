@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
 from core.batch_slots import split_by_length, split_source_tokens_for
 from evaluation.bench_report import bench_parser, machine_stamp, write_section
 from evaluation.loadtest import ua_gec_texts

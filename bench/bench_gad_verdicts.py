@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
 from evaluation.bench_report import bench_parser, machine_stamp, write_section
 from evaluation.loadtest import ua_gec_texts
 from seq2seq_models.bundle import load_bundle

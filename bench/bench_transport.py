@@ -21,6 +21,8 @@ from pathlib import Path
 
 import grpc
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
 from evaluation.bench_report import bench_parser, machine_stamp, start_services, write_section
 from evaluation.loadtest import ua_gec_texts
 from gateway.wire import overrides_to_wire

@@ -248,6 +248,21 @@ def test_every_benchmark_owns_a_level_two_heading_in_benchmarks_md():
     assert [s for s in sections if not s.startswith("## ")] == []
 
 
+def test_the_bench_index_names_every_script_and_benchmarks_md_no_missing_one():
+    """bench/README.md indexes exactly the scripts bench/ holds, and names only retired ones among
+    those it no longer has; BENCHMARKS.md cites a script that is gone only where it says it retired."""
+    root = Path(__file__).resolve().parents[1]
+    scripts = {p.name for p in (root / "bench").iterdir() if p.suffix in (".py", ".sh")}
+    index, _, retired = (root / "bench" / "README.md").read_text().partition("## Retired scripts")
+    assert set(re.findall(r"`(\w+\.(?:py|sh))`", index)) == scripts
+    gone = set(re.findall(r"^\| `(\w+\.py)` \|", retired, re.MULTILINE))
+    assert gone and not gone & scripts
+    benchmarks = (root / "BENCHMARKS.md").read_text()
+    said = set(re.findall(r"^Script retired: `bench/(\w+\.py)`", benchmarks, re.MULTILINE))
+    cited = set(re.findall(r"bench/(\w+\.(?:py|sh))", benchmarks))
+    assert cited - scripts == said and said <= gone
+
+
 def _bench_script(name: str):
     """A script of bench/ as a module (bench/ is no package: its scripts run as `python bench/x.py`)."""
     import importlib.util
