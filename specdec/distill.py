@@ -16,7 +16,6 @@ a section appended to its MODEL_CARD.md (`specdec.distill_bundle`).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -32,50 +31,6 @@ DEFAULT_LR = 1e-3  # the presets' drafters' peak learning rate (training/presets
 DEFAULT_WARMUP = 150
 VALID_EVERY = 20  # every 20th labelled pair is held out for validation ...
 VALID_MAX = 500  # ... up to this many
-
-
-def add_parser(sub: Any) -> None:
-    from core.config import DEVICE_HELP, device_arg
-
-    p = sub.add_parser(
-        "distill",
-        help="train an NAR drafter (and optionally a small AR drafter) on a bundle's own greedy outputs",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--bundle", required=True, help="the bundle whose verifier the drafters are for")
-    p.add_argument("--sources", required=True, help="unlabelled source texts, one a line (with --ids: token ids)")
-    p.add_argument("--out", required=True, help="the new bundle: a copy of --bundle with the drafters added")
-    p.add_argument("--ids", action="store_true", help="source lines are space-separated token ids (needed for a "
-                   "bundle without a tokenizer)")
-    p.add_argument("--target-lang", default="", metavar="CODE", help="a many-to-many model's target language: "
-                   "the drafters learn the verifier's outputs into it (default: the model's default)")
-    p.add_argument("--work", help="checkpoint directory; rerunning with it continues (default: OUT.work)")
-    p.add_argument("--device", type=device_arg, default="auto",
-                   help=f"where training runs: {DEVICE_HELP} (default: auto)")
-    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"NAR drafter training steps "
-                   f"(default {DEFAULT_STEPS}); raising it on a rerun continues the training")
-    p.add_argument("--ar-drafter", action="store_true", help="also train a small AR drafter (replaces the "
-                   "bundle's own, if it has one)")
-    p.add_argument("--ar-steps", type=int, default=DEFAULT_AR_STEPS, help=f"AR drafter steps "
-                   f"(default {DEFAULT_AR_STEPS})")
-    p.add_argument("--k-max", type=int, default=DEFAULT_K_MAX, help=f"longest block the NAR drafter is trained "
-                   f"to draft (default {DEFAULT_K_MAX}); serve with k up to it")
-    p.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per training batch, and source "
-                   "tokens per labelling batch (default 4096)")
-    p.add_argument("--lr", type=float, default=DEFAULT_LR, help=f"peak learning rate (default {DEFAULT_LR}; "
-                   "a small drafter learns faster with more)")
-    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help=f"warm-up steps (default {DEFAULT_WARMUP})")
-    p.add_argument("--nar-layers", type=_layers, help="NAR drafter layers ENC,DEC (default: the verifier's "
-                   "encoder depth, and 1 or 2 decoder layers)")
-    p.add_argument("--nar-width", type=int, help="NAR drafter width (default: the verifier's, up to 512)")
-    p.add_argument("--ar-layers", type=_layers, help="AR drafter layers ENC,DEC (default: up to 3,1)")
-    p.add_argument("--ar-width", type=int, help="AR drafter width (default: half the verifier's, 32 to 256)")
-    p.add_argument("--seed", type=int, default=1, help="the drafters' initialisation and batch order (default: 1)")
-    p.add_argument("--name", help="the new bundle's name (default: the old one's)")
-    p.add_argument("--progress", action="store_true", help="show the progress line even when stderr is not "
-                   "a terminal")
-    p.set_defaults(run=run)
 
 
 @dataclass(frozen=True)
@@ -116,29 +71,6 @@ class DistillOptions:
             else:
                 words += [flag, ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]
         return " ".join(words)
-
-
-def run(args: argparse.Namespace) -> int:
-    from training.checkpoint import Interrupted
-
-    out = Path(args.out)
-    options = DistillOptions(
-        bundle=Path(args.bundle), sources=Path(args.sources), out=out,
-        work=Path(args.work) if args.work else out.with_name(out.name + ".work"), ids=args.ids, device=args.device,
-        steps=args.steps, ar_drafter=args.ar_drafter, ar_steps=args.ar_steps, k_max=args.k_max,
-        batch_tokens=args.batch_tokens, lr=args.lr, warmup=args.warmup, nar_layers=args.nar_layers,
-        nar_width=args.nar_width, ar_layers=args.ar_layers, ar_width=args.ar_width, seed=args.seed, name=args.name,
-        target_lang=args.target_lang,
-    )
-    stream = sys.stderr if args.progress or sys.stderr.isatty() else None
-    try:
-        written = distill(options, progress=stream)
-    except Interrupted as exc:
-        where = str(exc).split(";")[0]  # "<stage>: stopped at ..."; distill has no --resume: it always continues
-        print(f"specdec distill: {where}; rerun the same command to continue from {options.work}", file=sys.stderr)
-        return 143
-    print(f"wrote {written}", file=sys.stderr)
-    return 0
 
 
 def distill(options: DistillOptions, progress: TextIO | None = None, report: TextIO = sys.stderr) -> Path:
@@ -415,14 +347,6 @@ def _parse_ids(line: str, number: int, vocab_size: int) -> list[int]:
     if bad:
         raise ValueError(f"--sources line {number}: id {bad[0]} is outside the vocabulary (0 to {vocab_size - 1})")
     return ids
-
-
-def _layers(text: str) -> tuple[int, int]:
-    try:
-        enc, dec = (int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected ENC,DEC (two layer counts), got {text!r}") from None
-    return enc, dec
 
 
 def _hardware(device: str) -> str:

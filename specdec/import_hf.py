@@ -6,28 +6,8 @@ Importing needs `transformers` (the `hf` extra); serving the bundle it writes do
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 from typing import Any
-
-
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "import-hf",
-        help="write a bundle from a Hugging Face save_pretrained directory (Marian, BART, mBART, T5/mT5, M2M100/NLLB)",
-    )
-    p.add_argument("--model", required=True, help="the verifier's save_pretrained directory")
-    p.add_argument("--out", required=True, help="the bundle directory to write")
-    p.add_argument("--ar-drafter", help="a smaller checkpoint of the same vocabulary: the bundle's AR drafter")
-    p.add_argument("--name", help="the bundle's name (default: the model directory's name)")
-    p.set_defaults(run=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    out = import_hf(Path(args.model), Path(args.out), Path(args.ar_drafter) if args.ar_drafter else None, args.name)
-    print(f"wrote {out}", file=sys.stderr)
-    return 0
 
 
 def import_hf(model_dir: Path, out: Path, ar_drafter_dir: Path | None = None, name: str | None = None) -> Path:

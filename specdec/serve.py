@@ -1,11 +1,11 @@
-"""`specdec serve verifier|drafter|gateway|all`: run the services until SIGTERM / Ctrl-C.
+"""`specdec serve verifier|drafter|gateway|all`: run the services until SIGTERM / Ctrl-C (its flags:
+`specdec.commands.serve`).
 
 `ServiceStack` runs the same servers on a background event loop, for tests and benchmarks.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import threading
 from collections.abc import Callable, Mapping
@@ -301,30 +301,6 @@ class ServiceStack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-# `specdec serve` flags for the batching keys of [verifier] and [drafter] (serving.model_service.SessionLimits).
-BATCH_FLAGS = (
-    ("max_batch_rows", int, "rows one forward may hold; 1 turns batching off"),
-    ("max_batch_tokens", int, "tokens (append + draft) one forward may hold"),
-    ("batch_wait_ms", float, "how long a step may wait for company when the forward is not full; 0: never"),
-)
-
-
-def add_batch_flags(parser: argparse.ArgumentParser) -> None:
-    """--max-batch-rows, --max-batch-tokens, --batch-wait-ms: the batching keys of both model services."""
-    group = parser.add_argument_group("batching (the [verifier] and [drafter] keys of the same names)")
-    from serving.model_service import SessionLimits
-
-    for key, kind, help_text in BATCH_FLAGS:
-        default = getattr(SessionLimits, key)
-        group.add_argument("--" + key.replace("_", "-"), dest=key, type=kind,
-                           help=f"{help_text} (default: the config's key, else {default})")
-
-
-def batch_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The batching flags as section overrides (None: not given, the config's value stands)."""
-    return {key: getattr(args, key, None) for key, _, _ in BATCH_FLAGS}
 
 
 def _model_service(section: str, table: Mapping[str, Any], limits_cls: type) -> tuple[ServiceSection, Any]:

@@ -266,7 +266,7 @@ def test_a_malformed_replica_address_is_an_error_naming_the_key(value: str, mess
 
 
 def test_the_replica_flags_take_a_list():
-    from specdec.cli import addresses_arg
+    from specdec.commands.flags import addresses_arg
 
     assert addresses_arg("10.0.0.1:50052,10.0.0.2:50052") == "10.0.0.1:50052,10.0.0.2:50052"
     assert addresses_arg("dns:///specdec-verifier:50052") == "dns:///specdec-verifier:50052"
