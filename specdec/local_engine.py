@@ -78,6 +78,8 @@ class LocalEngine(Engine):
         self.bundle = bundle
         self.model = ModelLimits.of(verifier)
         self.policy = replace(policy, has_drafter=drafter is not None)
+        self.batch_size = 32  # many inputs of one call decode this many at once (`bulk`)
+        self.workers = 1
         # (intra-op threads) -> another (verifier, drafter) over the same bundle: a bulk run's lanes.
         self._make_models = make_models
 
@@ -85,11 +87,21 @@ class LocalEngine(Engine):
         return prepare(request, self.model, self.policy, self.tokenizer)
 
     def _run(self, requests: Sequence[Request]) -> list[Output]:
+        """Every input checked first (a bad one raises before anything is decoded), then one alone,
+        or many through a bulk run of `batch_size`."""
         prepared = self.prepare_all(requests)
         for index, item in enumerate(prepared):
             if isinstance(item, SpecdecError):
                 raise item if len(prepared) == 1 else SpecdecError(item.code, f"input {index}: {item.message}")
-        return [self.decode(item) for item in prepared]  # type: ignore[arg-type]
+        if len(prepared) == 1:
+            return [self.decode(prepared[0])]  # type: ignore[arg-type]
+        batch = min(self.batch_size, len(prepared))
+        outputs = []
+        for index, outcome in self.bulk(prepared, batch, workers=self.workers if batch > 1 else 1):
+            if isinstance(outcome, SpecdecError):  # a peer-side failure while decoding
+                raise SpecdecError(outcome.code, f"input {index}: {outcome.message}")
+            outputs.append(outcome)
+        return outputs
 
     def generate_each(
         self, requests: Iterable[Request | SpecdecError], ordered: bool = True, batch_size: int = 1,
@@ -98,7 +110,7 @@ class LocalEngine(Engine):
         return iter(self.bulk(requests, batch_size, ordered, workers, threads))
 
     def bulk(
-        self, requests: Iterable[Request | SpecdecError], batch_size: int, ordered: bool = True,
+        self, requests: Iterable[Request | Prepared | SpecdecError], batch_size: int, ordered: bool = True,
         workers: int = 1, threads: int | None = None,
     ) -> BulkRun:
         """`specdec.bulk.BulkRun` over the requests: `batch_size` decoding at once, their steps in
@@ -149,8 +161,8 @@ class LocalEngine(Engine):
             lanes.append(lane)
         return lanes
 
-    def _pending(self, index: int, request: Request | SpecdecError) -> Pending:
-        item = request if isinstance(request, SpecdecError) else self.prepare_all([request])[0]
+    def _pending(self, index: int, request: Request | Prepared | SpecdecError) -> Pending:
+        item = request if isinstance(request, SpecdecError | Prepared) else self.prepare_all([request])[0]
         length = 0 if isinstance(item, SpecdecError) else len(item.source)
         return Pending(index, item, length)
 
