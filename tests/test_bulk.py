@@ -150,7 +150,7 @@ def test_decode_batches_files_in_order_and_reports_bad_lines(bundle_dir, tmp_pat
     source = tmp_path / "in.txt"
     source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
     out1, out4, out_u = tmp_path / "one.jsonl", tmp_path / "four.jsonl", tmp_path / "unordered.jsonl"
-    flags = ["--mode", "gad", "--k", "4", "--max-new-tokens", "16", "--input", str(source)]
+    flags = ["--mode", "gad", "--k", "4", "--max-new-tokens", "16", "--input", str(source), "--progress"]
     one = subprocess.run(_decode_cmd(bundle_dir, *flags, "--batch-size", "1", "--output", str(out1)),
                          capture_output=True, text=True, env=_env(), timeout=300, cwd=REPO)
     four = subprocess.run(_decode_cmd(bundle_dir, *flags, "--batch-size", "4", "--output", str(out4)),
@@ -208,7 +208,7 @@ def test_ctrl_c_writes_what_finished_and_exits_non_zero(bundle_dir, tmp_path):
     out = tmp_path / "out.jsonl"
     proc = subprocess.Popen(
         _decode_cmd(bundle_dir, "--mode", "ar", "--max-new-tokens", "24", "--batch-size", "4", "--input",
-                    str(source), "--output", str(out)),
+                    str(source), "--output", str(out), "--progress"),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO,
     )
     deadline = time.monotonic() + 240

@@ -47,7 +47,7 @@ def register(sub) -> None:
     io.add_argument("--unordered", action="store_true",
                     help="write each record as soon as its line is done, with its line number, not in input order")
     io.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                    help="the progress line on stderr (default: on for a batched run or a file input)")
+                    help="the progress line on stderr (default: on when stderr is a terminal)")
     flags.add_decoding_flags(p)
     p.set_defaults(run=run)
 
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         total = _count_lines(args.input) if args.input else None
         requests = (_line_request(engine, number, line.rstrip("\n"), args, overrides)
                     for number, line in enumerate(lines, start=1))
-        shown = args.progress if args.progress is not None else (args.batch_size > 1 or args.input is not None)
+        shown = args.progress if args.progress is not None else sys.stderr.isatty()
         writer = _Writer(out, args.unordered, progress(total) if shown else None)
         run = engine.bulk(requests, args.batch_size, ordered=not args.unordered, workers=args.workers,
                           threads=args.threads)
