@@ -225,13 +225,17 @@ class BatchScheduler:
         None when nothing is left to run (every step gathered was cancelled)."""
         limits = self.limits
         callers = self.executor.callers
+        # In process the wait runs from now, when the worker is free: the rows answered by the last
+        # forward need a moment to queue their next steps. A service's steps wait from their arrival.
+        freed = time.perf_counter()
         while True:
             batch, dropped, full = self._scan(queue)
             if not batch or full or not limits.wait_s:
                 break
             if callers is not None and len(queue) >= callers():  # everyone who could come is queued
                 break
-            remaining = batch[0].queued + limits.wait_s - time.perf_counter()
+            since = freed if callers is not None else batch[0].queued
+            remaining = since + limits.wait_s - time.perf_counter()
             if remaining <= 0:
                 break
             cond.wait(remaining)  # a new step wakes us; then look again

@@ -3,9 +3,9 @@
 `run_bulk` keeps `batch_size` inputs decoding at a time, each on a thread of its own, while their
 steps share the model worker's batched forwards (`verifier_service.scheduled`,
 `drafter_service.scheduled`: the services' scheduler, in process). Inputs are read a window ahead
-and admitted shortest first within the window, so the rows in flight have similar lengths (less
-padding in a forward, and a window's rows finish at similar times); a finished row's place is taken
-at once by the next (continuous batching). Outcomes come back in input order, or as they finish.
+and admitted longest first within the window: rows in flight have similar lengths (less padding in a
+forward), and the window's last rows are its short ones, so a run does not end on a few long rows
+decoding alone; a finished row's place is taken at once by the next (continuous batching). Outcomes come back in input order, or as they finish.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class BulkRun:
     """Iterating gives (index, outcome) of every item: `decode(item, stop)`'s result, or the
     SpecdecError of an item that failed (its own, or one `decode` raised). At most `batch_size`
     decode at once; `window` inputs (default `WINDOW_PER_ROW * batch_size`) are read ahead and
-    admitted shortest first. `decode` should give up soon once `stop` (a threading.Event) is set.
+    admitted longest first. `decode` should give up soon once `stop` (a threading.Event) is set.
 
     Interrupted (KeyboardInterrupt while iterating), the rows in flight are told to stop, and
     `finished()` gives the outcomes that were done but not yet given out."""
@@ -113,10 +113,10 @@ class BulkRun:
 
 
 def _read_window(source: Iterator[Pending], window: int) -> tuple[list[Pending], bool]:
-    """The next `window` inputs, shortest first (stable: equal lengths keep input order), and
+    """The next `window` inputs, longest first (stable: equal lengths keep input order), and
     whether the input is exhausted."""
     chunk = list(itertools.islice(source, window))
-    return sorted(chunk, key=lambda p: p.length), len(chunk) < window
+    return sorted(chunk, key=lambda p: -p.length), len(chunk) < window
 
 
 def _ready(done: dict[int, Any], following: int, ordered: bool) -> tuple[list[tuple[int, Any]], int]:

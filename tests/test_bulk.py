@@ -116,7 +116,7 @@ def test_many_inputs_through_the_api_are_checked_first(engine64):
         engine64.generate([[5, 6, 7], [], [8, 9]], mode="ar")
 
 
-def test_rows_are_admitted_shortest_first_within_a_window():
+def test_rows_are_admitted_longest_first_within_a_window():
     started: list[int] = []
     lock = threading.Lock()
 
@@ -128,7 +128,7 @@ def test_rows_are_admitted_shortest_first_within_a_window():
     items = [Pending(i, length, length) for i, length in enumerate([5, 3, 9, 1, 7, 2])]
     outcomes = list(BulkRun(items, decode, batch_size=1, window=3))
     assert [o for _, o in outcomes] == [5, 3, 9, 1, 7, 2]  # given out in input order
-    assert started == [3, 5, 9, 1, 2, 7]  # each window of 3 admitted shortest first
+    assert started == [9, 5, 3, 7, 2, 1]  # each window of 3 admitted longest first
 
 
 # ---- the command ---------------------------------------------------------------------------------
