@@ -1,11 +1,12 @@
 """Many inputs at once: rows admitted by length into a pool of decode threads, outputs in order.
 
-`run_bulk` keeps `batch_size` inputs decoding at a time, each on a thread of its own, while their
+`BulkRun` keeps `batch_size` inputs decoding at a time, each on a thread of its own, while their
 steps share the model worker's batched forwards (`verifier_service.scheduled`,
 `drafter_service.scheduled`: the services' scheduler, in process). Inputs are read a window ahead
 and admitted longest first within the window: rows in flight have similar lengths (less padding in a
 forward), and the window's last rows are its short ones, so a run does not end on a few long rows
-decoding alone; a finished row's place is taken at once by the next (continuous batching). Outcomes come back in input order, or as they finish.
+decoding alone; a finished row's place is taken at once by the next (continuous batching).
+Outcomes come back in input order, or as they finish.
 """
 
 from __future__ import annotations

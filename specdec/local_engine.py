@@ -82,6 +82,7 @@ class LocalEngine(Engine):
         self.workers = 1
         # (intra-op threads) -> another (verifier, drafter) over the same bundle: a bulk run's lanes.
         self._make_models = make_models
+        self._lane_models: dict[tuple[int, int], list[tuple[Any, Any]]] = {}
 
     def prepare(self, request: Request) -> Prepared:
         return prepare(request, self.model, self.policy, self.tokenizer)
@@ -151,7 +152,10 @@ class LocalEngine(Engine):
             raise ValueError("this engine cannot make more model workers (it was not opened by Engine.load)")
         else:
             per_lane = threads or max(1, usable_cpus() // workers)
-            models = [self._make_models(per_lane) for _ in range(workers)]
+            key = (workers, per_lane)
+            if key not in self._lane_models:  # made once per layout: opening ONNX sessions takes seconds
+                self._lane_models[key] = [self._make_models(per_lane) for _ in range(workers)]
+            models = self._lane_models[key]
         lanes = []
         for verifier, drafter in models:
             lane = _Lane(StepExecutor("bulk"))
