@@ -35,7 +35,8 @@ class Running:
     verifier: Any = None
     drafter: Any = None
     gateway: Any = None
-    addresses: dict[str, str] = field(default_factory=dict)
+    addresses: dict[str, str] = field(default_factory=dict)  # each gRPC server's, by role
+    http_address: str | None = None  # the gateway's HTTP endpoints, when it serves them
 
     def servers(self) -> list[Any]:
         # Stop order: the gateway first, so its in-flight requests still reach the models.
@@ -161,7 +162,7 @@ async def _start_roles(role: str, bundle: Path | None, config: ServeConfig, runn
         running.gateway = await start_gateway(gateway, tokenizer)
         running.addresses["gateway"] = _with_port(gateway.address, running.gateway.host.port)
         if running.gateway.http is not None:
-            running.addresses["http"] = _with_port(gateway.http_address, running.gateway.http.port)
+            running.http_address = _with_port(gateway.http_address, running.gateway.http.port)
 
 
 def has_drafter(bundle: Any) -> bool:
@@ -276,7 +277,7 @@ def serve_processes(
 class ServiceStack:
     """Servers on a background event loop thread (tests, benchmarks): `with ServiceStack(...) as s:`.
     Its gateway's HTTP endpoints take an ephemeral loopback port unless `sections` name an address
-    (`addresses["http"]`), so stacks side by side never compete for the default one."""
+    (`running.http_address`), so stacks side by side never compete for the default one."""
 
     def __init__(self, role: str, bundle: Path | None, sections: Mapping[str, Mapping[str, Any]] | None = None):
         self.role = role

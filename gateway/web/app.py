@@ -233,7 +233,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if "Allow" in exc.headers:
             response.headers["Allow"] = exc.headers["Allow"]
         return response
-    except (ConnectionResetError, ConnectionError):
+    except ConnectionError:
         raise  # the client is gone: nobody to answer
     except Exception:
         log.exception("http_handler_failed", path=request.path)

@@ -104,7 +104,9 @@ class Completions:
             raise HttpError(404, f"the model {model!r} does not exist; this server has {self.model_name!r}",
                             param="model", code="model_not_found")
         for name, allowed in _NOTHING.items():
-            if name in body and not any(body[name] == a and type(body[name]) is type(a) for a in allowed):
+            value = body.get(name)
+            # 0 and 0.0 alike (clients send penalties as floats), but never False for 0.
+            if not any(value == a and isinstance(value, bool) == isinstance(a, bool) for a in allowed):
                 raise HttpError(400, f"{name} is not supported by this server", param=name, code="unsupported")
         n = _integer(body, "n", 1, least=1)
         best_of = body.get("best_of")

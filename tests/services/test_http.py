@@ -69,7 +69,7 @@ def call(address: str, method: str, path: str, body: Any = None, headers: dict |
 
 @pytest.fixture(scope="module")
 def http_address(stack) -> str:
-    return stack.running.addresses["http"]
+    return stack.running.http_address
 
 
 @pytest.fixture(scope="module")
@@ -251,6 +251,11 @@ def test_openai_prompt_lists_and_token_ids(completions, gateway, bundle):
                                             extra_body={"specdec": {"mode": "gad", "k": 4}})
     assert [c.text for c in by_ids.choices] == [e.text for e in expected]
     assert by_ids.usage.prompt_tokens == sum(map(len, ids))
+    # What asks for nothing, as SDKs and frameworks send it, is accepted (penalties as floats, best_of = n).
+    plain = completions.completions.create(model=MODEL, prompt=TEXTS[0], max_tokens=16, presence_penalty=0.0,
+                                           frequency_penalty=0, best_of=1, echo=False, logprobs=None, stop=None,
+                                           user="someone", extra_body={"specdec": {"mode": "gad", "k": 4}})
+    assert plain.choices[0].text == expected[0].text
     assert [m.id for m in completions.models.list().data] == [MODEL]
 
 
@@ -328,7 +333,7 @@ def test_the_request_id_is_echoed(http_address):
 
 
 def test_the_bearer_token_guards_every_endpoint_but_health_and_the_page(guarded):
-    address = guarded.running.addresses["http"]
+    address = guarded.running.http_address
     assert call(address, "GET", "/v2/health/ready")[0] == 200
     assert call(address, "GET", "/")[0] == 200
     status, answer, _ = call(address, "GET", "/v1/models")
@@ -341,7 +346,7 @@ def test_the_bearer_token_guards_every_endpoint_but_health_and_the_page(guarded)
 
 
 def test_libretranslate_translate_and_languages(guarded, bundle):
-    address = guarded.running.addresses["http"]
+    address = guarded.running.http_address
     assert call(address, "GET", "/languages", headers={"Authorization": f"Bearer {TOKEN}"})[1] == [
         {"code": "uk", "name": "Ukrainian", "targets": ["uk"]}]
     with grpc.insecure_channel(guarded.running.addresses["gateway"]) as channel:
@@ -386,7 +391,7 @@ def _open_stream(address: str, client: str, max_tokens: int = 200) -> tuple[http
 def test_per_client_limit_and_disconnects_free_the_sessions(guarded):
     """A client with two streams open gets 429 for a third; closing both cancels their decodes:
     the gateway's active requests and the verifier's sessions go back to zero."""
-    address = guarded.running.addresses["http"]
+    address = guarded.running.http_address
     gateway = guarded.running.gateway
     cancelled_before = gateway.metrics.cancelled.value()
     streams = [_open_stream(address, "client-a") for _ in range(2)]

@@ -80,7 +80,7 @@ def _events(output: str) -> list[dict[str, Any]]:
 
 
 def test_readme_curl_examples_answer_as_grpc_does(ua_gec, generate):
-    address = "http://" + ua_gec.running.addresses["http"]
+    address = "http://" + ua_gec.running.http_address
     commands = readme_curls()
     paths = {re.search(r"http://\S+?(/\S*)", c).group(1) for c in commands}
     assert paths == {"/v1/completions", "/v1/models", "/v2/models/specdec/infer", "/v2/health/ready", "/translate",
@@ -123,7 +123,7 @@ def test_streamed_provenance_is_the_decode_loops(ua_gec, generate):
     bundle = load_bundle(DEFAULT_BUNDLE_DIR)
     verifier = make_verifier(bundle, DEFAULT_BACKEND)
     drafter = LocalDrafter({"nar_drafter": bundle.nar_drafter, "ar_drafter": bundle.ar_drafter})
-    address = "http://" + ua_gec.running.addresses["http"]
+    address = "http://" + ua_gec.running.http_address
     for mode in ("gad", "iad"):
         parts = _committed_parts(bundle.tokenizer.encode(SENTENCE), DecodingConfig(mode=Mode(mode), k=10),
                                  verifier, drafter)
@@ -177,7 +177,7 @@ def test_the_playground_renders_a_correction_with_marked_blocks_and_stats(ua_gec
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
-    browser.get("http://" + ua_gec.running.addresses["http"] + "/")
+    browser.get("http://" + ua_gec.running.http_address + "/")
     assert browser.title == "specdec playground"
     browser.find_element(By.ID, "text").send_keys(SENTENCE)
     Select(browser.find_element(By.ID, "mode")).select_by_value("gad")

@@ -202,7 +202,7 @@ def _https(address: str, pki: Path, headers: dict[str, str], scheme: str = "http
 
 def test_the_http_endpoints_share_the_certificate_and_the_token(secure, pki):
     """HTTPS with the gateway's certificate; the same bearer token; plaintext HTTP gets no answer."""
-    address = secure.running.addresses["http"]
+    address = secure.running.http_address
     with _channel(secure.running.addresses["gateway"], pki) as channel:
         expected = _generate(channel, (bearer_metadata(TOKEN),)).text
     status, answer = _https(address, pki, {"Authorization": f"Bearer {TOKEN}"})
