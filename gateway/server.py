@@ -9,29 +9,34 @@ with no drafter replica left it goes on as plain AR through the verifier (`stats
 lossless modes both give the same output.
 
 The metrics live in `gateway.metrics`, admission control in `gateway.admission`, the KServe v2
-endpoint in `gateway.kserve` (which calls `run`).
+endpoint in `gateway.kserve` and the HTTP endpoints in `gateway.web` (which call `answer` and
+`stream`, over `run`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
 import structlog
 
 from core.errors import SpecdecError, StatusCode
 from core.wire import source_len_from_wire, target_len_from_wire
-from decoding.config import DecodingConfig, Mode
-from decoding.policies.loop import DecodeResult, OnTokens
+from decoding.config import DecodingConfig
+from decoding.policies.loop import Block, DecodeResult, OnTokens, drafted_count
 from decoding.report import TextStream
 from decoding.request import ModelLimits, Policy, Prepared, Request, check_input_size, prepare
 from gateway import kserve
-from gateway.admission import Admission, AdmissionQueue, Budget, client_of, sessions_needed
+from gateway.admission import Admission, AdmissionQueue, Budget, sessions_needed
 from gateway.arrivals import CallArrivals
 from gateway.config import GatewayConfig
+from gateway.context import Answer, GrpcContext, RequestContext
 from gateway.metrics import GatewayMetrics
 from gateway.peers.failover import Peers, decode_with_failover
 from gateway.peers.pools import drafter_pool, verifier_pool
@@ -43,13 +48,14 @@ from gateway.peers.remote import (
     RequestDeadlineExceeded,
 )
 from gateway.peers.startup import StartupWait
+from gateway.web.server import HttpServer
 from gateway.wire import overrides_from_wire, stats_to_wire
 from protos.specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.tokenizer import Tokenizer
 from serving.auth import BearerTokenInterceptor, read_token
 from serving.host import ServiceHost
 from serving.metrics import Registry
-from serving.status import grpc_code, request_id_of
+from serving.status import grpc_code
 from serving.tls import ServerTLS, peer_tls
 
 # How close to its deadline a request must be for an unexplained end of its RPC to count as the deadline.
@@ -68,10 +74,15 @@ async def start_gateway(config: GatewayConfig, tokenizer: Tokenizer) -> GatewayS
         await server.start_peers()
         await asyncio.get_running_loop().run_in_executor(None, server.check_peers)
         await server.host.start(config.address, config.metrics_address, ServerTLS.of(config))
+        if server.http is not None and config.http_address:
+            await server.http.start(config.http_address, ServerTLS.of(config))
     except BaseException:
         # Cancelled (SIGTERM while waiting for a peer) or failed: the waiting thread gives up at its
         # next poll, and nothing of a gateway that did not start stays open.
         server.abandon_start.set()
+        await server.host.server.stop(0)
+        if server.http is not None:
+            await server.http.stop()
         await server.close_peers()
         raise
     await server.host.set_serving()
@@ -119,6 +130,8 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(self, self.host.server)
         # KServe v2 / Open Inference Protocol on the same port, through the same request path (`run`).
         kserve.add_kserve_servicer(self, config.kserve_model, self.host.server)
+        # The HTTP endpoints on their own address, through the same request path too (gateway.web).
+        self.http = HttpServer(self, config, token, _STOP_FLUSH_S) if config.http_address else None
 
     def ready(self) -> bool:
         """Whether requests are taken: the verifier checked, not draining."""
@@ -175,6 +188,8 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         # last message of a stream whose decoding has ended but which is still being sent (with no
         # grace grpc would cancel it: "Cancelling all calls"). stop() returns as soon as none is left.
         await self.host.finish_drain(_STOP_FLUSH_S)
+        if self.http is not None:
+            await self.http.stop()
         self.pool.shutdown(wait=False, cancel_futures=True)
         # A cancelled worker returns at its next peer call or block; wait (bounded) for it to be gone.
         deadline = loop.time() + _WORKERS_STOP_S
@@ -192,33 +207,61 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
     # ---- RPCs ----------------------------------------------------------------------------------
 
     async def Generate(self, request, context):
+        answer = await self.answer(request, GrpcContext(context))
+        self.metrics.latency.observe(answer.total_s, mode=answer.mode.value, rpc="Generate")
+        return gateway_pb2.GenerateResponse(
+            text=self.tokenizer.decode(answer.result.output_ids),
+            output_ids=answer.result.output_ids,
+            stats=stats_to_wire(answer.result.stats, answer.mode, answer.total_s),
+            final=True,
+        )
+
+    async def GenerateStream(self, request, context):
+        started = time.perf_counter()
+        first_token_s: float | None = None  # time to the first message that carries tokens
+        text = TextStream(self.tokenizer.decode)
+        async with contextlib.aclosing(self.stream(request, GrpcContext(context))) as events:
+            async for event in events:
+                if isinstance(event, Answer):
+                    break
+                if first_token_s is None and event:
+                    first_token_s = time.perf_counter() - started
+                yield gateway_pb2.GenerateResponse(text=text.add(event), output_ids=list(event))
+        tail, rest = text.finish(event.result.output_ids)
+        if first_token_s is None and rest:
+            first_token_s = time.perf_counter() - started
+        # Both for streams that completed, when the mode is known (a stream cut short has no final stats).
+        self.metrics.latency.observe(event.total_s, mode=event.mode.value, rpc="GenerateStream")
+        if first_token_s is not None:
+            self.metrics.ttft.observe(first_token_s, mode=event.mode.value)
+        yield gateway_pb2.GenerateResponse(
+            text=tail, output_ids=rest, stats=stats_to_wire(event.result.stats, event.mode, event.total_s), final=True
+        )
+
+    async def answer(self, request: gateway_pb2.GenerateRequest, context: RequestContext) -> Answer:
+        """One request answered whole (Generate, KServe's ModelInfer, the HTTP doors)."""
         cancellation = Cancellation()
 
         def on_tokens(block: list[int]) -> None:
             cancellation.check()
 
-        result, mode, total_s = await self.run(request, context, on_tokens, cancellation)
-        self.metrics.latency.observe(total_s, mode=mode.value, rpc="Generate")
-        return gateway_pb2.GenerateResponse(
-            text=self.tokenizer.decode(result.output_ids),
-            output_ids=result.output_ids,
-            stats=stats_to_wire(result.stats, mode, total_s),
-            final=True,
-        )
+        return await self.run(request, context, on_tokens, cancellation)
 
-    async def GenerateStream(self, request, context):
+    async def stream(self, request: gateway_pb2.GenerateRequest, context: RequestContext) -> AsyncIterator[Any]:
+        """One request's committed blocks as they come (each a `decoding.policies.loop.Block` or a
+        plain list: `drafted_count` says which of its tokens were drafted), then its `Answer`. The
+        streaming doors (GenerateStream, the HTTP event streams) run it; closing it early (the client
+        is gone) cancels the decode."""
         loop = asyncio.get_running_loop()
-        started = time.perf_counter()
-        first_token_s: float | None = None  # time to the first message that carries tokens
         chunks: asyncio.Queue[list[int]] = asyncio.Queue()
         cancellation = Cancellation()
 
         def on_tokens(block: list[int]) -> None:
             cancellation.check()
-            loop.call_soon_threadsafe(chunks.put_nowait, list(block))
+            copy = Block(block, drafted_count(block))  # the worker's list is not shared with the loop
+            loop.call_soon_threadsafe(chunks.put_nowait, copy)
 
         task = asyncio.ensure_future(self.run(request, context, on_tokens, cancellation, streaming=True))
-        text = TextStream(self.tokenizer.decode)
         getter: asyncio.Future | None = None
         try:
             while True:
@@ -231,27 +274,12 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
                     block = chunks.get_nowait()
                 else:
                     block = getter.result()
-                piece = text.add(block)
-                if first_token_s is None and block:
-                    first_token_s = time.perf_counter() - started
-                yield gateway_pb2.GenerateResponse(text=piece, output_ids=block)
-            result, mode, total_s = task.result()
-            while not chunks.empty():  # blocks queued after the task finished
-                text.ids.extend(chunks.get_nowait())
-            tail, rest = text.finish(result.output_ids)
-            if first_token_s is None and rest:
-                first_token_s = time.perf_counter() - started
-            # Both for streams that completed, when the mode is known (a stream cut short has no final stats).
-            self.metrics.latency.observe(total_s, mode=mode.value, rpc="GenerateStream")
-            if first_token_s is not None:
-                self.metrics.ttft.observe(first_token_s, mode=mode.value)
-            yield gateway_pb2.GenerateResponse(
-                text=tail, output_ids=rest, stats=stats_to_wire(result.stats, mode, total_s), final=True
-            )
+                yield block
+            yield task.result()
         finally:
             # Client gone or done: stop the worker now (its peer calls are cancelled too). When the
             # generator is left without being closed (a cancel that lands while grpc sends a message),
-            # the RPC's done callback in `run` does the same.
+            # the call's done callback in `run` does the same.
             cancellation.cancel()
             if not task.done():
                 task.cancel()
@@ -265,14 +293,18 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
     # ---- one request -----------------------------------------------------------------------------
 
     async def run(
-        self, request, context, on_tokens: OnTokens, cancellation: Cancellation, streaming: bool = False
-    ) -> tuple[DecodeResult, Mode, float]:
-        request_id = request_id_of(context)
+        self, request: gateway_pb2.GenerateRequest, context: RequestContext, on_tokens: OnTokens,
+        cancellation: Cancellation, streaming: bool = False,
+    ) -> Answer:
+        """The request path of every door: prepare, admit, decode on a worker (failing over between
+        places), with the deadline, cancellation (the call's end cancels the decode), metrics and logs;
+        a failure ends the call through `context.abort` with its status."""
+        request_id = context.request_id()
         structlog.contextvars.bind_contextvars(request_id=request_id)
         log = self.log.bind(request_id=request_id)
         started = time.perf_counter()
         # However the RPC ends (cancel, deadline, a dead client, or done), the worker stops with it.
-        context.add_done_callback(lambda _: cancellation.cancel())
+        context.add_done_callback(cancellation.cancel)
         self._inflight.add(cancellation)
         try:
             if self.host.draining:
@@ -285,7 +317,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
                 deadline=deadline, request_id=request_id, cancellation=cancellation, streaming=streaming
             )
             need = sessions_needed(config, self.drafters is not None)
-            async with self.admission.slot(client_of(context), need, deadline - time.monotonic()):
+            async with self.admission.slot(context.client(), need, deadline - time.monotonic()):
                 result = await self._submit(source, config, options, on_tokens, log, first)
         except asyncio.CancelledError:
             # grpc cancels the handler when the client cancels or its deadline passes.
@@ -327,7 +359,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             degraded=result.stats.degraded,
             ms=round(total_s * 1e3, 2),
         )
-        return result, config.mode, total_s
+        return Answer(result, config.mode, total_s, len(source))
 
     async def _submit(
         self,
@@ -356,7 +388,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         future.add_done_callback(lambda _: self.metrics.active.inc(-1))
         return await asyncio.wrap_future(future)
 
-    def _count_gone(self, context, log) -> None:
+    def _count_gone(self, context: RequestContext, log) -> None:
         """A request whose RPC ended without an answer: its deadline passed, or the client cancelled."""
         remaining = context.time_remaining()
         # grpc reports neither cause to the handler; a cancel that comes within a few ms of the
@@ -400,7 +432,7 @@ def _consume(task: asyncio.Future) -> None:
         task.exception()
 
 
-async def _abort(context, code: grpc.StatusCode, details: str) -> None:
+async def _abort(context: RequestContext, code: grpc.StatusCode, details: str) -> None:
     """Abort the RPC with a status; when it has already ended (cancelled, deadline) there is no one
     to tell, and aborting a finished RPC would only raise, so end the handler quietly."""
     if context.done():

@@ -35,7 +35,8 @@ class Running:
     verifier: Any = None
     drafter: Any = None
     gateway: Any = None
-    addresses: dict[str, str] = field(default_factory=dict)
+    addresses: dict[str, str] = field(default_factory=dict)  # each gRPC server's, by role
+    http_address: str | None = None  # the gateway's HTTP endpoints, when it serves them
 
     def servers(self) -> list[Any]:
         # Stop order: the gateway first, so its in-flight requests still reach the models.
@@ -127,6 +128,8 @@ def check_listen_addresses(role: str, config: ServeConfig) -> None:
             check_can_listen(f"[{name}] address", address)
             if metrics:
                 check_can_listen(f"[{name}] metrics_address", metrics)
+    if role in ("gateway", "all") and config.gateway.http_address:
+        check_can_listen("[gateway] http_address", config.gateway.http_address)
 
 
 async def _start_roles(role: str, bundle: Path | None, config: ServeConfig, running: Running) -> None:
@@ -158,6 +161,8 @@ async def _start_roles(role: str, bundle: Path | None, config: ServeConfig, runn
         tokenizer = loaded.tokenizer if loaded is not None else load_bundle_tokenizer(_need(bundle))
         running.gateway = await start_gateway(gateway, tokenizer)
         running.addresses["gateway"] = _with_port(gateway.address, running.gateway.host.port)
+        if running.gateway.http is not None:
+            running.http_address = _with_port(gateway.http_address, running.gateway.http.port)
 
 
 def has_drafter(bundle: Any) -> bool:
@@ -270,12 +275,17 @@ def serve_processes(
 
 
 class ServiceStack:
-    """Servers on a background event loop thread (tests, benchmarks): `with ServiceStack(...) as s:`."""
+    """Servers on a background event loop thread (tests, benchmarks): `with ServiceStack(...) as s:`.
+    Its gateway's HTTP endpoints take an ephemeral loopback port unless `sections` name an address
+    (`running.http_address`), so stacks side by side never compete for the default one."""
 
     def __init__(self, role: str, bundle: Path | None, sections: Mapping[str, Mapping[str, Any]] | None = None):
         self.role = role
         self.bundle = bundle
-        self.sections = sections or {}
+        sections = dict(sections or {})
+        gateway = dict(sections.get("gateway", {}))
+        gateway.setdefault("http_address", "127.0.0.1:0")
+        self.sections = {**sections, "gateway": gateway}
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name=f"stack-{role}", daemon=True)
         self.running = Running()

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from core.backends import BACKENDS, PRECISIONS
-from core.config import DEVICE_HELP, DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS
+from core.config import DEVICE_HELP, DRAFTER_ADDRESS, GATEWAY_ADDRESS, HTTP_ADDRESS, VERIFIER_ADDRESS
 from specdec.api import resolve_bundle
 from specdec.commands.flags import BACKEND_HELP, BUNDLE_HELP, PRECISION_HELP, address_arg, addresses_arg
 
@@ -27,6 +27,12 @@ def register(sub) -> None:
     p.add_argument("--config", help="TOML config file (see config/specdec.example.toml; default: none)")
     p.add_argument("--gateway-addr", type=address_arg,
                    help=f"gateway listen address (default: [gateway] address of the config, else {GATEWAY_ADDRESS})")
+    http = p.add_mutually_exclusive_group()
+    http.add_argument("--http-addr", type=address_arg, metavar="HOST:PORT",
+                      help="the gateway's HTTP endpoints: KServe v2 REST, OpenAI-style /v1/completions, "
+                           "LibreTranslate's /translate, the playground at / (default: [gateway] http_address of "
+                           f"the config, else {HTTP_ADDRESS})")
+    http.add_argument("--no-http", action="store_true", help="no HTTP endpoints (gRPC only)")
     p.add_argument("--verifier-addr", type=addresses_arg,
                    help=f"verifier address (default: [verifier] address of the config, else {VERIFIER_ADDRESS}); "
                         "for `serve gateway` its replicas: a comma-separated list, or dns:///NAME:PORT")
@@ -62,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     metrics = _metrics_overrides(args)
     overrides = {
         "gateway": {"address": args.gateway_addr, "verifier_address": args.verifier_addr,
-                    "drafter_address": args.drafter_addr, "metrics_address": metrics["gateway"]},
+                    "drafter_address": args.drafter_addr, "metrics_address": metrics["gateway"],
+                    "http_address": "" if args.no_http else args.http_addr},
         "verifier": {"address": args.verifier_addr, "backend": args.backend, "device": args.device,
                      "precision": args.precision, "intra_op_threads": args.verifier_threads,
                      "metrics_address": metrics["verifier"], **batch_overrides(args)},
