@@ -1,9 +1,9 @@
 """Adaptive speculation at one request at a time, in-process on the UA-GEC bundle: AR greedy, GAD
 k=10 and GAD k=10 with `adaptive` (the block length chosen per step, up to 10), decoded by
-`specdec.benchmark` (interleaved rounds, lossless check against greedy), then one more untimed
+`evaluation.benchmark` (interleaved rounds, lossless check against greedy), then one more untimed
 pass of the adaptive row for the block lengths it chose.
 
-    PYTHONPATH=. python bench/bench_adaptive.py [--sample 50] [--backend onnxruntime] [--k 10]
+    python bench/bench_adaptive.py [--sample 50] [--backend onnxruntime] [--k 10]
 
 The issue's target: adaptive GAD at >= 0.95x fixed-k GAD's throughput at one client.
 """
@@ -14,7 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from specdec.benchmark import GREEDY, BenchConfig, _decoding_config, format_table, run_benchmark
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from evaluation.benchmark import GREEDY, BenchConfig, _decoding_config, format_table, run_benchmark
 
 
 def main() -> int:
@@ -27,8 +29,8 @@ def main() -> int:
     args = p.parse_args()
 
     from decoding.decode import decode
+    from evaluation.benchmark import _make_drafter, _make_verifier, select_sentences
     from seq2seq_models.bundle import load_bundle
-    from specdec.benchmark import _make_drafter, _make_verifier, select_sentences
     from training.data import load_test_set
 
     fixed = BenchConfig(f"GAD k={args.k}", {"mode": "gad", "k": args.k})

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from bench.bench_load import MODEL_SECTIONS, Batching, _config_toml, _extra_mode, _free_port, _start, _stop
 from core.backends import BACKENDS
-from specdec.bench_report import accelerator_note, cpu_name, write_section
-from specdec.loadtest import LoadSpec, run_load, ua_gec_texts
+from evaluation.bench_report import accelerator_note, cpu_name, write_section
+from evaluation.loadtest import LoadSpec, run_load, ua_gec_texts
 
 SECTION = "## Adaptive speculation under load"
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,7 +155,7 @@ def _section_body(args, texts: list[str], table: str) -> str:
              f"date {dt.date.today().isoformat()}; command `{shlex.join(['python', *sys.argv])}`")
     what = (f"One `specdec serve all{'' if args.one_process else ' --processes'}` stack, batching on (the "
             f"services' defaults); the first {len(texts)} UA-GEC test sentences per cell, closed-loop "
-            f"`specdec.loadtest`, max_new_tokens {args.max_new_tokens}; {args.rounds} rounds, each running "
+            f"`evaluation.loadtest`, max_new_tokens {args.max_new_tokens}; {args.rounds} rounds, each running "
             "every (clients, mode) cell once with the modes in turn, the order turning each round. "
             "Output tokens/s, the mean over the rounds; "
             "ratios of the means, with the lowest and highest ratio of one round in brackets; adaptive "

@@ -28,9 +28,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from evaluation.bench_report import cpu_name, write_section
 from seq2seq_models.config import ModelConfig
 from seq2seq_models.transformer import Seq2SeqTransformer
-from specdec.bench_report import cpu_name, write_section
 from verifier_service.onnx_backend import OnnxVerifier
 from verifier_service.session import LocalVerifier
 

@@ -28,8 +28,8 @@ from decoding.config import DecodingConfig, Mode
 from decoding.decode import decode
 from decoding.policies.beam import beam_search
 from decoding.policies.loop import DecodeStats
+from evaluation.benchmark import select_sentences
 from seq2seq_models.bundle import load_bundle
-from specdec.benchmark import select_sentences
 from tests.beam_reference import reference_beam_search
 from training.data import load_test_set
 from verifier_service.session import make_verifier

@@ -26,9 +26,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from evaluation.bench_report import cpu_name, median_seconds, write_section
 from seq2seq_models.config import ModelConfig
 from seq2seq_models.transformer import Seq2SeqTransformer
-from specdec.bench_report import cpu_name, median_seconds, write_section
 from verifier_service.onnx_backend import OnnxVerifier
 
 REPO = Path(__file__).resolve().parents[1]

@@ -37,7 +37,7 @@ from bench.ct2_convert import convert, default_dir, greedy, open_translator, voc
 
 REPO = Path(__file__).resolve().parents[1]
 SECTION = "## CTranslate2 reference"
-MAX_NEW_TOKENS = 200  # specdec.benchmark.DEFAULT_MAX_NEW_TOKENS
+MAX_NEW_TOKENS = 200  # evaluation.benchmark.DEFAULT_MAX_NEW_TOKENS
 ROUNDS = 5
 WARMUP = 3
 IAD_K = 32  # the UA-GEC benchmark's IAD row
@@ -73,8 +73,8 @@ def main() -> int:
     p.add_argument("--output", type=Path, default=REPO / "BENCHMARKS.md")
     args = p.parse_args()
 
+    from evaluation.benchmark import select_sentences
     from seq2seq_models.bundle import load_bundle
-    from specdec.benchmark import select_sentences
     from training.data import load_test_set
 
     bundle = load_bundle(args.bundle, roles=("verifier", "nar_drafter"))
@@ -100,7 +100,7 @@ def main() -> int:
     for line in problems:
         print(line, file=sys.stderr)
     if args.write:
-        from specdec.bench_report import write_section
+        from evaluation.bench_report import write_section
 
         write_section(args.output, SECTION, body)
     return 1 if problems else 0
@@ -173,7 +173,7 @@ def run_interleaved(rows: list[Row], sources: list[list[int]], progress: Callabl
 def report(rows: list[Row], sentences, tokenizer) -> tuple[str, list[str], list[str]]:
     """The markdown table, the verdict lines, and the problems (a lossless row that differs from
     greedy, a conversion that is not exact): each a reason to exit 1."""
-    from specdec.gec_metrics import gleu
+    from evaluation.gec_metrics import gleu
 
     n = len(sentences)
     sources = [s.source for s in sentences]
@@ -228,7 +228,7 @@ def _share(a: list[list[int]] | None, b: list[list[int]] | None) -> float:
 
 
 def _cpu() -> str:
-    from specdec.bench_report import cpu_name
+    from evaluation.bench_report import cpu_name
 
     return cpu_name()
 

@@ -19,14 +19,16 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
 from core.batch_slots import split_by_length, split_source_tokens_for
+from evaluation.bench_report import bench_parser, machine_stamp, write_section
+from evaluation.loadtest import ua_gec_texts
 from seq2seq_models.bundle import load_bundle
 from seq2seq_models.onnx_cache import bundle_cache_root
 from seq2seq_models.onnx_export import ensure_export
 from seq2seq_models.ort_engine import OrtBatchEngine
 from seq2seq_models.ort_runner import open_runner
-from specdec.bench_report import bench_parser, machine_stamp, write_section
-from specdec.loadtest import ua_gec_texts
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Encoder runs of new sessions (CPU)"

@@ -6,7 +6,7 @@ both on it), on the trained bundle.
 
 Each backend decodes the same UA-GEC test sentences in its own process (torch's OpenMP pool and
 ORT's both spin while waiting, so two live backends in one process slow each other down), with
-`specdec.benchmark.run_benchmark` in-process: greedy, IAD and GAD rows of one run, so every ratio
+`evaluation.benchmark.run_benchmark` in-process: greedy, IAD and GAD rows of one run, so every ratio
 is measured under the same conditions.
 """
 
@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from specdec import benchmark
-from specdec.bench_report import cpu_name, write_section
-from specdec.cli import resolve_bundle
+from evaluation import benchmark
+from evaluation.bench_report import cpu_name, write_section
+from specdec.api import resolve_bundle
 
 REPO = Path(__file__).resolve().parents[1]
 SECTION = "## End-to-end speed-up per model backend"

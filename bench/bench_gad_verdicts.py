@@ -24,10 +24,12 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from evaluation.bench_report import bench_parser, machine_stamp, write_section
+from evaluation.loadtest import ua_gec_texts
 from seq2seq_models.bundle import load_bundle
 from seq2seq_models.transformer import Seq2SeqTransformer
-from specdec.bench_report import bench_parser, machine_stamp, write_section
-from specdec.loadtest import ua_gec_texts
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## GAD verdicts (what overlap can hit)"

@@ -28,9 +28,9 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from evaluation.bench_report import cpu_name, write_section
 from kernels.cpu import _gather_targets, output_head_cpu, topk_lowest_id_first
 from kernels.triton_head import output_head_triton, triton_available
-from specdec.bench_report import cpu_name, write_section
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_SECTION = "## Fused output head (CPU)"

@@ -123,7 +123,7 @@ def main() -> int:
         problems += [f"{row.engine} {row.precision} {row.threads} thread(s): an output is not {STEPS} tokens long"
                      for row in rows if any(len(out) != STEPS for out in row.outputs)]
         if args.write:
-            from specdec.bench_report import write_section
+            from evaluation.bench_report import write_section
 
             write_section(args.output, SECTION, body)
     for line in problems:
@@ -386,7 +386,7 @@ def section_body(args: argparse.Namespace, base: Path, agreements: list[Agreemen
     import datetime as dt
     import shlex
 
-    from specdec.bench_report import cpu_name
+    from evaluation.bench_report import cpu_name
 
     versions = ", ".join(f"{p} {_version(p)}" for p in ("ctranslate2", "transformers", "torch", "onnxruntime"))
     checkpoint = (f"`{base}`" if args.model else

@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from decoding.config import DecodingConfig, Mode
 from decoding.decode import decode
 from drafter_service.session import make_drafter
+from evaluation.bench_report import machine_stamp, write_section
+from evaluation.benchmark import select_sentences
+from evaluation.gec_metrics import gleu
 from seq2seq_models.bundle import load_bundle
-from specdec.bench_report import machine_stamp, write_section
-from specdec.benchmark import select_sentences
-from specdec.gec_metrics import gleu
 from training.data import load_test_set
 from verifier_service.session import make_verifier
 

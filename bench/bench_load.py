@@ -16,7 +16,7 @@ takes `--max-batch-rows`, `--max-batch-tokens`, `--batch-wait-ms`. A service who
 know these keys yet (checked in-process with the same parser `serve` uses, or forced with `--no-
 batching-keys`) runs once, unbatched, and the table says so.
 
-Every cell is a closed-loop `specdec loadtest` run (in-process calls to `specdec.loadtest`): the
+Every cell is a closed-loop `specdec loadtest` run (in-process calls to `evaluation.loadtest`): the
 first `--sentences` UA-GEC test sentences, one request each, at 1, 4, 16 and 32 clients, for AR
 greedy, GAD k=10, IAD (k=32, as `specdec bench`) and beam 5, plus a `--waves` row at the largest
 client count with batching on (a static batch: the next wave starts when its slowest sentence is
@@ -45,9 +45,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from core.backends import BACKENDS
-from specdec.bench_report import accelerator_note, cpu_name, start_services, write_section
-from specdec.benchmark import BenchConfig
-from specdec.loadtest import LoadReport, LoadSpec, run_load, ua_gec_texts
+from evaluation.bench_report import accelerator_note, cpu_name, start_services, write_section
+from evaluation.benchmark import BenchConfig
+from evaluation.loadtest import LoadReport, LoadSpec, run_load, ua_gec_texts
 
 SECTION = "## Load (serve all)"
 ROOT = Path(__file__).resolve().parents[1]
@@ -373,7 +373,7 @@ def _section_body(args, note: str, texts: list[str], table: str, ratios: str) ->
             f"{'GenerateStream' if args.stream else 'Generate'} request each, max_new_tokens {args.max_new_tokens}. "
             f"Services: `specdec serve all{' --processes' if not args.one_process else ''}` (one stack per batching "
             "setting, up at once; each cell measured on every stack in turn); the client "
-            "(`specdec.loadtest`, closed loop) in "
+            "(`evaluation.loadtest`, closed loop) in "
             f"another, over loopback; gateway workers = {max(_counts(args.clients))}, model services' max_sessions = "
             f"{max(64, max(_counts(args.clients)) * 8)}"
             + (f", and {', '.join(args.set)}" if args.set else "") + ". "

@@ -8,7 +8,7 @@ exactly the unbatched greedy output, and that every difference is a near-tie.
 `specdec serve all --processes` runs on the bundle (ONNX Runtime by default) with batching on (the
 services' default batching keys; the gateway's workers and limits raised so every client decodes at
 once). Each mode (AR greedy, GAD k=10, IAD k=32) sends the first `--sentences` usable UA-GEC test
-sentences, one request each, from `--clients` closed-loop clients (`specdec.loadtest` with `record`).
+sentences, one request each, from `--clients` closed-loop clients (`evaluation.loadtest` with `record`).
 The same sentences are decoded in-process, one at a time, with AR greedy on the same backend: the
 reference that lossless modes must reproduce.
 
@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from bench_load import MODES as LOAD_MODES
 
 from core.backends import BACKENDS
-from specdec.bench_report import cpu_name, start_services, write_section
-from specdec.loadtest import LoadReport, LoadSpec, run_load, ua_gec_texts
+from evaluation.bench_report import cpu_name, start_services, write_section
+from evaluation.loadtest import LoadReport, LoadSpec, run_load, ua_gec_texts
 
 SECTION = "## Load: outputs under batching (agreement)"
 ROOT = Path(__file__).resolve().parents[1]

@@ -43,11 +43,13 @@ from pathlib import Path
 
 import grpc
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
 from core.backends import BACKENDS
+from evaluation.bench_report import bench_parser, machine_stamp, start_services, write_section
+from evaluation.loadtest import ua_gec_texts
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
-from specdec.bench_report import bench_parser, machine_stamp, start_services, write_section
-from specdec.loadtest import ua_gec_texts
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Overlapped drafting"

@@ -29,9 +29,9 @@ from decoding.config import DecodingConfig, Mode
 from decoding.decode import decode
 from decoding.modes import MODES
 from drafter_service.session import make_drafter
+from evaluation.bench_report import bench_parser, machine_stamp, write_section
+from evaluation.loadtest import ua_gec_texts
 from seq2seq_models.bundle import load_bundle
-from specdec.bench_report import bench_parser, machine_stamp, write_section
-from specdec.loadtest import ua_gec_texts
 from verifier_service.session import make_verifier
 
 ROOT = Path(__file__).resolve().parents[1]

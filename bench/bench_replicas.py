@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from specdec.bench_report import machine_stamp, start_services, write_section
-from specdec.loadtest import LoadReport, LoadSpec, run_load, ua_gec_texts
+from evaluation.bench_report import machine_stamp, start_services, write_section
+from evaluation.loadtest import LoadReport, LoadSpec, run_load, ua_gec_texts
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Verifier replicas"

@@ -32,12 +32,12 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from evaluation.bench_report import machine_stamp, write_section
 from gateway.peers.remote import RemoteVerifier, fetch_verifier_info
 from gateway.peers.streams import PeerChannel
 from protos.specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from seq2seq_models.bundle import make_tiny_bundle
 from serving.channels import channel_options
-from specdec.bench_report import machine_stamp, write_section
 from tests.services.conftest import free_port, spawn_specdec, wait_ready_line
 
 SECTION = "## Round trip split (CPU)"

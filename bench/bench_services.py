@@ -47,12 +47,12 @@ from core.config import DEVICE_HELP, device_arg
 from decoding.config import DecodingConfig, Mode
 from decoding.decode import decode
 from drafter_service.session import make_drafter
+from evaluation.bench_report import accelerator_note, cpu_name, start_services, write_section
+from evaluation.benchmark import quick_configs
+from evaluation.loadtest import ua_gec_texts
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
-from specdec.bench_report import accelerator_note, cpu_name, start_services, write_section
-from specdec.benchmark import quick_configs
-from specdec.loadtest import ua_gec_texts
 from verifier_service.session import make_verifier
 
 SECTION = "## Services round trip (CPU)"  # the tiny bundle; a --bundle run gets its own section
@@ -230,8 +230,8 @@ def _fixed_and_per_iteration(iterations: list[int], diffs_ms: list[float]) -> tu
 def _measure_triton(bundle_dir: Path, tmp: Path, args) -> list[dict]:
     """Generate through two gateways: one on the native verifier (torch), one on the same verifier
     hosted by Triton (`verifier_url = triton://...`); per request, both with one request in flight."""
-    from specdec.triton_export import export_triton
     from tests.triton.tritonserver import start_triton, why_not_runnable
+    from verifier_service.triton_export import export_triton
 
     reason = why_not_runnable()
     if reason:

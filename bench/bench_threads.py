@@ -35,8 +35,8 @@ def main() -> int:
     p.add_argument("--settings", nargs="+", default=["2,2", "1,1", "2,1", "1,2"],
                    help="verifier,drafter intra-op threads per stack (0: chosen by serve all)")
     args = p.parse_args()
+    from evaluation.benchmark import select_sentences
     from seq2seq_models.tokenizer import Tokenizer
-    from specdec.benchmark import select_sentences
     from training.data import load_test_set
 
     tok = Tokenizer.load(Path(args.bundle) / "tokenizer.model")

@@ -203,7 +203,7 @@ def _check(bundle: ModelBundle, model_dir: Path, n: int) -> int:
     """fp32 CTranslate2 greedy against specdec's in-process greedy (ONNX Runtime fp32)."""
     from decoding.config import DecodingConfig, Mode
     from decoding.decode import decode
-    from specdec.benchmark import DEFAULT_MAX_NEW_TOKENS, select_sentences
+    from evaluation.benchmark import DEFAULT_MAX_NEW_TOKENS, select_sentences
     from training.data import load_test_set
     from verifier_service.session import make_verifier
 

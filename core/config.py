@@ -2,7 +2,8 @@
 
 One file configures all three services (see config/specdec.example.toml, which lists every key):
 
-    [gateway]   address, verifier_address, verifier_url (grpc:// or triton://), drafter_address,
+    [gateway]   address, http_address ("" turns the HTTP endpoints off), language_pair,
+                verifier_address, verifier_url (grpc:// or triton://), drafter_address,
                 kserve_model, metrics_address, workers, max_queued, max_per_client, request_timeout_s,
                 drafter_timeout_s, startup_timeout_s, drafter_retry_s, replica_retry_s, resolve_interval_s,
                 drain_grace_s, drain_notice_s, drain_quiet_s, fallback ("ar": run plain AR through the
@@ -50,6 +51,9 @@ SECTIONS = ("gateway", "defaults", "limits", "verifier", "drafter")
 
 # The default listen addresses, held here only: the gateway, the CLI and serve all read them.
 GATEWAY_ADDRESS = "127.0.0.1:50051"
+# The gateway's HTTP endpoints (KServe v2 REST, OpenAI-style completions, LibreTranslate, the
+# playground): the port Triton's and vLLM's HTTP endpoints use by default.
+HTTP_ADDRESS = "127.0.0.1:8000"
 VERIFIER_ADDRESS = "127.0.0.1:50052"
 DRAFTER_ADDRESS = "127.0.0.1:50053"
 SERVICE_ADDRESSES = {"verifier": VERIFIER_ADDRESS, "drafter": DRAFTER_ADDRESS}

@@ -9,7 +9,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.config import DRAFTER_ADDRESS, GATEWAY_ADDRESS, VERIFIER_ADDRESS, check_security_keys, parse_section
+from core.config import (
+    DRAFTER_ADDRESS,
+    GATEWAY_ADDRESS,
+    HTTP_ADDRESS,
+    VERIFIER_ADDRESS,
+    check_security_keys,
+    parse_section,
+)
 from decoding.config import DecodingConfig, DecodingLimits
 from gateway.peers.dns import parse_targets
 
@@ -19,6 +26,13 @@ FALLBACK_POLICIES = ("ar", "fail")
 @dataclass(frozen=True)
 class GatewayConfig:
     address: str = GATEWAY_ADDRESS
+    # The HTTP endpoints (gateway/web: KServe v2 REST, OpenAI-style /v1/completions, LibreTranslate's
+    # /translate, the playground at /), with the same admission, limits, TLS and token as gRPC.
+    # "" or None: off.
+    http_address: str | None = HTTP_ADDRESS
+    # LibreTranslate's codes ("SOURCE:TARGET", e.g. "en:de") of a model whose tokenizer has no language
+    # codes; a many-to-many model's come from its tokenizer. "": undeclared (/translate refuses).
+    language_pair: str = ""
     # The verifier replicas: a comma-separated list of gRPC targets, each one server or a
     # `dns:///NAME:PORT` (`dns://DNS-SERVER/NAME:PORT`) name for all the addresses it resolves to
     # (gateway.peers.replicas). The same for drafter_address.
@@ -85,12 +99,23 @@ class GatewayConfig:
             parse_targets(self.drafter_address, "drafter_address")
         if self.resolve_interval_s <= 0:
             raise ValueError(f"[gateway] resolve_interval_s: must be positive; got {self.resolve_interval_s}")
+        if self.http_address:
+            _check_host_port("http_address", self.http_address)
+        if self.language_pair and (self.language_pair.count(":") != 1 or not all(self.language_pair.split(":"))):
+            raise ValueError(f'[gateway] language_pair: expected "SOURCE:TARGET" (e.g. "en:de"), '
+                             f"got {self.language_pair!r}")
         if not self.kserve_model:
             raise ValueError("[gateway] kserve_model: must not be empty")
         for name, least in (("workers", 1), ("max_queued", 0), ("max_per_client", 1), ("greedy_chunk", 0),
                             ("stream_greedy_chunk", 1)):
             if getattr(self, name) < least:
                 raise ValueError(f"[gateway] {name}: must be at least {least}; got {getattr(self, name)}")
+
+
+def _check_host_port(key: str, address: str) -> None:
+    _, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"[gateway] {key}: expected HOST:PORT, got {address!r}")
 
 
 @dataclass(frozen=True)
@@ -135,8 +160,9 @@ def gateway_config(sections: Mapping[str, Mapping[str, Any]]) -> GatewayConfig:
     (defaults,) = parse_section("defaults", sections.get("defaults", {}), DecodingConfig)
     (limits,) = parse_section("limits", sections.get("limits", {}), DecodingLimits)
     check_security_keys("gateway", g)
-    if g.get("drafter_address") == "":
-        g["drafter_address"] = None
+    for key in ("drafter_address", "http_address"):
+        if g.get(key) == "":
+            g[key] = None
     return GatewayConfig(
         **g,
         defaults=DecodingConfig(**defaults),

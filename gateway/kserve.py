@@ -10,7 +10,7 @@ Triton's tooling can call the stack. One model (default name `specdec`, `[gatewa
 - outputs `TEXT` (BYTES [1]) and `OUTPUT_IDS` (INT64 [N]); the decoding stats as response parameters.
 
 A request is translated into a `GenerateRequest` and run by the gateway's own request path
-(`GatewayServer.run`: admission, limits, deadline, cancellation, metrics), so it is validated and
+(`GatewayServer.answer`: admission, limits, deadline, cancellation, metrics), so it is validated and
 answered with the same status codes as `Generate`. What only this protocol can get wrong (an unknown
 model, a wrong datatype or shape, an unknown parameter) is INVALID_ARGUMENT, but an unknown model is
 NOT_FOUND as Triton answers it.
@@ -24,6 +24,7 @@ tritonclient's grpc package needs only numpy, ml_dtypes, python-rapidjson and pa
 from __future__ import annotations
 
 import struct
+from collections.abc import AsyncIterator
 from dataclasses import fields
 from typing import Any, Protocol
 
@@ -33,9 +34,8 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from core.errors import SpecdecError, invalid
 from decoding.config import DecodingConfig, Mode, cli_flag, parse_mode
-from decoding.policies.loop import DecodeResult, OnTokens
+from gateway.context import Answer, GrpcContext, RequestContext
 from gateway.metrics import GatewayMetrics
-from gateway.peers.remote import Cancellation
 from gateway.wire import overrides_to_wire, stats_record
 from protos.specdec.v1 import gateway_pb2
 from seq2seq_models.tokenizer import Tokenizer
@@ -47,6 +47,12 @@ TEXT, INPUT_IDS, OUTPUT_IDS = "TEXT", "INPUT_IDS", "OUTPUT_IDS"
 # A request parameter that is not a decoding one: a many-to-many model's target language code.
 TARGET_LANG = "target_lang"
 OUTPUTS = (TEXT, OUTPUT_IDS)
+PLATFORM = "specdec"
+# The model's tensors (name, datatype, shape), as its metadata and config describe them on both doors.
+INPUT_TENSORS = ((TEXT, "BYTES", [1]), (INPUT_IDS, "INT64", [-1]))
+OUTPUT_TENSORS = ((TEXT, "BYTES", [1]), (OUTPUT_IDS, "INT64", [-1]))
+# A tensor datatype as the model config names it (model_config.proto's DataType).
+CONFIG_TYPES = {"BYTES": "TYPE_STRING", "INT64": "TYPE_INT64"}
 # Parameters a KServe/Triton client may send that are not decoding settings: accepted and ignored
 # (the deadline travels as the gRPC deadline; the gateway has no priorities).
 _IGNORED_PARAMETERS = {"priority", "timeout"}
@@ -76,10 +82,12 @@ class RequestPath(Protocol):
         """Whether the gateway takes requests (its verifier checked, not draining)."""
         ...
 
-    async def run(
-        self, request: gateway_pb2.GenerateRequest, context: Any, on_tokens: OnTokens, cancellation: Cancellation
-    ) -> tuple[DecodeResult, Mode, float]:
-        """Generate's request path: admission, limits, deadline, cancellation, metrics."""
+    async def answer(self, request: gateway_pb2.GenerateRequest, context: RequestContext) -> Answer:
+        """Generate's request path (admission, limits, deadline, cancellation, metrics), answered whole."""
+        ...
+
+    def stream(self, request: gateway_pb2.GenerateRequest, context: RequestContext) -> AsyncIterator[Any]:
+        """The same, streamed: committed blocks as they come, then the `Answer`."""
         ...
 
 
@@ -109,64 +117,34 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ModelReadyResponse(ready=self._known(request.name, request.version) and self._ready())
 
     async def ModelMetadata(self, request, context):
-        await self._check_model(request.name, request.version, context)
+        await check_model(self.model_name, request.name, request.version, GrpcContext(context))
         tensor = service_pb2.ModelMetadataResponse.TensorMetadata
         return service_pb2.ModelMetadataResponse(
             name=self.model_name,
             versions=[MODEL_VERSION],
-            platform="specdec",
-            inputs=[
-                tensor(name=TEXT, datatype="BYTES", shape=[1]), tensor(name=INPUT_IDS, datatype="INT64", shape=[-1])
-            ],
-            outputs=[
-                tensor(name=TEXT, datatype="BYTES", shape=[1]), tensor(name=OUTPUT_IDS, datatype="INT64", shape=[-1])
-            ],
+            platform=PLATFORM,
+            inputs=[tensor(name=name, datatype=datatype, shape=shape) for name, datatype, shape in INPUT_TENSORS],
+            outputs=[tensor(name=name, datatype=datatype, shape=shape) for name, datatype, shape in OUTPUT_TENSORS],
         )
 
     async def ModelConfig(self, request, context):
-        await self._check_model(request.name, request.version, context)
+        await check_model(self.model_name, request.name, request.version, GrpcContext(context))
         mc = model_config_pb2
-        io = {"BYTES": mc.TYPE_STRING, "INT64": mc.TYPE_INT64}
         config = mc.ModelConfig(
             name=self.model_name,
-            platform="specdec",
+            platform=PLATFORM,
             max_batch_size=0,
-            input=[
-                mc.ModelInput(name=TEXT, data_type=io["BYTES"], dims=[1], optional=True),
-                mc.ModelInput(name=INPUT_IDS, data_type=io["INT64"], dims=[-1], optional=True),
-            ],
-            output=[
-                mc.ModelOutput(name=TEXT, data_type=io["BYTES"], dims=[1]),
-                mc.ModelOutput(name=OUTPUT_IDS, data_type=io["INT64"], dims=[-1]),
-            ],
+            input=[mc.ModelInput(name=name, data_type=mc.DataType.Value(CONFIG_TYPES[datatype]), dims=shape,
+                                 optional=True) for name, datatype, shape in INPUT_TENSORS],
+            output=[mc.ModelOutput(name=name, data_type=mc.DataType.Value(CONFIG_TYPES[datatype]), dims=shape)
+                    for name, datatype, shape in OUTPUT_TENSORS],
         )
         return service_pb2.ModelConfigResponse(config=config)
 
     # ---- inference -------------------------------------------------------------------------------
 
     async def ModelInfer(self, request: service_pb2.ModelInferRequest, context):
-        await self._check_model(request.model_name, request.model_version, context)
-        try:
-            generate = generate_request(request)
-            wanted = requested_outputs(request)
-        except SpecdecError as exc:
-            self.gateway.metrics.errors.inc(code=exc.code.value)
-            await context.abort(grpc_code(exc.code), exc.message)
-        cancellation = Cancellation()
-        result, mode, total_s = await self.gateway.run(generate, context, lambda _: cancellation.check(), cancellation)
-        response = service_pb2.ModelInferResponse(
-            model_name=self.model_name, model_version=MODEL_VERSION, id=request.id
-        )
-        tensors = {
-            TEXT: ("BYTES", [1], _bytes_tensor(self.gateway.tokenizer.decode(result.output_ids).encode())),
-            OUTPUT_IDS: ("INT64", [len(result.output_ids)], np.asarray(result.output_ids, "<i8").tobytes()),
-        }
-        for name in wanted:
-            datatype, shape, raw = tensors[name]
-            response.outputs.add(name=name, datatype=datatype, shape=shape)
-            response.raw_output_contents.append(raw)
-        _stats_parameters(response, result.stats, mode, total_s)
-        return response
+        return await infer(self.gateway, self.model_name, request, GrpcContext(context))
 
     # ---- helpers ---------------------------------------------------------------------------------
 
@@ -174,13 +152,47 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return self.gateway.ready()
 
     def _known(self, name: str, version: str) -> bool:
-        return name == self.model_name and version in ("", MODEL_VERSION)
+        return known_model(self.model_name, name, version)
 
-    async def _check_model(self, name: str, version: str, context) -> None:
-        if not self._known(name, version):
-            shown = f"{name!r}" + (f" version {version!r}" if version else "")
-            message = f"unknown model {shown}; this server has {self.model_name!r}"
-            await context.abort(grpc.StatusCode.NOT_FOUND, message)
+
+def known_model(model_name: str, name: str, version: str) -> bool:
+    """Whether a request names this endpoint's model (any version, or ours)."""
+    return name == model_name and version in ("", MODEL_VERSION)
+
+
+async def check_model(model_name: str, name: str, version: str, context: RequestContext) -> None:
+    """NOT_FOUND, naming the model this server has, when a request names another."""
+    if not known_model(model_name, name, version):
+        shown = f"{name!r}" + (f" version {version!r}" if version else "")
+        await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {shown}; this server has {model_name!r}")
+
+
+async def infer(
+    gateway: RequestPath, model_name: str, request: service_pb2.ModelInferRequest, context: RequestContext
+) -> service_pb2.ModelInferResponse:
+    """ModelInfer on either door (gRPC here, REST in gateway.web.kserve_rest): the request checked and
+    translated, run by the gateway's request path, its outputs (raw, as `raw_output_contents`) and
+    stats (response parameters) in a ModelInferResponse."""
+    await check_model(model_name, request.model_name, request.model_version, context)
+    try:
+        generate = generate_request(request)
+        wanted = requested_outputs(request)
+    except SpecdecError as exc:
+        gateway.metrics.errors.inc(code=exc.code.value)
+        await context.abort(grpc_code(exc.code), exc.message)
+    answer = await gateway.answer(generate, context)
+    response = service_pb2.ModelInferResponse(model_name=model_name, model_version=MODEL_VERSION, id=request.id)
+    output_ids = answer.result.output_ids
+    tensors = {
+        TEXT: ("BYTES", [1], _bytes_tensor(gateway.tokenizer.decode(output_ids).encode())),
+        OUTPUT_IDS: ("INT64", [len(output_ids)], np.asarray(output_ids, "<i8").tobytes()),
+    }
+    for name in wanted:
+        datatype, shape, raw = tensors[name]
+        response.outputs.add(name=name, datatype=datatype, shape=shape)
+        response.raw_output_contents.append(raw)
+    _stats_parameters(response, answer.result.stats, answer.mode, answer.total_s)
+    return response
 
 
 def generate_request(request: service_pb2.ModelInferRequest) -> gateway_pb2.GenerateRequest:
@@ -196,13 +208,40 @@ def generate_request(request: service_pb2.ModelInferRequest) -> gateway_pb2.Gene
     raw = request.raw_input_contents[index] if request.raw_input_contents else None
     if request.raw_input_contents and len(request.raw_input_contents) != len(request.inputs):
         raise invalid("raw_input_contents must have one entry per input")
-    parameters = dict(request.parameters)
-    target = parameters.pop(TARGET_LANG, None)
-    target_lang = "" if target is None else _target_lang(target)
-    config = overrides_to_wire(decoding_overrides(parameters))
+    config, target_lang = settings(dict(request.parameters))
     if name == TEXT:
         return gateway_pb2.GenerateRequest(text=_text(tensor, raw), config=config, target_lang=target_lang)
     return gateway_pb2.GenerateRequest(input_ids=_ids(tensor, raw), config=config, target_lang=target_lang)
+
+
+def settings(parameters: dict[str, service_pb2.InferParameter]) -> tuple[gateway_pb2.DecodingConfig, str]:
+    """Request parameters -> the request's decoding config and target language ("" = the model's
+    default): the decoding settings named as the CLI flags, and `target_lang`."""
+    parameters = dict(parameters)
+    target = parameters.pop(TARGET_LANG, None)
+    target_lang = "" if target is None else _target_lang(target)
+    return overrides_to_wire(decoding_overrides(parameters)), target_lang
+
+
+def json_parameters(values: dict[str, Any]) -> dict[str, service_pb2.InferParameter]:
+    """JSON values (the HTTP doors') as request parameters: a bool, an integer, a number or a string
+    each (INVALID_ARGUMENT for anything else), converted by `settings` as the gRPC door's are."""
+    out: dict[str, service_pb2.InferParameter] = {}
+    for key, value in values.items():
+        param = out[key] = service_pb2.InferParameter()
+        if isinstance(value, bool):
+            param.bool_param = value
+        elif isinstance(value, int):
+            if not -(2**63) <= value < 2**63:
+                raise invalid(f"parameter {key!r}: {value} is outside the INT64 range")
+            param.int64_param = value
+        elif isinstance(value, float):
+            param.double_param = value
+        elif isinstance(value, str):
+            param.string_param = value
+        else:
+            raise invalid(f"parameter {key!r} must be a string, a number or a bool, got {str(value)[:80]}")
+    return out
 
 
 def _target_lang(param) -> str:
@@ -261,7 +300,7 @@ def _kind_name(kind: str) -> str:
 def _text(tensor, raw: bytes | None) -> str:
     if tensor.datatype != "BYTES":
         raise invalid(f"input {TEXT} must be BYTES, got {tensor.datatype}")
-    elements = _split_bytes(raw) if raw is not None else list(tensor.contents.bytes_contents)
+    elements = split_bytes(raw) if raw is not None else list(tensor.contents.bytes_contents)
     _check_shape(tensor, len(elements))
     if len(elements) != 1:
         raise invalid(f"input {TEXT} must hold one element (one text per request), got {len(elements)}")
@@ -292,7 +331,7 @@ def _check_shape(tensor, count: int) -> None:
         raise invalid(f"input {tensor.name}: shape {list(tensor.shape)} does not match its {count} elements")
 
 
-def _split_bytes(raw: bytes) -> list[bytes]:
+def split_bytes(raw: bytes) -> list[bytes]:
     """Triton's raw BYTES layout: each element is a 4-byte little-endian length, then its bytes."""
     out: list[bytes] = []
     at = 0

@@ -1,56 +1,61 @@
-"""The GatewayService: tokenises, validates, and runs `decode()` against remote sessions.
+"""The GatewayService: prepares each request once (`decoding.request.prepare`) and runs `decode()`
+through the gateway's peers.
 
-`decode()` is synchronous; each request runs it on a worker thread over `gateway.peers.remote`'s
-gRPC sessions, so the event loop only moves messages. The verifier and the drafter are replica
-sets (`gateway.peers.replicas`): each session goes to the replica with the most free sessions, and a
-request whose replica fails goes on on another one from the tokens already committed
-(`gateway.peers.failover`); with no drafter replica left it goes on as plain AR through the verifier
-(`stats.degraded`). For the lossless modes both give the same output.
+`decode()` is synchronous; each request runs it on a worker thread over the sessions of the verifier
+and drafter pools (`gateway.peers.pools`: replica sets, or a Triton-hosted verifier), so the event
+loop only moves messages. Each session goes to the replica with the most free sessions, and a request
+whose replica fails goes on at another one from the tokens already committed (`gateway.peers.failover`);
+with no drafter replica left it goes on as plain AR through the verifier (`stats.degraded`). For the
+lossless modes both give the same output.
 
-The peers' start-up waits and the drafter replicas live in `gateway.peers.startup`, the metrics in
-`gateway.metrics`, the KServe v2 endpoint in `gateway.kserve` (which calls `run`).
+The metrics live in `gateway.metrics`, admission control in `gateway.admission`, the KServe v2
+endpoint in `gateway.kserve` and the HTTP endpoints in `gateway.web` (which call `answer` and
+`stream`, over `run`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
 import structlog
 
 from core.errors import SpecdecError, StatusCode
 from core.wire import source_len_from_wire, target_len_from_wire
-from decoding.config import DecodingConfig, Mode
-from decoding.policies.loop import DecodeResult, OnTokens
+from decoding.config import DecodingConfig
+from decoding.policies.loop import Block, DecodeResult, OnTokens, drafted_count
 from decoding.report import TextStream
 from decoding.request import ModelLimits, Policy, Prepared, Request, check_input_size, prepare
 from gateway import kserve
-from gateway.admission import Admission, AdmissionQueue, Budget, client_of, sessions_needed
+from gateway.admission import Admission, AdmissionQueue, Budget, sessions_needed
 from gateway.arrivals import CallArrivals
-from gateway.config import GatewayConfig, verifier_of
+from gateway.config import GatewayConfig
+from gateway.context import Answer, GrpcContext, RequestContext
 from gateway.metrics import GatewayMetrics
-from gateway.peers.failover import Peers, decode_on_replicas
+from gateway.peers.failover import Peers, decode_with_failover
+from gateway.peers.pools import drafter_pool, verifier_pool
 from gateway.peers.remote import (
     CallOptions,
     Cancellation,
     RemoteCallError,
-    RemoteVerifier,
     RequestCancelled,
     RequestDeadlineExceeded,
 )
-from gateway.peers.replicas import Replica, ReplicaSet
-from gateway.peers.startup import DrafterPeer, StartupWait
-from gateway.peers.triton import TritonVerifier, TritonVerifierClient
+from gateway.peers.startup import StartupWait
+from gateway.web.server import HttpServer
 from gateway.wire import overrides_from_wire, stats_to_wire
 from protos.specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.tokenizer import Tokenizer
 from serving.auth import BearerTokenInterceptor, read_token
 from serving.host import ServiceHost
 from serving.metrics import Registry
-from serving.status import grpc_code, request_id_of
+from serving.status import grpc_code
 from serving.tls import ServerTLS, peer_tls
 
 # How close to its deadline a request must be for an unexplained end of its RPC to count as the deadline.
@@ -69,10 +74,15 @@ async def start_gateway(config: GatewayConfig, tokenizer: Tokenizer) -> GatewayS
         await server.start_peers()
         await asyncio.get_running_loop().run_in_executor(None, server.check_peers)
         await server.host.start(config.address, config.metrics_address, ServerTLS.of(config))
+        if server.http is not None and config.http_address:
+            await server.http.start(config.http_address, ServerTLS.of(config))
     except BaseException:
         # Cancelled (SIGTERM while waiting for a peer) or failed: the waiting thread gives up at its
         # next poll, and nothing of a gateway that did not start stays open.
         server.abandon_start.set()
+        await server.host.server.stop(0)
+        if server.http is not None:
+            await server.http.stop()
         await server.close_peers()
         raise
     await server.host.set_serving()
@@ -84,20 +94,14 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         self.config = config
         self.tokenizer = tokenizer
         self.log = structlog.get_logger(service="gateway")
-        peers = peer_tls(config)
-        target = verifier_of(config)
+        tls = peer_tls(config)
         self.registry = Registry()
         self.metrics = GatewayMetrics(self.registry)
-        # verifier_url = "triton://HOST:PORT/MODEL": the Triton-hosted verifier (gateway.peers.triton);
-        # else the verifier replicas, watched on this (the gateway's) loop and driven from the
-        # worker threads through grpc.aio session streams (gateway.peers.replicas, gateway.peers.failover).
-        self.triton = TritonVerifierClient(target.address, target.model) if target.kind == "triton" else None
-        self.verifiers = (
-            ReplicaSet("verifier", target.address, peers, self._check_verifier, self.metrics, config.resolve_interval_s)
-            if self.triton is None else None
-        )
-        self.drafter = DrafterPeer(config, peers, self.metrics) if config.drafter_address else None
-        self.peers = Peers(config, self.metrics, self.verifiers, self.drafter, self._verifier_for)
+        # The verifier pool: replicas, or the Triton-hosted verifier; the drafter pool, checked
+        # against the verifier once it is known (gateway.peers.pools).
+        self.verifiers = verifier_pool(config, tls, self._check_verifier, self.metrics)
+        self.drafters = drafter_pool(config, tls, self.metrics, lambda: self.verifier_info)
+        self.peers = Peers(config, self.metrics, self.verifiers, self.drafters)
         self.loop = asyncio.get_running_loop()
         self.verifier_info: common_pb2.ModelInfo | None = None
         # How this door prepares requests: a drafter mode without a drafter is the fallback's to
@@ -126,6 +130,8 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(self, self.host.server)
         # KServe v2 / Open Inference Protocol on the same port, through the same request path (`run`).
         kserve.add_kserve_servicer(self, config.kserve_model, self.host.server)
+        # The HTTP endpoints on their own address, through the same request path too (gateway.web).
+        self.http = HttpServer(self, config, token, _STOP_FLUSH_S) if config.http_address else None
 
     def ready(self) -> bool:
         """Whether requests are taken: the verifier checked, not draining."""
@@ -134,42 +140,23 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
     # ---- start-up and peers ----------------------------------------------------------------------
 
     async def start_peers(self) -> None:
-        """Resolve the verifier replicas and start watching them (on the event loop)."""
-        if self.verifiers is not None:
-            await self.verifiers.start()
+        """Start finding and watching the verifier's places (on the event loop)."""
+        await self.verifiers.start()
 
     def check_peers(self) -> None:
-        """Wait for a verifier replica (checked against the tokenizer); then start the drafter
-        replicas, checked against it (a worker thread: the waits block)."""
+        """Wait for the verifier (checked against the tokenizer); then start the drafter pool,
+        checked against it (a worker thread: the waits block)."""
         wait = StartupWait(self.config.startup_timeout_s, self.log, self.abandon_start)
-        verifier = verifier_of(self.config)
-        try:
-            if self.triton is not None:
-                self.verifier_info = wait.triton_info(self.triton, verifier.address)
-                self._check_tokenizer(self.verifier_info)
-            else:
-                assert self.verifiers is not None
-                usable = wait.replicas(self.verifiers, "verifier")
-                self.log.info("verifier_replicas", usable=usable, address=verifier.address)
-                self.verifier_info = self.verifiers.reference
-        except (grpc.RpcError, grpc.FutureTimeoutError) as exc:
-            why = str(exc) or f"no replica SERVING within {wait.timeout}s"
-            raise SpecdecError(StatusCode.UNAVAILABLE, f"verifier at {verifier.address}: {why}") from None
-        if self.drafter is not None:
-            assert self.verifier_info is not None
-            asyncio.run_coroutine_threadsafe(self.drafter.start(self.verifier_info), self.loop).result()
-            self.drafter.check_at_start(wait)
+        self.verifier_info = self.verifiers.wait_ready(wait)
+        if self.drafters is not None:
+            asyncio.run_coroutine_threadsafe(self.drafters.start(), self.loop).result()
+            self.drafters.wait_ready(wait)
 
     def _check_verifier(self, info: common_pb2.ModelInfo) -> str | None:
         """Why a verifier replica may not serve this gateway (None: it may)."""
         if info.tokenizer_fingerprint != self.tokenizer.fingerprint:
             return "the verifier's tokenizer fingerprint differs from the gateway's bundle tokenizer"
         return None
-
-    def _check_tokenizer(self, info: common_pb2.ModelInfo) -> None:
-        reason = self._check_verifier(info)
-        if reason:
-            raise ValueError(reason)
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain: new requests get UNAVAILABLE from the handler, in-flight ones get `grace` seconds
@@ -201,6 +188,8 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         # last message of a stream whose decoding has ended but which is still being sent (with no
         # grace grpc would cancel it: "Cancelling all calls"). stop() returns as soon as none is left.
         await self.host.finish_drain(_STOP_FLUSH_S)
+        if self.http is not None:
+            await self.http.stop()
         self.pool.shutdown(wait=False, cancel_futures=True)
         # A cancelled worker returns at its next peer call or block; wait (bounded) for it to be gone.
         deadline = loop.time() + _WORKERS_STOP_S
@@ -209,45 +198,70 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         await self.close_peers()
 
     async def close_peers(self) -> None:
-        """Close the channels to the verifier and drafter replicas and the worker pool."""
+        """Close the pools' channels and the worker pool."""
         self.pool.shutdown(wait=False, cancel_futures=True)
-        if self.triton is not None:
-            self.triton.close()
-        if self.verifiers is not None:
-            await self.verifiers.close()
-        if self.drafter is not None:
-            await self.drafter.close()
+        await self.verifiers.close()
+        if self.drafters is not None:
+            await self.drafters.close()
 
     # ---- RPCs ----------------------------------------------------------------------------------
 
     async def Generate(self, request, context):
+        answer = await self.answer(request, GrpcContext(context))
+        self.metrics.latency.observe(answer.total_s, mode=answer.mode.value, rpc="Generate")
+        return gateway_pb2.GenerateResponse(
+            text=self.tokenizer.decode(answer.result.output_ids),
+            output_ids=answer.result.output_ids,
+            stats=stats_to_wire(answer.result.stats, answer.mode, answer.total_s),
+            final=True,
+        )
+
+    async def GenerateStream(self, request, context):
+        started = time.perf_counter()
+        first_token_s: float | None = None  # time to the first message that carries tokens
+        text = TextStream(self.tokenizer.decode)
+        async with contextlib.aclosing(self.stream(request, GrpcContext(context))) as events:
+            async for event in events:
+                if isinstance(event, Answer):
+                    break
+                if first_token_s is None and event:
+                    first_token_s = time.perf_counter() - started
+                yield gateway_pb2.GenerateResponse(text=text.add(event), output_ids=list(event))
+        tail, rest = text.finish(event.result.output_ids)
+        if first_token_s is None and rest:
+            first_token_s = time.perf_counter() - started
+        # Both for streams that completed, when the mode is known (a stream cut short has no final stats).
+        self.metrics.latency.observe(event.total_s, mode=event.mode.value, rpc="GenerateStream")
+        if first_token_s is not None:
+            self.metrics.ttft.observe(first_token_s, mode=event.mode.value)
+        yield gateway_pb2.GenerateResponse(
+            text=tail, output_ids=rest, stats=stats_to_wire(event.result.stats, event.mode, event.total_s), final=True
+        )
+
+    async def answer(self, request: gateway_pb2.GenerateRequest, context: RequestContext) -> Answer:
+        """One request answered whole (Generate, KServe's ModelInfer, the HTTP doors)."""
         cancellation = Cancellation()
 
         def on_tokens(block: list[int]) -> None:
             cancellation.check()
 
-        result, mode, total_s = await self.run(request, context, on_tokens, cancellation)
-        self.metrics.latency.observe(total_s, mode=mode.value, rpc="Generate")
-        return gateway_pb2.GenerateResponse(
-            text=self.tokenizer.decode(result.output_ids),
-            output_ids=result.output_ids,
-            stats=stats_to_wire(result.stats, mode, total_s),
-            final=True,
-        )
+        return await self.run(request, context, on_tokens, cancellation)
 
-    async def GenerateStream(self, request, context):
+    async def stream(self, request: gateway_pb2.GenerateRequest, context: RequestContext) -> AsyncIterator[Any]:
+        """One request's committed blocks as they come (each a `decoding.policies.loop.Block` or a
+        plain list: `drafted_count` says which of its tokens were drafted), then its `Answer`. The
+        streaming doors (GenerateStream, the HTTP event streams) run it; closing it early (the client
+        is gone) cancels the decode."""
         loop = asyncio.get_running_loop()
-        started = time.perf_counter()
-        first_token_s: float | None = None  # time to the first message that carries tokens
         chunks: asyncio.Queue[list[int]] = asyncio.Queue()
         cancellation = Cancellation()
 
         def on_tokens(block: list[int]) -> None:
             cancellation.check()
-            loop.call_soon_threadsafe(chunks.put_nowait, list(block))
+            copy = Block(block, drafted_count(block))  # the worker's list is not shared with the loop
+            loop.call_soon_threadsafe(chunks.put_nowait, copy)
 
         task = asyncio.ensure_future(self.run(request, context, on_tokens, cancellation, streaming=True))
-        text = TextStream(self.tokenizer.decode)
         getter: asyncio.Future | None = None
         try:
             while True:
@@ -260,27 +274,12 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
                     block = chunks.get_nowait()
                 else:
                     block = getter.result()
-                piece = text.add(block)
-                if first_token_s is None and block:
-                    first_token_s = time.perf_counter() - started
-                yield gateway_pb2.GenerateResponse(text=piece, output_ids=block)
-            result, mode, total_s = task.result()
-            while not chunks.empty():  # blocks queued after the task finished
-                text.ids.extend(chunks.get_nowait())
-            tail, rest = text.finish(result.output_ids)
-            if first_token_s is None and rest:
-                first_token_s = time.perf_counter() - started
-            # Both for streams that completed, when the mode is known (a stream cut short has no final stats).
-            self.metrics.latency.observe(total_s, mode=mode.value, rpc="GenerateStream")
-            if first_token_s is not None:
-                self.metrics.ttft.observe(first_token_s, mode=mode.value)
-            yield gateway_pb2.GenerateResponse(
-                text=tail, output_ids=rest, stats=stats_to_wire(result.stats, mode, total_s), final=True
-            )
+                yield block
+            yield task.result()
         finally:
             # Client gone or done: stop the worker now (its peer calls are cancelled too). When the
             # generator is left without being closed (a cancel that lands while grpc sends a message),
-            # the RPC's done callback in `run` does the same.
+            # the call's done callback in `run` does the same.
             cancellation.cancel()
             if not task.done():
                 task.cancel()
@@ -294,14 +293,18 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
     # ---- one request -----------------------------------------------------------------------------
 
     async def run(
-        self, request, context, on_tokens: OnTokens, cancellation: Cancellation, streaming: bool = False
-    ) -> tuple[DecodeResult, Mode, float]:
-        request_id = request_id_of(context)
+        self, request: gateway_pb2.GenerateRequest, context: RequestContext, on_tokens: OnTokens,
+        cancellation: Cancellation, streaming: bool = False,
+    ) -> Answer:
+        """The request path of every door: prepare, admit, decode on a worker (failing over between
+        places), with the deadline, cancellation (the call's end cancels the decode), metrics and logs;
+        a failure ends the call through `context.abort` with its status."""
+        request_id = context.request_id()
         structlog.contextvars.bind_contextvars(request_id=request_id)
         log = self.log.bind(request_id=request_id)
         started = time.perf_counter()
         # However the RPC ends (cancel, deadline, a dead client, or done), the worker stops with it.
-        context.add_done_callback(lambda _: cancellation.cancel())
+        context.add_done_callback(cancellation.cancel)
         self._inflight.add(cancellation)
         try:
             if self.host.draining:
@@ -313,8 +316,8 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             options = CallOptions(
                 deadline=deadline, request_id=request_id, cancellation=cancellation, streaming=streaming
             )
-            need = sessions_needed(config, self.drafter is not None)
-            async with self.admission.slot(client_of(context), need, deadline - time.monotonic()):
+            need = sessions_needed(config, self.drafters is not None)
+            async with self.admission.slot(context.client(), need, deadline - time.monotonic()):
                 result = await self._submit(source, config, options, on_tokens, log, first)
         except asyncio.CancelledError:
             # grpc cancels the handler when the client cancels or its deadline passes.
@@ -356,7 +359,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             degraded=result.stats.degraded,
             ms=round(total_s * 1e3, 2),
         )
-        return result, config.mode, total_s
+        return Answer(result, config.mode, total_s, len(source))
 
     async def _submit(
         self,
@@ -385,7 +388,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         future.add_done_callback(lambda _: self.metrics.active.inc(-1))
         return await asyncio.wrap_future(future)
 
-    def _count_gone(self, context, log) -> None:
+    def _count_gone(self, context: RequestContext, log) -> None:
         """A request whose RPC ended without an answer: its deadline passed, or the client cancelled."""
         remaining = context.time_remaining()
         # grpc reports neither cause to the handler; a cancel that comes within a few ms of the
@@ -415,27 +418,13 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
     def _decode(
         self, source, config: DecodingConfig, options: CallOptions, on_tokens: OnTokens, log, first: list[int]
     ) -> DecodeResult:
-        """Worker thread: decode through the replicas, failing over between them (gateway.peers.failover)."""
-        return decode_on_replicas(self.peers, source, config, options, on_tokens, log, first)
-
-    def _verifier_for(self, replica: Replica | None, options: CallOptions) -> RemoteVerifier | TritonVerifier:
-        """The verifier of one attempt: on `replica`, or the Triton-hosted one (replica None)."""
-        assert self.verifier_info is not None
-        runs = (self.config.greedy_chunk, self.config.stream_greedy_chunk)
-        if replica is None:
-            assert self.triton is not None
-            return self.triton.verifier(self.verifier_info, options, *runs)
-        assert replica.info is not None
-        return RemoteVerifier(replica.channel, replica.info, options, *runs)
+        """Worker thread: decode through the pools, failing over between places (gateway.peers.failover)."""
+        return decode_with_failover(self.peers, source, config, options, on_tokens, log, first)
 
     def _budget(self) -> Budget:
-        """What admission may hand out: the workers, and the sessions of the usable replicas (0: unknown)."""
-        if self.verifiers is not None:
-            verifier_sessions = self.verifiers.session_budget()
-        else:
-            verifier_sessions = self.verifier_info.max_sessions if self.verifier_info else 0
-        drafter_sessions = 0 if self.drafter is None else self.drafter.replicas.session_budget()
-        return Budget(self.config.workers, verifier_sessions, drafter_sessions)
+        """What admission may hand out: the workers, and the sessions of the usable places (0: unknown)."""
+        drafter_sessions = 0 if self.drafters is None else self.drafters.session_budget()
+        return Budget(self.config.workers, self.verifiers.session_budget(), drafter_sessions)
 
 
 def _consume(task: asyncio.Future) -> None:
@@ -443,7 +432,7 @@ def _consume(task: asyncio.Future) -> None:
         task.exception()
 
 
-async def _abort(context, code: grpc.StatusCode, details: str) -> None:
+async def _abort(context: RequestContext, code: grpc.StatusCode, details: str) -> None:
     """Abort the RPC with a status; when it has already ended (cancelled, deadline) there is no one
     to tell, and aborting a finished RPC would only raise, so end the handler quietly."""
     if context.done():

@@ -18,13 +18,29 @@ eager model and the exported graphs share every other op.
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["BATCHED", "EAGER", "GRAPH", "AttentionKernel", "BatchedGraphAttention", "EagerAttention", "GraphAttention"]
+__all__ = [
+    "BATCHED", "EAGER", "GRAPH", "AttentionKernel", "BatchedGraphAttention", "EagerAttention", "GraphAttention",
+    "Parts",
+]
+
+
+class Parts(NamedTuple):
+    """Keys (or values) [B, H, *, hd] in two parts, a row's cached past and its new block, attended
+    over as one sequence (past first). The batched graph passes them apart: joining them would copy
+    every row's whole past at every step and layer, the largest cost of a batched forward on a CPU
+    (BENCHMARKS.md, "Bulk decoding: where the time goes")."""
+
+    past: Tensor
+    block: Tensor
+
+    def joined(self) -> Tensor:
+        return torch.cat([self.past, self.block], dim=2)
 
 
 class AttentionKernel(Protocol):
@@ -37,10 +53,11 @@ class AttentionKernel(Protocol):
         ...
 
     def attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, head_dim: int, dropout_p: float
+        self, q: Tensor, k: Tensor | Parts, v: Tensor | Parts, mask: Tensor | None, head_dim: int, dropout_p: float
     ) -> Tensor:
         """softmax(q kᵀ / sqrt(hd)) v over the keys `mask` allows (True = may attend; None = all); a
-        float `mask` is added to the scores instead (relative position bias, -inf = not allowed)."""
+        float `mask` is added to the scores instead (relative position bias, -inf = not allowed).
+        Keys and values may come in `Parts` (past, block)."""
         ...
 
 
@@ -54,8 +71,9 @@ class EagerAttention:
         return x.transpose(1, 2).reshape(b, t, -1)
 
     def attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, head_dim: int, dropout_p: float
+        self, q: Tensor, k: Tensor | Parts, v: Tensor | Parts, mask: Tensor | None, head_dim: int, dropout_p: float
     ) -> Tensor:
+        k, v = _joined(k), _joined(v)
         # SDPA's own default scale: an explicit one takes another route in its math kernel.
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
@@ -68,17 +86,26 @@ class GraphAttention:
         return x.transpose(1, 2).reshape(1, -1, n_heads * head_dim)
 
     def attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, head_dim: int, dropout_p: float
+        self, q: Tensor, k: Tensor | Parts, v: Tensor | Parts, mask: Tensor | None, head_dim: int, dropout_p: float
     ) -> Tensor:
         if dropout_p:
             raise ValueError("the graph kernel is for exporting a model in eval mode (no attention dropout)")
         # head_dim is a Python int, so the scale is a constant in the graph rather than a traced size.
-        scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(head_dim))
+        scale = 1.0 / math.sqrt(head_dim)
+        if isinstance(k, Parts):  # scores of both parts side by side: small next to the keys
+            scores = torch.cat([torch.matmul(q, k.past.transpose(-1, -2)), torch.matmul(q, k.block.transpose(-1, -2))],
+                               dim=-1) * scale
+        else:
+            scores = torch.matmul(q, k.transpose(-1, -2)) * scale
         if mask is not None and mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
         elif mask is not None:  # an additive mask: relative position bias, -inf where not allowed
             scores = scores + mask
-        return torch.matmul(torch.softmax(scores, dim=-1), v)
+        weights = torch.softmax(scores, dim=-1)
+        if isinstance(v, Parts):
+            past = v.past.shape[2]
+            return torch.matmul(weights[..., :past], v.past) + torch.matmul(weights[..., past:], v.block)
+        return torch.matmul(weights, v)
 
 
 class BatchedGraphAttention(GraphAttention):
@@ -90,6 +117,10 @@ class BatchedGraphAttention(GraphAttention):
 
     def merge_heads(self, x: Tensor, n_heads: int, head_dim: int) -> Tensor:
         return x.transpose(1, 2).flatten(2)
+
+
+def _joined(x: Tensor | Parts) -> Tensor:
+    return x.joined() if isinstance(x, Parts) else x
 
 
 EAGER: AttentionKernel = EagerAttention()

@@ -14,11 +14,11 @@ Inputs (int tensors are int64):
 * `block_lens` [B]: the real tokens of each row's block (>= 1);
 * `past_lens` [B]: the cached positions of each row; its block sits at positions
   `past_lens[b] + t`;
-* `past_k` / `past_v` [L, B, H, P, hd]: each row's cached K/V, right-padded to P = max past_lens
-  (the padding must be finite: zeros);
-* `cross_k` / `cross_v` [L, N, H, S, hd]: the cross-attention K/V of the N distinct sources in
-  the batch, right-padded to S; `src_lens` [N] their lengths (EOS included) and `row_src` [B] the
-  source of every row (rows of one multi-row session share one source);
+* `past_k` / `past_v`, one [B, H, P, hd] per layer: each row's cached K/V, right-padded to
+  P = max past_lens (the padding must be finite: zeros);
+* `cross_k` / `cross_v`, one [N, H, S, hd] per layer: the cross-attention K/V of the N distinct
+  sources in the batch, right-padded to S; `src_lens` [N] their lengths (EOS included) and `row_src`
+  [B] the source of every row (rows of one multi-row session share one source);
 * `head_rows` [R]: flat indices `b * T + t` of the block positions whose final states are wanted;
 * `mask_from` [B] (the NAR drafter's variant only, `NAR_BATCH_INPUTS`): where each row's [MASK]s
   start inside its block. Block positions before it are committed tokens (causal, as above); a mask
@@ -29,6 +29,11 @@ Outputs: the wanted final-layer states [R, D], and the block's own K/V [L, B, H,
 host appends each row's first `block_lens[b]` positions to that row's cache; nothing of the past
 is returned, so a step never copies a row's past back).
 
+The K/V come one input per layer (the exported graph's `past_k_0`, ..., `layer_inputs`), and the
+block's self-attention attends over the past and the block as `kernels.attention.Parts`, never
+joined: a stacked input split into layers, and a past concatenated with each block, were copies of
+every row's whole cache at every step (BENCHMARKS.md, "Bulk decoding: where the time goes").
+
 Masks: a past key is visible iff its index < that row's past length; a block key iff it is inside
 the row's block and at or before the query (any position, for a [MASK] query). A padded query
 (t >= block_lens[b]) also sees its own key, so no query row is ever fully masked (no NaN from an
@@ -37,10 +42,12 @@ all -inf softmax), and no real query ever sees a padded key.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
-from kernels.attention import EAGER, AttentionKernel
+from kernels.attention import EAGER, AttentionKernel, Parts
 from seq2seq_models.row_cache import BATCH_INPUTS, NAR_BATCH_INPUTS
 from seq2seq_models.transformer import Seq2SeqTransformer
 
@@ -56,9 +63,9 @@ class BatchedDecoder(nn.Module):
         self.kernel = kernel
 
     def forward(
-        self, tokens: Tensor, block_lens: Tensor, past_lens: Tensor, past_k: Tensor, past_v: Tensor,
-        cross_k: Tensor, cross_v: Tensor, src_lens: Tensor, row_src: Tensor, head_rows: Tensor,
-        mask_from: Tensor | None = None,
+        self, tokens: Tensor, block_lens: Tensor, past_lens: Tensor, past_k: Sequence[Tensor],
+        past_v: Sequence[Tensor], cross_k: Sequence[Tensor], cross_v: Sequence[Tensor], src_lens: Tensor,
+        row_src: Tensor, head_rows: Tensor, mask_from: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         m = self.model
         device = tokens.device
@@ -66,7 +73,7 @@ class BatchedDecoder(nn.Module):
         offsets = torch.arange(tokens.shape[1], device=device)  # [T]
         positions = past_lens[:, None] + offsets[None, :]  # [B, T]
         query = offsets[None, :, None]  # [1, T, 1]
-        past_keys = torch.arange(past_k.shape[3], device=device)[None, None, :]  # [1, 1, P]
+        past_keys = torch.arange(past_k[0].shape[2], device=device)[None, None, :]  # [1, 1, P]
         block_keys = offsets[None, None, :]  # [1, 1, T]
         # `query >= 0` only broadcasts the past mask over the block's queries ([B, T, P]).
         past_visible = (past_keys < past_lens[:, None, None]) & (query >= 0)
@@ -80,18 +87,18 @@ class BatchedDecoder(nn.Module):
         self_mask = m.self_attention_mask(self_mask, positions, key_positions, decoder=True)
 
         row_src_lens = src_lens.index_select(0, row_src)
-        src_keys = torch.arange(cross_k.shape[3], device=device)[None, :]
+        src_keys = torch.arange(cross_k[0].shape[2], device=device)[None, :]
         cross_mask = (src_keys < row_src_lens[:, None])[:, None, None, :]  # [B, 1, 1, S]
-        row_cross_k = cross_k.index_select(1, row_src)
-        row_cross_v = cross_v.index_select(1, row_src)
+        row_cross_k = [k.index_select(0, row_src) for k in cross_k]
+        row_cross_v = [v.index_select(0, row_src) for v in cross_v]
 
         block_k: list[Tensor] = []
         block_v: list[Tensor] = []
 
-        def join_past(i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        def join_past(i: int, k: Tensor, v: Tensor) -> tuple[Parts, Parts]:
             block_k.append(k)
             block_v.append(v)
-            return torch.cat([past_k[i], k], dim=2), torch.cat([past_v[i], v], dim=2)
+            return Parts(past_k[i], k), Parts(past_v[i], v)
 
         x = m.embed_target(tokens, positions)
         hidden = m.run_decoder(x, self_mask, row_cross_k, row_cross_v, cross_mask, self.kernel, join_past)

@@ -17,11 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels.attention import EAGER, AttentionKernel
+from kernels.attention import EAGER, AttentionKernel, Parts
 from seq2seq_models.config import ModelConfig, StackShape
 
-# (block K, block V) [B, H, T, hd] -> the keys and values the block attends over [B, H, L, hd].
-JoinPast = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+# (block K, block V) [B, H, T, hd] -> the keys and values the block attends over [B, H, L, hd], or
+# in `Parts` (past, block) that the kernel attends over as one.
+JoinPast = Callable[[Tensor, Tensor], tuple[Tensor | Parts, Tensor | Parts]]
 
 
 class EncoderLayer(nn.Module):
@@ -87,7 +88,7 @@ class Attention(nn.Module):
         return self._split(self.k_proj(x), kernel), self._split(self.v_proj(x), kernel)
 
     def attend(
-        self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, kernel: AttentionKernel = EAGER
+        self, x: Tensor, k: Tensor | Parts, v: Tensor | Parts, mask: Tensor | None, kernel: AttentionKernel = EAGER
     ) -> Tensor:
         q = self._split(self.q_proj(x), kernel)
         p = self.dropout_p if self.training else 0.0

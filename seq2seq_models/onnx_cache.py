@@ -15,7 +15,7 @@ from pathlib import Path
 from seq2seq_models.row_cache import BATCH_INPUTS
 
 OPSET = 17
-EXPORT_FORMAT = 5  # bump when the graphs' interface changes, so stale caches are not reused
+EXPORT_FORMAT = 6  # bump when the graphs' interface changes, so stale caches are not reused
 CACHE_ENV = "SPECDEC_ONNX_CACHE"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"

@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -84,6 +85,7 @@ from seq2seq_models.onnx_cache import (  # re-exported: the cache side imports n
     find_export,
     loose_cache_root,
 )
+from seq2seq_models.row_cache import layer_inputs
 from seq2seq_models.transformer import Seq2SeqTransformer
 
 __all__ = [
@@ -171,15 +173,15 @@ def _export_batch_decoder(model32: Seq2SeqTransformer, out: Path, role: str = "v
     example: tuple = (
         torch.tensor([[7, 8, 9], [7, 0, 0]]) % cfg.vocab_size,  # tokens
         torch.tensor([3, 1]), torch.tensor([5, 2]),  # block_lens, past_lens
-        torch.zeros(layers, 2, heads, 5, hd), torch.zeros(layers, 2, heads, 5, hd),  # past_k, past_v
-        torch.zeros(layers, 2, heads, 4, hd), torch.zeros(layers, 2, heads, 4, hd),  # cross_k, cross_v
+        *(torch.zeros(2, heads, 5, hd) for _ in range(2 * layers)),  # past_k_i, past_v_i
+        *(torch.zeros(2, heads, 4, hd) for _ in range(2 * layers)),  # cross_k_i, cross_v_i
         torch.tensor([4, 3]), torch.tensor([1, 0]),  # src_lens, row_src
         torch.tensor([0, 1, 2, 3]),  # head_rows
     )
     axes = {
         "tokens": {0: "batch", 1: "block"}, "block_lens": {0: "batch"}, "past_lens": {0: "batch"},
-        "past_k": {1: "batch", 3: "past"}, "past_v": {1: "batch", 3: "past"},
-        "cross_k": {1: "sources", 3: "src_len"}, "cross_v": {1: "sources", 3: "src_len"},
+        **{name: {0: "batch", 2: "past"} for name in layer_inputs(["past_k", "past_v"], layers)},
+        **{name: {0: "sources", 2: "src_len"} for name in layer_inputs(["cross_k", "cross_v"], layers)},
         "src_lens": {0: "sources"}, "row_src": {0: "batch"}, "head_rows": {0: "rows"},
         "block_k": {1: "batch", 3: "block"}, "block_v": {1: "batch", 3: "block"},
     }
@@ -198,6 +200,7 @@ def _export_batch_decoder(model32: Seq2SeqTransformer, out: Path, role: str = "v
         inputs, outputs = BATCH_DECODER_INPUTS, BATCH_DECODER_OUTPUTS
         axes |= {"targets": {0: "rows"}, "topk_logprobs": {0: "rows", 1: "k"}, "topk_ids": {0: "rows", 1: "k"},
                  "target_logprobs": {0: "rows"}}
+    inputs = layer_inputs(inputs, layers)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer warnings about shape arithmetic are expected
         torch.onnx.export(
@@ -325,17 +328,28 @@ class _DecoderStep(_ModelGraph):
 
 
 class _BatchedStep(_ModelGraph):
-    """A graph over `BatchedDecoder` (rows of several sessions' blocks): subclasses add the head."""
+    """A graph over `BatchedDecoder` (rows of several sessions' blocks): subclasses add the head.
+    Its inputs are flat, the K/V one per layer (`row_cache.layer_inputs`); `decode` regroups them."""
 
     def __init__(self, model: Seq2SeqTransformer) -> None:
         super().__init__(model)
         self.decoder = BatchedDecoder(model, BATCHED)
 
+    def decode(self, inputs: Sequence[Tensor]) -> tuple[tuple[Tensor, Tensor, Tensor], list[Tensor]]:
+        """The decoder's outputs for the first inputs `BATCH_INPUTS` (and `mask_from`) name, and the
+        inputs after them."""
+        layers = self.model.config.decoder_layers
+        tokens, block_lens, past_lens, *rest = inputs
+        kv = [tuple(rest[i * layers : (i + 1) * layers]) for i in range(4)]  # past_k, past_v, cross_k, cross_v
+        src_lens, row_src, head_rows, *after = rest[4 * layers :]
+        mask_from = after.pop(0) if isinstance(self, _BatchedNarStep) else None
+        out = self.decoder(tokens, block_lens, past_lens, *kv, src_lens, row_src, head_rows, mask_from)
+        return out, after
+
 
 class _BatchedVerifierStep(_BatchedStep):
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
-        *batch, targets, top_k = inputs
-        rows, block_k, block_v = self.decoder(*batch)
+        (rows, block_k, block_v), (targets, top_k) = self.decode(inputs)
         m = self.model
         head = output_head_graph(rows, m.head_weight, m.out_bias, top_k, targets)
         return block_k, block_v, head.topk_logprobs, head.topk_ids, head.target_logprobs
@@ -343,7 +357,7 @@ class _BatchedVerifierStep(_BatchedStep):
 
 class _BatchedNarStep(_BatchedStep):
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
-        rows, block_k, block_v = self.decoder(*inputs)
+        (rows, block_k, block_v), _ = self.decode(inputs)
         m = self.model
         draft_ids = F.linear(rows, m.head_weight, m.out_bias).argmax(-1)  # ties: lowest id, as torch
         return block_k, block_v, draft_ids
@@ -351,7 +365,7 @@ class _BatchedNarStep(_BatchedStep):
 
 class _BatchedArStep(_BatchedStep):
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
-        rows, block_k, block_v = self.decoder(*inputs)
+        (rows, block_k, block_v), _ = self.decode(inputs)
         return block_k, block_v, self.model.logits(rows)
 
 

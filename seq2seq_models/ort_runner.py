@@ -23,7 +23,7 @@ import numpy as np
 from core.config import parse_device
 from core.threads import MAX_THREADS, usable_cpus
 from seq2seq_models.cuda_devices import count_gpus
-from seq2seq_models.row_cache import source_feeds
+from seq2seq_models.row_cache import per_layer, source_feeds
 
 if TYPE_CHECKING:  # onnx_export imports torch; a runner itself needs only onnxruntime
     from seq2seq_models.config import ModelConfig
@@ -110,11 +110,12 @@ class OrtRunner:
 
     def decode_batch(self, feeds: dict[str, Any]) -> tuple[Any, ...]:
         """One call of the batched decoder (its inputs by name, numpy arrays: `onnx_export`'s
-        BATCH_DECODER_INPUTS for the verifier, NAR_BATCH_INPUTS for the NAR drafter);
-        its outputs as numpy arrays. On CUDA, ORT copies the inputs to the device and back."""
+        BATCH_DECODER_INPUTS for the verifier, NAR_BATCH_INPUTS for the NAR drafter, each K/V stacked
+        over the layers and fed one view per layer, `row_cache.per_layer`); its outputs as numpy
+        arrays. On CUDA, ORT copies the inputs to the device and back."""
         if self.batch_decoder is None:
             raise ValueError("this export has no batched decoder")
-        return tuple(self.batch_decoder.run(None, feeds))
+        return tuple(self.batch_decoder.run(None, per_layer(feeds)))
 
 
 class CudaOrtRunner(OrtRunner):

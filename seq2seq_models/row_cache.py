@@ -27,6 +27,29 @@ BATCH_INPUTS = [
     "tokens", "block_lens", "past_lens", "past_k", "past_v", "cross_k", "cross_v", "src_lens", "row_src", "head_rows",
 ]
 NAR_BATCH_INPUTS = [*BATCH_INPUTS, "mask_from"]
+# The K/V inputs of the batched decoder: `gather` stacks each over the layers; the exported graph
+# takes one input per layer (`layer_inputs`), fed views of the stack (`per_layer`).
+LAYERED = ("past_k", "past_v", "cross_k", "cross_v")
+
+
+def layer_inputs(names: Sequence[str], layers: int) -> list[str]:
+    """`names` with each K/V input expanded into one per layer: past_k -> past_k_0, ..., past_k_{L-1}."""
+    out: list[str] = []
+    for name in names:
+        out.extend([f"{name}_{i}" for i in range(layers)] if name in LAYERED else [name])
+    return out
+
+
+def per_layer(feeds: dict[str, Any]) -> dict[str, Any]:
+    """`gather`'s feeds with each stacked K/V array [L, ...] given as one view per layer (no copy:
+    a stack's layer is contiguous)."""
+    out: dict[str, Any] = {}
+    for name, value in feeds.items():
+        if name in LAYERED:
+            out.update((f"{name}_{i}", value[i]) for i in range(value.shape[0]))
+        else:
+            out[name] = value
+    return out
 
 Zeros = Callable[[tuple[int, ...]], Any]  # shape -> a zero array of the backend's type and dtype
 MIN_CAPACITY = 16

@@ -14,7 +14,7 @@ import torch
 
 from kernels.attention import EAGER
 from seq2seq_models.batch_graph import BatchedDecoder
-from seq2seq_models.row_cache import Cross, source_feeds, split_sources
+from seq2seq_models.row_cache import LAYERED, Cross, source_feeds, split_sources
 from seq2seq_models.transformer import Seq2SeqTransformer
 
 
@@ -48,8 +48,10 @@ class TorchBatchEngine:
         return split_sources(torch.stack(ks), torch.stack(vs), sources, torch.Tensor.contiguous)
 
     def decode(self, feeds: dict[str, Any], names: Sequence[str]) -> tuple[torch.Tensor, Any, Any]:
-        """The wanted rows' final states [R, D] and the block K/V, for the inputs `names` of `feeds`."""
-        return self.decoder(*(self.tensor(feeds[name]) for name in names))
+        """The wanted rows' final states [R, D] and the block K/V, for the inputs `names` of `feeds`
+        (each K/V stacked over the layers, handed over as one view per layer)."""
+        args = [self.tensor(feeds[name]) for name in names]
+        return self.decoder(*(a.unbind(0) if n in LAYERED else a for n, a in zip(names, args, strict=True)))
 
     def tensor(self, value: Any) -> torch.Tensor:
         return torch.from_numpy(value).to(self._device) if isinstance(value, np.ndarray) else value

@@ -30,12 +30,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels.attention import EAGER, AttentionKernel
+from kernels.attention import EAGER, AttentionKernel, Parts
 from seq2seq_models.config import ModelConfig
 from seq2seq_models.layers import DecoderLayer, EncoderLayer, make_norm
 
 # (layer index, block K, block V) -> the keys and values the block attends over in that layer.
-LayerJoinPast = Callable[[int, Tensor, Tensor], tuple[Tensor, Tensor]]
+LayerJoinPast = Callable[[int, Tensor, Tensor], tuple[Tensor | Parts, Tensor | Parts]]
 
 
 @dataclass

@@ -29,7 +29,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, token: str) -> None:
         if not token:
             raise ValueError("the bearer token must not be empty")
-        self._token = token.encode()
+        self._token = token
 
     async def intercept_service(
         self,
@@ -49,9 +49,13 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         value = values[0] if isinstance(values[0], str) else values[0].decode(errors="replace")
         if not value.startswith(BEARER):
             return MISSING_TOKEN
-        # Constant time, so the answer's timing does not reveal how much of a guess was right.
-        ok = hmac.compare_digest(value[len(BEARER) :].strip().encode(), self._token)
-        return None if ok else WRONG_TOKEN
+        return None if token_matches(value[len(BEARER) :], self._token) else WRONG_TOKEN
+
+
+def token_matches(given: str, token: str) -> bool:
+    """Whether a client's token (after `Bearer `) is the configured one: compared in constant time,
+    so the answer's timing does not reveal how much of a guess was right (gRPC and HTTP alike)."""
+    return hmac.compare_digest(given.strip().encode(), token.encode())
 
 
 def _refusing(handler: grpc.RpcMethodHandler | None, message: str) -> grpc.RpcMethodHandler:

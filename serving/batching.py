@@ -20,6 +20,7 @@ fails only its own caller; `run_batch` itself raising fails only that batch's ca
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -83,8 +84,12 @@ class StepExecutor:
     contend; batching (`BatchScheduler`) is how several sessions share a forward.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, callers: Callable[[], int] | None = None) -> None:
         self.name = name
+        # In process, how many threads may queue work soon (`specdec.bulk`): a scheduler waiting for
+        # company (`BatchLimits.wait_s`) stops waiting once that many entries are queued, since
+        # nobody else can come. None: unknown (a service's callers are remote).
+        self.callers = callers
         self._cond = threading.Condition()
         self._queue: deque[_Task | _Step] = deque()
         self._closed = False
@@ -100,6 +105,13 @@ class StepExecutor:
         on the worker as soon as the work finishes instead, so nothing is leaked."""
         # The release runs on the worker too: model objects are only touched from that thread.
         return await self._task(fn, args, lambda made: self.submit(release, made))
+
+    def run_sync(self, fn, *args) -> Any:
+        """`run` for a caller on a thread of its own, with no event loop: waits for `fn(*args)` on
+        the worker and returns its result (or raises its exception)."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._put(_Task(fn, args, future, None))
+        return future.result()
 
     def submit(self, fn, *args) -> None:
         """Fire and forget (closing a session): `fn(*args)` on the worker; nothing after shutdown."""
@@ -189,11 +201,21 @@ class BatchScheduler:
         """`submit` without waiting: the step is in the queue when this returns (on the event loop);
         the future is its answer, and cancelling it while the step is queued drops the step."""
         future = asyncio.get_running_loop().create_future()
+        self._put_step(session, call, then, future)
+        return future
+
+    def queue_sync(self, session: Any, call: Sized, then: Then | None = None) -> concurrent.futures.Future:
+        """`queue` for a caller on a thread of its own, with no event loop (in-process decoding): the
+        worker settles the returned future itself."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._put_step(session, call, then, future)
+        return future
+
+    def _put_step(self, session: Any, call: Sized, then: Then | None, future: Future) -> None:
         step = _Step(self, session, call, future, time.perf_counter(), call.n_rows, call.n_tokens)
         if then is not None:
             step.then, step.run = then, []
         self.executor._put(step)
-        return future
 
     # ---- the worker's side ---------------------------------------------------------------------
 
@@ -202,11 +224,18 @@ class BatchScheduler:
         batch from the queue (waiting up to wait_s for company) and return the job that runs it;
         None when nothing is left to run (every step gathered was cancelled)."""
         limits = self.limits
+        callers = self.executor.callers
+        # In process the wait runs from now, when the worker is free: the rows answered by the last
+        # forward need a moment to queue their next steps. A service's steps wait from their arrival.
+        freed = time.perf_counter()
         while True:
             batch, dropped, full = self._scan(queue)
             if not batch or full or not limits.wait_s:
                 break
-            remaining = batch[0].queued + limits.wait_s - time.perf_counter()
+            if callers is not None and len(queue) >= callers():  # everyone who could come is queued
+                break
+            since = freed if callers is not None else batch[0].queued
+            remaining = since + limits.wait_s - time.perf_counter()
             if remaining <= 0:
                 break
             cond.wait(remaining)  # a new step wakes us; then look again
@@ -274,7 +303,10 @@ class BatchScheduler:
                 result = self._continue(step, result)
                 if result is _QUEUED:
                     continue
-            by_loop.setdefault(step.future.get_loop(), []).append((step.future, result))
+            if isinstance(step.future, asyncio.Future):
+                by_loop.setdefault(step.future.get_loop(), []).append((step.future, result))
+            else:  # a thread's caller (`queue_sync`): no loop to go through
+                _settle(step.future, result)
         for loop, settled in by_loop.items():
             with contextlib.suppress(RuntimeError):  # the callers' loop is closed: nobody is left to tell
                 loop.call_soon_threadsafe(_settle_all, settled)
@@ -332,7 +364,7 @@ def with_batch_load(results: list[Any], rows: int, tokens: int, forward_s: float
 class _Task:
     fn: Callable[..., Any]
     args: tuple
-    future: asyncio.Future | None  # None: fire and forget
+    future: Future | None  # None: fire and forget
     release: Callable[[Any], None] | None  # run_owned: frees a result nobody waits for
 
     def run(self) -> None:
@@ -346,6 +378,9 @@ class _Task:
             result = self.fn(*self.args)
         except Exception as exc:
             _call_soon(future, _settle, future, exc)
+            return
+        if not isinstance(future, asyncio.Future):  # a thread's caller (`run_sync`)
+            _settle(future, result)
             return
         if self.release is None:
             _call_soon(future, _settle, future, result)
@@ -362,12 +397,16 @@ class _Task:
             self.future.set_result(result)
 
 
+# A step's answer: an asyncio future (a caller on an event loop) or a thread's (`queue_sync`).
+Future = asyncio.Future | concurrent.futures.Future
+
+
 @dataclass(eq=False)
 class _Step:
     scheduler: BatchScheduler
     session: Any
     call: Any
-    future: asyncio.Future
+    future: Future
     queued: float  # perf_counter at submit
     rows: int
     tokens: int
@@ -387,13 +426,15 @@ def _remove(queue: deque, entries: list) -> None:
     queue.extend(kept)
 
 
-def _settle(future: asyncio.Future, result: Any) -> None:
+def _settle(future: Future, result: Any) -> None:
     if future.done():  # cancelled meanwhile: nobody wants it
         return
-    if isinstance(result, BaseException):
-        future.set_exception(result)
-    else:
-        future.set_result(result)
+    # A thread's future may be cancelled by its caller between the check and the setting.
+    with contextlib.suppress(concurrent.futures.InvalidStateError, asyncio.InvalidStateError):
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
 
 
 def _settle_all(settled: list[tuple[asyncio.Future, Any]]) -> None:
@@ -401,7 +442,10 @@ def _settle_all(settled: list[tuple[asyncio.Future, Any]]) -> None:
         _settle(future, result)
 
 
-def _call_soon(future: asyncio.Future, fn: Callable[..., None], *args: Any) -> None:
+def _call_soon(future: Future, fn: Callable[..., None], *args: Any) -> None:
+    if not isinstance(future, asyncio.Future):  # a thread's caller: no loop to go through
+        fn(*args)
+        return
     with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is left to tell
         future.get_loop().call_soon_threadsafe(fn, *args)
 

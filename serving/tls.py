@@ -1,7 +1,8 @@
 """TLS for every specdec connection: config values in, gRPC credentials out (docs/deploy.md, "Security").
 
-The one place that turns certificate paths into `grpc.ssl_server_credentials` (ServiceHost) and
-`grpc.ssl_channel_credentials` (the gateway's channels to verifier and drafter, `specdec generate`).
+The one place that turns certificate paths into `grpc.ssl_server_credentials` (ServiceHost), the
+gateway's HTTPS context (`ServerTLS.ssl_context`) and `grpc.ssl_channel_credentials` (the gateway's
+channels to verifier and drafter, `specdec generate`).
 The paths are checked when the config is read (`core.config.check_security_keys`); here they are
 read when a server starts or a channel opens.
 """
@@ -9,6 +10,7 @@ read when a server starts or a channel opens.
 from __future__ import annotations
 
 import ipaddress
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,15 @@ class ServerTLS:
         if not section.tls_cert:
             return None
         return cls(section.tls_cert, section.tls_key, section.tls_ca)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The same settings for an HTTPS listener (the gateway's HTTP endpoints)."""
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.cert, self.key)
+        if self.client_ca:
+            context.load_verify_locations(self.client_ca)
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
 
     def credentials(self) -> grpc.ServerCredentials:
         return grpc.ssl_server_credentials(

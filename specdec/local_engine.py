@@ -9,18 +9,30 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from core.backends import check_precision
 from core.errors import SpecdecError
+from core.threads import usable_cpus
 from decoding.config import DecodingConfig
 from decoding.decode import decode
 from decoding.report import TextStream, request_stats
 from decoding.request import ModelLimits, Policy, Prepared, Request, prepare, prepare_config
+from drafter_service.scheduled import ScheduledDrafter
+from serving.batching import BatchLimits, StepExecutor
 from specdec.api import Chunk, Engine, Output
+from specdec.bulk import BulkRun, Pending
+from verifier_service.scheduled import ScheduledVerifier
+
+# A bulk run's forwards: at most this many rows (beam hypotheses count each) and tokens per input
+# in flight, and how long the model worker waits for the other rows' steps to join a forward (it
+# stops waiting as soon as every row in flight has queued its step: `StepExecutor.callers`).
+BULK_ROWS_PER_INPUT = 16
+BULK_TOKENS_PER_INPUT = 96
+BULK_WAIT_S = 0.005
 
 
 def open_local_engine(
@@ -42,41 +54,121 @@ def open_local_engine(
             raise ValueError('the torch backend and dtype float64 need torch: pip install "specdec[torch]"') from None
         torch_dtype = getattr(torch, dtype)
     bundle = load_bundle(bundle_dir, dtype=torch_dtype)
-    options = {} if threads is None else {"intra_op_threads": threads}
-    verifier = make_verifier(bundle, backend, device=device, precision=precision, **options)
-    drafter = make_drafter(bundle, backend, device=device, precision=precision, **options)
-    return LocalEngine(verifier, drafter, bundle.tokenizer, policy, bundle.path)
+
+    def make_models(threads: int | None) -> tuple[Any, Any]:
+        options = {} if threads is None else {"intra_op_threads": threads}
+        return (make_verifier(bundle, backend, device=device, precision=precision, **options),
+                make_drafter(bundle, backend, device=device, precision=precision, **options))
+
+    verifier, drafter = make_models(threads)
+    return LocalEngine(verifier, drafter, bundle.tokenizer, policy, bundle.path, make_models)
 
 
 class LocalEngine(Engine):
     """The models in this process: a verifier, a drafter when the bundle has one, and the bundle's
     tokenizer."""
 
-    def __init__(self, verifier: Any, drafter: Any, tokenizer: Any, policy: Policy, bundle: Path | None = None) -> None:
+    def __init__(
+        self, verifier: Any, drafter: Any, tokenizer: Any, policy: Policy, bundle: Path | None = None,
+        make_models: Callable[[int | None], tuple[Any, Any]] | None = None,
+    ) -> None:
         self.verifier = verifier
         self.drafter = drafter
         self.tokenizer = tokenizer
         self.bundle = bundle
         self.model = ModelLimits.of(verifier)
         self.policy = replace(policy, has_drafter=drafter is not None)
+        self.batch_size = 32  # many inputs of one call decode this many at once (`bulk`)
+        self.workers = 1
+        # (intra-op threads) -> another (verifier, drafter) over the same bundle: a bulk run's lanes.
+        self._make_models = make_models
+        self._lane_models: dict[tuple[int, int], list[tuple[Any, Any]]] = {}
 
     def prepare(self, request: Request) -> Prepared:
         return prepare(request, self.model, self.policy, self.tokenizer)
 
     def _run(self, requests: Sequence[Request]) -> list[Output]:
+        """Every input checked first (a bad one raises before anything is decoded), then one alone,
+        or many through a bulk run of `batch_size`."""
         prepared = self.prepare_all(requests)
         for index, item in enumerate(prepared):
             if isinstance(item, SpecdecError):
                 raise item if len(prepared) == 1 else SpecdecError(item.code, f"input {index}: {item.message}")
-        return [self.decode(item) for item in prepared]  # type: ignore[arg-type]
+        if len(prepared) == 1:
+            return [self.decode(prepared[0])]  # type: ignore[arg-type]
+        batch = min(self.batch_size, len(prepared))
+        outputs = []
+        for index, outcome in self.bulk(prepared, batch, workers=self.workers if batch > 1 else 1):
+            if isinstance(outcome, SpecdecError):  # a peer-side failure while decoding
+                raise SpecdecError(outcome.code, f"input {index}: {outcome.message}")
+            outputs.append(outcome)
+        return outputs
 
     def generate_each(
-        self, requests: Iterable[Request | SpecdecError], ordered: bool = True
+        self, requests: Iterable[Request | SpecdecError], ordered: bool = True, batch_size: int = 1,
+        workers: int = 1, threads: int | None = None,
     ) -> Iterator[tuple[int, Output | SpecdecError]]:
-        """Read lazily: an input is taken only once the one before it is done."""
-        for index, request in enumerate(requests):
-            item = request if isinstance(request, SpecdecError) else self.prepare_all([request])[0]
-            yield index, item if isinstance(item, SpecdecError) else self.decode(item)
+        return iter(self.bulk(requests, batch_size, ordered, workers, threads))
+
+    def bulk(
+        self, requests: Iterable[Request | Prepared | SpecdecError], batch_size: int, ordered: bool = True,
+        workers: int = 1, threads: int | None = None,
+    ) -> BulkRun:
+        """`specdec.bulk.BulkRun` over the requests: `batch_size` decoding at once, their steps in
+        shared forwards (`verifier_service.scheduled`); 1: one at a time on the models directly,
+        each input read only once the one before it is done. `workers` model workers (lanes: each
+        its own models, `threads` intra-op threads each, default the usable CPUs shared out) run
+        forwards side by side, each over its share of the rows."""
+        items = (self._pending(index, request) for index, request in enumerate(requests))
+        if batch_size == 1:
+            return BulkRun(items, lambda prepared, stop: self.decode(prepared, _stopper(stop)), 1, ordered, window=1)
+        lanes = self._lanes(batch_size, workers, threads)
+        placing = threading.Lock()
+
+        def decode_one(prepared: Prepared, stop: threading.Event) -> Output:
+            with placing:
+                lane = min(lanes, key=lambda lane: lane.rows)  # the lane with the fewest rows in flight
+                lane.rows += 1
+            try:
+                return self.decode(prepared, _stopper(stop), lane.verifier, lane.drafter)
+            finally:
+                with placing:
+                    lane.rows -= 1
+
+        def close() -> None:
+            for lane in lanes:
+                lane.executor.shutdown()
+
+        return BulkRun(items, decode_one, batch_size, ordered, on_close=close)
+
+    def _lanes(self, batch_size: int, workers: int, threads: int | None) -> list[_Lane]:
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1; got {workers}")
+        limits = BatchLimits(max_rows=BULK_ROWS_PER_INPUT * batch_size, max_tokens=BULK_TOKENS_PER_INPUT * batch_size,
+                             wait_s=BULK_WAIT_S)
+        if workers == 1 and threads is None:
+            models = [(self.verifier, self.drafter)]
+        elif self._make_models is None:
+            raise ValueError("this engine cannot make more model workers (it was not opened by Engine.load)")
+        else:
+            per_lane = threads or max(1, usable_cpus() // workers)
+            key = (workers, per_lane)
+            if key not in self._lane_models:  # made once per layout: opening ONNX sessions takes seconds
+                self._lane_models[key] = [self._make_models(per_lane) for _ in range(workers)]
+            models = self._lane_models[key]
+        lanes = []
+        for verifier, drafter in models:
+            lane = _Lane(StepExecutor("bulk"))
+            lane.verifier = ScheduledVerifier(verifier, lane.executor, limits)
+            lane.drafter = None if drafter is None else ScheduledDrafter(drafter, lane.executor, limits)
+            lane.executor.callers = lambda lane=lane: lane.rows
+            lanes.append(lane)
+        return lanes
+
+    def _pending(self, index: int, request: Request | Prepared | SpecdecError) -> Pending:
+        item = request if isinstance(request, SpecdecError | Prepared) else self.prepare_all([request])[0]
+        length = 0 if isinstance(item, SpecdecError) else len(item.source)
+        return Pending(index, item, length)
 
     def prepare_config(self, params: Mapping[str, Any]) -> DecodingConfig:
         """The decoding config `params` give (SpecdecError if they are bad), without an input."""
@@ -92,15 +184,15 @@ class LocalEngine(Engine):
                 out.append(exc)
         return out
 
-    def decode(self, prepared: Prepared, on_tokens: Any = None) -> Output:
-        """One prepared request, decoded; `on_tokens` hears every committed block (the forced first
-        tokens first)."""
+    def decode(self, prepared: Prepared, on_tokens: Any = None, verifier: Any = None, drafter: Any = None) -> Output:
+        """One prepared request, decoded (on `verifier` and `drafter`, default the engine's own);
+        `on_tokens` hears every committed block (the forced first tokens first)."""
         started = time.perf_counter()
         first = prepared.first
         if on_tokens is not None and first:
             on_tokens(list(first))
-        result = decode(prepared.source, prepared.config, self.verifier, self.drafter, on_tokens,
-                        prefix=list(first) or None)
+        result = decode(prepared.source, prepared.config, verifier or self.verifier, drafter or self.drafter,
+                        on_tokens, prefix=list(first) or None)
         stats = request_stats(result.stats, prepared.config.mode, time.perf_counter() - started)
         return Output(self.tokenizer.decode(result.output_ids), result.output_ids, stats)
 
@@ -140,5 +232,26 @@ class LocalEngine(Engine):
             worker.join()
 
 
+class _Lane:
+    """One model worker of a bulk run: its thread, its scheduled models, the rows it decodes now."""
+
+    def __init__(self, executor: StepExecutor) -> None:
+        self.executor = executor
+        self.verifier: Any = None
+        self.drafter: Any = None
+        self.rows = 0
+
+
 class _Stopped(Exception):
-    """The consumer of a stream left it: the decoding stops at its next block."""
+    """The consumer of a stream left it (or a bulk run was interrupted): the decoding stops at its
+    next block."""
+
+
+def _stopper(stop: threading.Event):
+    """An `on_tokens` that ends the decoding at its next block once `stop` is set."""
+
+    def on_tokens(block: list[int]) -> None:
+        if stop.is_set():
+            raise _Stopped()
+
+    return on_tokens

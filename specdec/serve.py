@@ -1,11 +1,11 @@
-"""`specdec serve verifier|drafter|gateway|all`: run the services until SIGTERM / Ctrl-C.
+"""`specdec serve verifier|drafter|gateway|all`: run the services until SIGTERM / Ctrl-C (its flags:
+`specdec.commands.serve`).
 
 `ServiceStack` runs the same servers on a background event loop, for tests and benchmarks.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import threading
 from collections.abc import Callable, Mapping
@@ -35,7 +35,8 @@ class Running:
     verifier: Any = None
     drafter: Any = None
     gateway: Any = None
-    addresses: dict[str, str] = field(default_factory=dict)
+    addresses: dict[str, str] = field(default_factory=dict)  # each gRPC server's, by role
+    http_address: str | None = None  # the gateway's HTTP endpoints, when it serves them
 
     def servers(self) -> list[Any]:
         # Stop order: the gateway first, so its in-flight requests still reach the models.
@@ -127,6 +128,8 @@ def check_listen_addresses(role: str, config: ServeConfig) -> None:
             check_can_listen(f"[{name}] address", address)
             if metrics:
                 check_can_listen(f"[{name}] metrics_address", metrics)
+    if role in ("gateway", "all") and config.gateway.http_address:
+        check_can_listen("[gateway] http_address", config.gateway.http_address)
 
 
 async def _start_roles(role: str, bundle: Path | None, config: ServeConfig, running: Running) -> None:
@@ -158,6 +161,8 @@ async def _start_roles(role: str, bundle: Path | None, config: ServeConfig, runn
         tokenizer = loaded.tokenizer if loaded is not None else load_bundle_tokenizer(_need(bundle))
         running.gateway = await start_gateway(gateway, tokenizer)
         running.addresses["gateway"] = _with_port(gateway.address, running.gateway.host.port)
+        if running.gateway.http is not None:
+            running.http_address = _with_port(gateway.http_address, running.gateway.http.port)
 
 
 def has_drafter(bundle: Any) -> bool:
@@ -270,12 +275,17 @@ def serve_processes(
 
 
 class ServiceStack:
-    """Servers on a background event loop thread (tests, benchmarks): `with ServiceStack(...) as s:`."""
+    """Servers on a background event loop thread (tests, benchmarks): `with ServiceStack(...) as s:`.
+    Its gateway's HTTP endpoints take an ephemeral loopback port unless `sections` name an address
+    (`running.http_address`), so stacks side by side never compete for the default one."""
 
     def __init__(self, role: str, bundle: Path | None, sections: Mapping[str, Mapping[str, Any]] | None = None):
         self.role = role
         self.bundle = bundle
-        self.sections = sections or {}
+        sections = dict(sections or {})
+        gateway = dict(sections.get("gateway", {}))
+        gateway.setdefault("http_address", "127.0.0.1:0")
+        self.sections = {**sections, "gateway": gateway}
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name=f"stack-{role}", daemon=True)
         self.running = Running()
@@ -301,30 +311,6 @@ class ServiceStack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-# `specdec serve` flags for the batching keys of [verifier] and [drafter] (serving.model_service.SessionLimits).
-BATCH_FLAGS = (
-    ("max_batch_rows", int, "rows one forward may hold; 1 turns batching off"),
-    ("max_batch_tokens", int, "tokens (append + draft) one forward may hold"),
-    ("batch_wait_ms", float, "how long a step may wait for company when the forward is not full; 0: never"),
-)
-
-
-def add_batch_flags(parser: argparse.ArgumentParser) -> None:
-    """--max-batch-rows, --max-batch-tokens, --batch-wait-ms: the batching keys of both model services."""
-    group = parser.add_argument_group("batching (the [verifier] and [drafter] keys of the same names)")
-    from serving.model_service import SessionLimits
-
-    for key, kind, help_text in BATCH_FLAGS:
-        default = getattr(SessionLimits, key)
-        group.add_argument("--" + key.replace("_", "-"), dest=key, type=kind,
-                           help=f"{help_text} (default: the config's key, else {default})")
-
-
-def batch_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The batching flags as section overrides (None: not given, the config's value stands)."""
-    return {key: getattr(args, key, None) for key, _, _ in BATCH_FLAGS}
 
 
 def _model_service(section: str, table: Mapping[str, Any], limits_cls: type) -> tuple[ServiceSection, Any]:

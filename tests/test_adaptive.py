@@ -41,7 +41,7 @@ from decoding.policies.loop import DecodeStats
 from drafter_service.session import LocalDrafter
 from gateway.config import gateway_config
 from gateway.wire import stats_from_wire, stats_to_wire
-from specdec.cli import add_decoding_flags, decoding_overrides
+from specdec.commands.flags import add_decoding_flags, decoding_overrides
 from tests.checks import RandomK
 from tests.zoo import MAX_LEN, model_pool
 from tests.zoo import sources as zoo_sources

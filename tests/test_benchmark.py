@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from evaluation import benchmark
+from evaluation.bench_report import accelerator_note, vector_units
+from evaluation.gec_metrics import exact_match, gleu, sentence_stats, tokenize
+from evaluation.perplexity import output_nll, perplexity
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
-from specdec import benchmark
-from specdec.bench_report import accelerator_note, vector_units
 from specdec.cli import main
-from specdec.gec_metrics import exact_match, gleu, sentence_stats, tokenize
-from specdec.perplexity import output_nll, perplexity
 from verifier_service.session import LocalVerifier
 
 # Hand-computed (see each test): one error, in the last word.
@@ -246,6 +246,21 @@ def test_every_benchmark_owns_a_level_two_heading_in_benchmarks_md():
                 for m in re.finditer(r'^\w*SECTION = "(.*)"', path.read_text(), re.MULTILINE)]
     assert len(sections) >= 10
     assert [s for s in sections if not s.startswith("## ")] == []
+
+
+def test_the_bench_index_names_every_script_and_benchmarks_md_no_missing_one():
+    """bench/README.md indexes exactly the scripts bench/ holds, and names only retired ones among
+    those it no longer has; BENCHMARKS.md cites a script that is gone only where it says it retired."""
+    root = Path(__file__).resolve().parents[1]
+    scripts = {p.name for p in (root / "bench").iterdir() if p.suffix in (".py", ".sh")}
+    index, _, retired = (root / "bench" / "README.md").read_text().partition("## Retired scripts")
+    assert set(re.findall(r"`(\w+\.(?:py|sh))`", index)) == scripts
+    gone = set(re.findall(r"^\| `(\w+\.py)` \|", retired, re.MULTILINE))
+    assert gone and not gone & scripts
+    benchmarks = (root / "BENCHMARKS.md").read_text()
+    said = set(re.findall(r"^Script retired: `bench/(\w+\.py)`", benchmarks, re.MULTILINE))
+    cited = set(re.findall(r"bench/(\w+\.(?:py|sh))", benchmarks))
+    assert cited - scripts == said and said <= gone
 
 
 def _bench_script(name: str):

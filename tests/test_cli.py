@@ -20,8 +20,8 @@ from decoding.config import DecodingConfig, Mode
 from decoding.decode import decode
 from drafter_service.session import LocalDrafter
 from seq2seq_models.bundle import load_bundle
-from specdec.cli import add_decoding_flags, decoding_overrides
 from specdec.cli import main as cli_main
+from specdec.commands.flags import add_decoding_flags, decoding_overrides
 from verifier_service.session import make_verifier
 
 TEXTS = ["Я хочу подякувати вам за вашу допомогу.", "We have been living in this city."]
@@ -238,12 +238,12 @@ def test_decode_writes_a_record_per_line_and_goes_on_after_a_bad_one(bundle_dir)
 
 def test_version_and_every_default_in_the_help(capsys):
     from specdec import __version__
-    from specdec.cli import _build_parser
+    from specdec.cli import build_parser
 
     with pytest.raises(SystemExit) as exc:
         cli_main(["--version"])
     assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"specdec {__version__}"
-    parser = _build_parser()
+    parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     missing = []
     for name, sub in commands.items():
@@ -255,6 +255,20 @@ def test_version_and_every_default_in_the_help(capsys):
     assert missing == []
     help_text = commands["generate"].format_help()
     assert "(default: 120.0)" in help_text and "$SPECDEC_ADDR" in help_text
+
+
+def test_every_command_module_is_in_the_one_table():
+    """One way to register a subcommand: each module of specdec/commands (its shared flags aside) is in
+    `specdec.cli.COMMANDS` once, and every subcommand of the parser comes from one of them."""
+    from specdec import commands
+    from specdec.cli import COMMANDS, build_parser
+
+    modules = {p.stem for p in Path(commands.__file__).parent.glob("*.py")} - {"__init__", "flags"}
+    assert sorted(m.__name__.removeprefix("specdec.commands.") for m in COMMANDS) == sorted(modules)
+    parser = build_parser()
+    choices = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    runners = {sub.get_default("run").__module__ for sub in choices.values()}
+    assert runners == {m.__name__ for m in COMMANDS}
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1", "localhost:", ":50051", "127.0.0.1:port"])

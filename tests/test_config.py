@@ -20,7 +20,7 @@ from gateway.config import GatewayConfig
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.bundle import make_tiny_bundle
-from specdec.cli import _build_parser
+from specdec.cli import build_parser
 from specdec.serve import ServiceStack, config_keys, serve_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -187,7 +187,7 @@ def test_the_defaults_are_held_once() -> None:
     config = serve_config({})
     assert (config.verifier.address, config.drafter.address) == (VERIFIER_ADDRESS, DRAFTER_ADDRESS)
     assert config.verifier.backend == config.drafter.backend == DEFAULT_BACKEND
-    parser = _build_parser()
+    parser = build_parser()
     assert parser.parse_args(["generate", "x"]).addr == GATEWAY_ADDRESS
     # Nothing besides core/config.py spells an address or the backend list out.
     spelled = re.compile(r"127\.0\.0\.1:5005[123]|\[\"torch\", \"onnxruntime\"\]")
@@ -264,7 +264,7 @@ def test_a_bad_security_key_is_a_one_line_error_naming_it(pem: Path, section: st
 
 
 def test_generate_takes_tls_and_token_flags() -> None:
-    parser = _build_parser()
+    parser = build_parser()
     args = parser.parse_args(["generate", "x", "--tls-ca", "ca.pem", "--tls-cert", "c.pem", "--tls-key", "k.pem",
                               "--token", "t"])
     assert (args.tls, args.tls_ca, args.tls_cert, args.tls_key, args.token, args.token_file) == (

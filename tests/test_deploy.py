@@ -92,6 +92,20 @@ def test_cpu_compose_reserves_no_gpu():
         assert services[svc]["environment"][f"SPECDEC__{svc.upper()}__DEVICE"] == "cpu"
 
 
+def test_the_image_copies_every_package_the_wheel_installs():
+    """deploy/Dockerfile builds the wheel from the packages it copies, past .dockerignore: a package
+    pyproject lists but the image leaves out fails the image's import check, not this machine's."""
+    import tomllib
+
+    included = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {pattern.rstrip("*") for pattern in included}
+    copied = {line.split()[1] for line in (ROOT / "deploy" / "Dockerfile").read_text().splitlines()
+              if line.startswith("COPY ") and not line.startswith("COPY --")}
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    let_in = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    assert packages <= copied and packages <= let_in, (packages - copied, packages - let_in)
+
+
 def test_stack_config_file_is_valid():
     sections = load_sections(ROOT / "deploy" / "specdec.toml", environ={})
     config = serve_config(sections)

@@ -24,9 +24,13 @@ ALLOWED: dict[str, set[str]] = {
     "drafter_service": {"core", "kernels", "protos", "seq2seq_models", "serving"},
     "gateway": {"core", "decoding", "protos", "seq2seq_models", "serving"},
     "training": {"core", "kernels", "seq2seq_models"},
-    "specdec": {
-        "core", "decoding", "drafter_service", "gateway", "kernels", "protos", "seq2seq_models", "serving", "training",
+    "evaluation": {
+        "core", "decoding", "drafter_service", "gateway", "protos", "seq2seq_models", "serving", "training",
         "verifier_service",
+    },
+    "specdec": {
+        "core", "decoding", "drafter_service", "evaluation", "gateway", "kernels", "protos", "seq2seq_models",
+        "serving", "training", "verifier_service",
     },
 }
 

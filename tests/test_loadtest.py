@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from evaluation import loadtest
 from serving.metrics import MetricsServer, Registry
-from specdec import loadtest
 from specdec.cli import main as cli_main
 from specdec.client import generate
 from specdec.serve import ServiceStack

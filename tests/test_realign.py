@@ -25,9 +25,9 @@ from decoding.decode import decode
 from decoding.modes import MODES
 from decoding.policies.drafter_sync import DrafterSync, DraftKind
 from drafter_service.session import make_drafter
+from evaluation.loadtest import ua_gec_texts
 from seq2seq_models.bundle import load_bundle
 from specdec.api import DEFAULT_BUNDLE_DIR
-from specdec.loadtest import ua_gec_texts
 from tests.recording import RecordingDrafter, local_drafter, local_verifier
 from tests.zoo import MAX_LEN, random_source
 from tests.zoo import sources as zoo_sources

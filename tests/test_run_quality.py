@@ -12,10 +12,10 @@ import torch
 
 pytest.importorskip("ua_gec", reason="the training tests need the `ua-gec` package (extra `train`)")
 
+from evaluation.gec_metrics import gleu
+from evaluation.run_quality import looks_degenerate, spread
 from seq2seq_models.tokenizer import Tokenizer
 from seq2seq_models.transformer import Seq2SeqTransformer
-from specdec.gec_metrics import gleu
-from specdec.run_quality import looks_degenerate, spread
 from tests.test_batched_beam import greedy
 from training.data import load_text_pairs
 from training.pipeline import run_pipeline

@@ -66,14 +66,14 @@ def test_serve_all_splits_the_cpus_only_where_nothing_is_set() -> None:
 
 
 def test_serve_all_processes_passes_the_split_to_its_children() -> None:
-    from specdec.cli import _serve_child_args
+    from specdec.commands.serve import serve_child_args
 
     args = argparse.Namespace(config=None, backend="onnxruntime", device="cpu", precision=None, verifier_addr=None,
                               drafter_addr=None, verifier_metrics_addr=None, drafter_metrics_addr=None,
                               max_batch_rows=None, max_batch_tokens=None, batch_wait_ms=None)
     cpu = {"device": "cpu", "backend": "onnxruntime"}
     sections = load_sections(None, environ={}, overrides={"verifier": {**cpu, "intra_op_threads": 3}, "drafter": cpu})
-    child = _serve_child_args(args, Path("b"), sections)
+    child = serve_child_args(args, Path("b"), sections)
     flags = dict(zip(child[::2], child[1::2], strict=True))
     assert flags["--verifier-threads"] == "3"
     assert flags["--drafter-threads"] == str(split_threads(3, AUTO)[1])

@@ -18,8 +18,25 @@ from core.interfaces import Draft, GreedySession, VerifierSession, VerifyResult,
 Propose = Callable[[list[int], int], Draft]
 # accept(draft ids actually sent, the Draft, the verifier's answer) -> (accepted count, next token)
 Accept = Callable[[list[int], Draft, VerifyResult], tuple[int, int]]
-# Called with every block of newly committed tokens (streaming).
+# Called with every block of newly committed tokens (streaming); the draft-verify loop passes a `Block`.
 OnTokens = Callable[[list[int]], None]
+
+
+class Block(list):
+    """A block of committed tokens as the draft-verify loop hands it to `on_tokens`: a list of ids
+    whose first `drafted` came from the accepted draft (the drafter's, or the input's under IAD) and
+    the rest from the verifier. Callers that only want the ids use it as the list it is; a stream
+    that shows where tokens came from reads `drafted` (`drafted_count`)."""
+
+    def __init__(self, ids: list[int], drafted: int = 0) -> None:
+        super().__init__(ids)
+        self.drafted = drafted
+
+
+def drafted_count(block: list[int]) -> int:
+    """How many of `block`'s first tokens came from an accepted draft (0 for a plain list: a run of
+    AR steps, beam search's output, forced first tokens)."""
+    return block.drafted if isinstance(block, Block) else 0
 
 
 class Overlap(Protocol):
@@ -232,7 +249,7 @@ def draft_verify_loop(
             stats.record_accepts(len(ids), accepted)
             if on_verdict is not None:
                 on_verdict(ids, accepted, token)
-            if commit([*ids[:accepted], token], out, eos_id, max_new_tokens, stats, on_tokens):
+            if commit([*ids[:accepted], token], out, eos_id, max_new_tokens, stats, on_tokens, drafted=accepted):
                 return out
     finally:
         if overlap is not None:
@@ -254,16 +271,17 @@ def run_plain_steps(
 
 
 def commit(block: list[int], out: list[int], eos_id: int, max_new_tokens: int, stats: DecodeStats,
-           on_tokens: OnTokens | None) -> bool:
-    """Append a block of final tokens to `out` (cut at EOS) and tell `on_tokens`; True when the
-    output is finished (EOS, or max_new_tokens reached), with the stats' finish reason set."""
+           on_tokens: OnTokens | None, drafted: int = 0) -> bool:
+    """Append a block of final tokens to `out` (cut at EOS) and tell `on_tokens` (a `Block` whose
+    first `drafted` tokens came from the draft); True when the output is finished (EOS, or
+    max_new_tokens reached), with the stats' finish reason set."""
     finish = ""
     if eos_id in block:
         block = block[: block.index(eos_id)]
         finish = "eos"
     out.extend(block)
     if on_tokens is not None and block:
-        on_tokens(block)
+        on_tokens(Block(block, min(drafted, len(block))))
     if not finish and len(out) >= max_new_tokens:
         finish = "length"
     if finish:

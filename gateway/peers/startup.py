@@ -1,29 +1,22 @@
-"""The gateway's peers as it sees them: waiting for them at start-up (logged, abandoned on SIGTERM),
-and the drafter replicas (each checked against the verifier, the retry window after a failure).
+"""Waiting for the gateway's peers at start-up: logged while it waits, abandoned on SIGTERM.
 
-The verifier is required: the gateway does not serve without it. The drafter is optional: while it
-is down, requests of the drafter modes fall back to plain AR through the verifier (`fallback = "ar"`).
+The pools (`gateway.peers.pools`) wait through it: the verifier is required (the gateway does not
+serve without it); the drafter is optional (while it is down, requests of the drafter modes fall back
+to plain AR through the verifier, `fallback = "ar"`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import grpc
-import structlog
 
-from core.errors import SpecdecError, StatusCode
-from core.wire import SPECIAL_ID_FIELDS
-from gateway.config import GatewayConfig
-from gateway.metrics import GatewayMetrics
-from gateway.peers.remote import CallOptions, RemoteDrafter
-from gateway.peers.replicas import Replica, ReplicaSet
+from core.errors import SpecdecError
+from gateway.peers.replicas import ReplicaSet
 from gateway.peers.triton import TritonVerifierClient
 from protos.specdec.v1 import common_pb2
-from serving.tls import ClientTLS
 
 # Waiting for a peer at start-up: how often the wait looks at SIGTERM, and how often it is logged.
 WAIT_POLL_S = 0.5
@@ -92,69 +85,3 @@ class StartupWait:
                               timeout_s=self.timeout)
 
         return poll
-
-
-class DrafterPeer:
-    """The drafter replicas (`gateway.peers.replicas`), each checked against the verifier's ModelInfo, and
-    the retry window: after a failed attempt a replica is skipped for `drafter_retry_s`, then tried
-    again."""
-
-    def __init__(self, config: GatewayConfig, tls: ClientTLS | None, metrics: GatewayMetrics) -> None:
-        assert config.drafter_address
-        self.address = config.drafter_address
-        self.config = config
-        self.replicas = ReplicaSet("drafter", self.address, tls, self._check, metrics, config.resolve_interval_s)
-        self.verifier: common_pb2.ModelInfo | None = None
-        self.log = structlog.get_logger(service="gateway")
-
-    @property
-    def info(self) -> common_pb2.ModelInfo | None:
-        """The first accepted drafter replica's ModelInfo (every other one serves the same bundle)."""
-        return self.replicas.reference
-
-    async def start(self, verifier: common_pb2.ModelInfo) -> None:
-        """Start watching the replicas, each checked against `verifier` (on the event loop)."""
-        self.verifier = verifier
-        await self.replicas.start()
-
-    def check_at_start(self, wait: StartupWait) -> None:
-        """Wait for a drafter replica; none within the timeout is an error only with `fallback =
-        "fail"` (else the gateway starts and uses replicas as they come). A replica that disagrees
-        with the verifier, while no other is known, is a ValueError."""
-        try:
-            usable = wait.replicas(self.replicas, "drafter")
-        except grpc.FutureTimeoutError:
-            if self.config.fallback != "ar":
-                raise SpecdecError(
-                    StatusCode.UNAVAILABLE, f"drafter at {self.address}: no replica SERVING within {wait.timeout}s"
-                ) from None
-            self.log.warning("drafter_unreachable_at_start", address=self.address)
-            return
-        self.log.info("drafter_replicas", usable=usable, address=self.address)
-
-    @contextlib.contextmanager
-    def lease(self, options: CallOptions, exclude: set[str]) -> Iterator[tuple[RemoteDrafter, Replica] | None]:
-        """A drafter on the replica with the most free sessions, or None while none is usable."""
-        with self.replicas.lease(exclude) as replica:
-            if replica is None or replica.info is None:
-                yield None
-                return
-            yield RemoteDrafter(replica.channel, replica.info, options, self.config.drafter_timeout_s), replica
-
-    def failed(self, replica: Replica, exc: Exception) -> None:
-        """A real attempt at `replica` failed: skip it for drafter_retry_s, then try again."""
-        self.replicas.failed(replica, self.config.drafter_retry_s, exc)
-
-    async def close(self) -> None:
-        await self.replicas.close()
-
-    def _check(self, info: common_pb2.ModelInfo) -> str | None:
-        assert self.verifier is not None
-        mismatch = [
-            name
-            for name in ("vocab_size", "source_vocab_size", "tokenizer_fingerprint", *SPECIAL_ID_FIELDS)
-            if getattr(info, name) != getattr(self.verifier, name)
-        ]
-        if mismatch:
-            return f"drafter and verifier disagree on {', '.join(mismatch)}; refusing to combine them"
-        return None

@@ -16,8 +16,9 @@ import pytest
 
 from core.config import load_sections
 from protos.specdec.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
-from specdec.cli import _build_parser
-from specdec.serve import ServiceStack, batch_overrides, serve_config
+from specdec.cli import build_parser
+from specdec.commands.serve import batch_overrides
+from specdec.serve import ServiceStack, serve_config
 from tests.services.conftest import scrape, wait_until
 
 CLIENTS = 6
@@ -307,7 +308,7 @@ def test_batch_keys_come_from_the_file_the_environment_and_flags(tmp_path):
     environ = {"SPECDEC__VERIFIER__MAX_BATCH_ROWS": "1", "SPECDEC__DRAFTER__BATCH_WAIT_MS": "0.5"}
     by_env = serve_config(load_sections(path, environ=environ))
     assert by_env.verifier_limits.max_batch_rows == 1 and by_env.drafter_limits.batch_wait_ms == 0.5
-    args = _build_parser().parse_args(["serve", "all", "--max-batch-rows", "4", "--batch-wait-ms", "3"])
+    args = build_parser().parse_args(["serve", "all", "--max-batch-rows", "4", "--batch-wait-ms", "3"])
     flags = batch_overrides(args)
     by_flags = serve_config(load_sections(path, environ=environ, overrides={"verifier": flags, "drafter": flags}))
     assert by_flags.verifier_limits.max_batch_rows == by_flags.drafter_limits.max_batch_rows == 4

@@ -131,7 +131,7 @@ def test_closing_frees_the_peer_session(stack, peers):
 def test_the_gateway_drives_its_peer_streams_on_grpc_aio(stack):
     """The gateway's verifier and drafter session streams are grpc.aio calls on its own loop."""
     gateway = stack.running.gateway
-    replicas = [*gateway.verifiers.replicas.values(), *gateway.drafter.replicas.replicas.values()]
+    replicas = [*gateway.verifiers.replicas.replicas.values(), *gateway.drafters.replicas.replicas.values()]
     assert len(replicas) == 2 and all(isinstance(r.channel, PeerChannel) for r in replicas)
     assert "peer_streams" not in {f.name for f in fields(GatewayConfig)}  # no longer a setting
 

@@ -145,7 +145,7 @@ def test_a_replica_serving_another_bundle_is_refused(bundle_dir, replicas, expec
     with gateway_over(bundle_dir, f"{kept},{refused}") as gateway:
         assert gateway.verifiers.usable() == [kept]
         with ServiceStack("verifier", other, {"verifier": {"address": refused}}):
-            by_address = gateway.verifiers.replicas
+            by_address = gateway.verifiers.replicas.replicas
             assert wait_until(lambda: by_address[refused].refused is not None, 10.0)
             assert "serves bundle" in by_address[refused].refused
             results = generate_all(gateway, AR, 4, 2)
@@ -266,7 +266,7 @@ def test_a_malformed_replica_address_is_an_error_naming_the_key(value: str, mess
 
 
 def test_the_replica_flags_take_a_list():
-    from specdec.cli import addresses_arg
+    from specdec.commands.flags import addresses_arg
 
     assert addresses_arg("10.0.0.1:50052,10.0.0.2:50052") == "10.0.0.1:50052,10.0.0.2:50052"
     assert addresses_arg("dns:///specdec-verifier:50052") == "dns:///specdec-verifier:50052"

@@ -5,9 +5,14 @@ time by the `openssl` command, a real stack on loopback, real channels; nothing 
 from __future__ import annotations
 
 import asyncio
+import http.client
+import json
 import os
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -182,6 +187,30 @@ def test_health_needs_no_token(secure, pki):
     with _channel(secure.running.addresses["gateway"], pki) as channel:
         status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status
     assert status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _https(address: str, pki: Path, headers: dict[str, str], scheme: str = "https") -> tuple[int, dict]:
+    body = json.dumps({"model": "specdec", "prompt": TEXT, "max_tokens": 16, "specdec": {"mode": "gad", "k": 4}})
+    request = urllib.request.Request(f"{scheme}://{address}/v1/completions", data=body.encode(), headers=headers)
+    context = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+    try:
+        with urllib.request.urlopen(request, context=context if scheme == "https" else None, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_the_http_endpoints_share_the_certificate_and_the_token(secure, pki):
+    """HTTPS with the gateway's certificate; the same bearer token; plaintext HTTP gets no answer."""
+    address = secure.running.http_address
+    with _channel(secure.running.addresses["gateway"], pki) as channel:
+        expected = _generate(channel, (bearer_metadata(TOKEN),)).text
+    status, answer = _https(address, pki, {"Authorization": f"Bearer {TOKEN}"})
+    assert status == 200 and answer["choices"][0]["text"] == expected
+    status, answer = _https(address, pki, {})
+    assert status == 401 and answer["error"]["message"].startswith("missing bearer token")
+    with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+        _https(address, pki, {"Authorization": f"Bearer {TOKEN}"}, scheme="http")
 
 
 def _specdec_generate(address: str, *flags: str) -> subprocess.CompletedProcess:

@@ -14,8 +14,8 @@ from core.errors import SpecdecError, StatusCode
 from gateway.config import GatewayConfig, verifier_of, verifier_target
 from gateway.peers.triton import model_info
 from specdec.cli import main
-from specdec.triton_export import TritonExportOptions, export_triton, onnx_config
 from verifier_service.session import make_verifier
+from verifier_service.triton_export import TritonExportOptions, export_triton, onnx_config
 from verifier_service.triton_model import SequenceTable, TableLimits, result_arrays
 
 

@@ -22,10 +22,10 @@ from gateway.peers.triton import TritonVerifierClient
 from gateway.wire import overrides_to_wire
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc
 from specdec.serve import ServiceStack
-from specdec.triton_export import TritonExportOptions, export_triton
 from tests.services.conftest import LOOPBACK, wait_until
 from tests.services.test_modes import MODES, TEXTS
 from tests.triton.tritonserver import start_triton, why_not_runnable
+from verifier_service.triton_export import TritonExportOptions, export_triton
 
 pytestmark = pytest.mark.triton
 MODEL, SHORT_LIVED = "specdec_verifier", "specdec_verifier_idle"

@@ -1,4 +1,4 @@
-"""`specdec export-triton --out DIR`: a Triton Inference Server model repository for the bundle's verifier.
+"""The Triton Inference Server model repository of a bundle's verifier (`specdec export-triton --out DIR`):
 
     DIR/<model>/config.pbtxt          Python backend, sequence batcher (oldest), START/END/CORRID
     DIR/<model>/1/model.py            imports verifier_service.triton_model.TritonPythonModel

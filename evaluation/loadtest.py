@@ -1,4 +1,4 @@
-"""`specdec loadtest`: drive a running gateway with concurrent requests and measure what it sustains.
+"""Drive a running gateway with concurrent requests and measure what it sustains (`specdec loadtest`).
 
 Three ways to offer load:
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 
-def add_parser(sub: Any) -> None:
+def register(sub) -> None:
     p = sub.add_parser(
         "import-hf",
         help="write a bundle from a Hugging Face save_pretrained directory (Marian, BART, mBART, T5/mT5, M2M100/NLLB)",

@@ -1,4 +1,5 @@
-"""`specdec bench`: every decoding mode on the UA-GEC test split, in-process and through the services.
+"""The UA-GEC benchmark (`specdec bench`): every decoding mode on the UA-GEC test split, in-process and
+through the services.
 
 Sample: the first N sentences of the UA-GEC test split in corpus order (`training.data.load_test_set`:
 documents in ua-gec order, sentences in document order, each with both annotators' references),
@@ -12,7 +13,7 @@ sentence, every configuration in turn), so slow drift of a shared machine skews 
 A row's wall time is the sum of its rounds. Speed-ups divide the greedy (or beam 5) row's wall
 time of the *same stack* by the row's own.
 
-Quality: GLEU (Napoles et al. 2015/2016, see `specdec.gec_metrics`) against both references,
+Quality: GLEU (Napoles et al. 2015/2016, see `evaluation.gec_metrics`) against both references,
 exact match with any reference, % of sentences identical to greedy, and the verifier's perplexity
 of the outputs (teacher-forced, EOS scored when the output ended with it).
 """
@@ -22,17 +23,14 @@ from __future__ import annotations
 import datetime as dt
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.backends import BACKENDS
-from core.config import DEVICE_HELP, device_arg
-from specdec.bench_report import cpu_name, start_services, write_section
-from specdec.gec_metrics import exact_match, gleu
+from evaluation.bench_report import cpu_name, start_services, write_section
+from evaluation.gec_metrics import exact_match, gleu
 
 SECTION = "## UA-GEC benchmark"
 DEFAULT_SAMPLE = 500
@@ -109,51 +107,6 @@ class BenchResult:
     notes: list[str] = field(default_factory=list)
     lossless_ok: bool = True
     device: str = "cpu"  # where the verifier ran ("cpu", "cuda:0")
-
-
-def add_arguments(p) -> None:
-    """`specdec bench` flags (argparse)."""
-    p.add_argument("--bundle", help="model bundle directory (default: $SPECDEC_BUNDLE or bundles/ua-gec)")
-    p.add_argument("--sample", type=int, help=f"first N test sentences in corpus order (default {DEFAULT_SAMPLE}; "
-                   f"{QUICK_SAMPLE} with --quick; 0 = all)")
-    p.add_argument("--through", choices=list(STACKS), default="in-process", help="which stack decodes")
-    p.add_argument("--backend", choices=BACKENDS,
-                   help="verifier and NAR drafter backend (default: onnxruntime)")
-    p.add_argument("--device", type=device_arg, default="auto",
-                   help=f"where the models run, in-process and in the services alike: {DEVICE_HELP}")
-    p.add_argument("--max-new-tokens", type=int, help=f"output limit (default {DEFAULT_MAX_NEW_TOKENS}; "
-                   f"{QUICK_MAX_NEW_TOKENS} with --quick)")
-    p.add_argument("--threads", type=int, help="torch intra-op threads, in-process and in the services "
-                   "(OMP_NUM_THREADS); default: torch's own choice")
-    p.add_argument("--quick", action="store_true", help="one configuration per mode, a small sample")
-    p.add_argument("--data-dir", help="prepared training data dir whose test.text.jsonl to use (default: ua-gec)")
-    p.add_argument("--write", action="store_true", help=f"replace the '{SECTION}' section of --output")
-    p.add_argument("--output", type=Path, default=Path("BENCHMARKS.md"), help="default: ./BENCHMARKS.md")
-
-
-def run_from_args(args, bundle_dir: Path, command: str) -> int:
-    """Run the benchmark for parsed `specdec bench` flags; 1 when a lossless mode lost."""
-    from core.backends import DEFAULT_BACKEND
-    from training.data import load_test_set
-
-    backend = args.backend or DEFAULT_BACKEND
-    sample = args.sample if args.sample is not None else QUICK_SAMPLE if args.quick else DEFAULT_SAMPLE
-    max_new = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else DEFAULT_MAX_NEW_TOKENS)
-    try:
-        items = load_test_set(args.data_dir)
-    except ModuleNotFoundError as exc:
-        raise ValueError(f"the UA-GEC test split needs the ua-gec package (pip install -e '.[train]') or "
-                         f"--data-dir with a prepared test.text.jsonl ({exc})") from None
-    configs = quick_configs() if args.quick else full_configs()
-    result = run_benchmark(bundle_dir, items, configs, STACKS[args.through], backend, max_new,
-                           progress=lambda line: print(line, file=sys.stderr, flush=True), limit=sample or None,
-                           threads=args.threads, device=args.device)
-    print(format_table(result))
-    for note in result.notes:
-        print(note, file=sys.stderr if note.startswith("LOSSLESS") else sys.stdout)
-    if args.write:
-        write_report(args.output, result, backend, command)
-    return 0 if result.lossless_ok else 1
 
 
 def full_configs() -> list[BenchConfig]:
@@ -242,7 +195,7 @@ def select_sentences(items: Sequence[Any], tokenizer, max_source_len: int, limit
 
 
 def summarise(bundle, sentences: list[Sentence], runs: list[Run], max_new_tokens: int) -> BenchResult:
-    from specdec.perplexity import output_nll
+    from evaluation.perplexity import output_nll
 
     tokenizer, model = bundle.tokenizer, bundle.verifier
     sources = [s.source for s in sentences]

@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
+from core.config import DEVICE_HELP, device_arg
 from training.drafter_distillation.options import (
     AR_SHARE,
     DEFAULT_AR_STEPS,
@@ -33,9 +33,7 @@ from training.drafter_distillation.options import (
 )
 
 
-def add_parser(sub: Any) -> None:
-    from core.config import DEVICE_HELP, device_arg
-
+def register(sub) -> None:
     p = sub.add_parser(
         "distill",
         help="train an NAR drafter (and optionally a small AR drafter) on a bundle's own greedy outputs",

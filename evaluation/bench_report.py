@@ -17,11 +17,13 @@ def bench_parser(doc: str | None, root: Path, data_dir: bool = True) -> argparse
     ua-gec), `--data-dir` (whose test texts; unless `data_dir` is false), and `--write` to replace its
     section of `--output` (default BENCHMARKS.md); the script adds its own."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", default=str(root / "bundles" / "ua-gec"))
+    p.add_argument("--bundle", default=str(root / "bundles" / "ua-gec"), help="model bundle directory "
+                   "(default: the repository's bundles/ua-gec)")
     if data_dir:
         p.add_argument("--data-dir", help="prepared data dir whose test.text.jsonl to use (default: ua-gec)")
-    p.add_argument("--write", action="store_true")
-    p.add_argument("--output", type=Path, default=root / "BENCHMARKS.md")
+    p.add_argument("--write", action="store_true", help="also replace this benchmark's section of --output")
+    p.add_argument("--output", type=Path, default=root / "BENCHMARKS.md", help="the file --write updates "
+                   "(default: the repository's BENCHMARKS.md)")
     return p
 
 

@@ -1,4 +1,4 @@
-"""`specdec evaluate`: text quality of a training run's verifier on the validation split, GLEU
+"""Text quality of a training run's verifier on the validation split (`specdec evaluate`): GLEU
 against the references beside the uncorrected sources' GLEU, while the run goes on or after it.
 
     specdec evaluate --out runs/ua-gec-base --preset base [--weights verifier/best.pt]
@@ -9,24 +9,19 @@ whether its own outputs improve the text. A verifier can lower its loss while fa
 repetition on long inputs (the first base run did, past ~90 output tokens), and corpus GLEU weighs
 long sentences most. So this decodes `--groups` validation sentences (with all their annotators'
 references), spread evenly over the split, and reports GLEU overall, on short and long sources, and
-the outputs that look degenerate. Prints one JSON object.
+the outputs that look degenerate (`specdec evaluate` prints it as one JSON object).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import pickle
-import sys
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from training.arguments import PRESET_NAMES
-
-if TYPE_CHECKING:  # torch and the models load only when the command runs: the CLI parser stays fast
+if TYPE_CHECKING:  # torch and the models load only when a run is scored: the CLI parser stays fast
     from seq2seq_models.tokenizer import Tokenizer
     from seq2seq_models.transformer import Seq2SeqTransformer
     from training.data import TestItem
@@ -50,43 +45,32 @@ class QualityReport:
     examples: list[dict[str, str]]  # the degenerate outputs (first few), to look at
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`specdec evaluate` flags."""
-    parser.add_argument("--out", required=True, type=Path, help="run directory (its data and tokenizer stages done)")
-    parser.add_argument("--preset", choices=PRESET_NAMES, default="full", help="the run's preset")
-    parser.add_argument("--weights", help="weights to score, relative to --out or absolute: a state dict "
-                        "(best.pt, snapshots/step-N.pt) or a training checkpoint (checkpoint.pt, mid-run); "
-                        "default verifier/best.pt")
-    parser.add_argument("--groups", type=int, default=500, help="validation sentences (with all references)")
-    parser.add_argument("--beams", type=int, default=1, help="1 = greedy")
-    parser.add_argument("--threads", type=int, help="torch threads (default: the CPUs this process may use)")
+class RunError(ValueError):
+    """What is wrong with a training run's files for scoring, in one line."""
 
 
-def run_from_args(args: argparse.Namespace) -> int:
-    if args.groups < 1 or args.beams < 1:
-        print("error: --groups and --beams must be at least 1", file=sys.stderr)
-        return 2
+def load_run_verifier(out: Path, preset: str, weights: str | Path | None = None
+                      ) -> tuple[Seq2SeqTransformer, Tokenizer, Path]:
+    """The verifier of run directory `out` (its `preset`'s shape) with `weights` loaded (relative to
+    `out` or absolute; default verifier/best.pt), its tokenizer, and the weights' path; a RunError
+    when a file is missing, is not torch weights, or holds another model's."""
     from seq2seq_models.tokenizer import Tokenizer
     from seq2seq_models.transformer import Seq2SeqTransformer
     from training.checkpoint import load_checkpoint
-    from training.pipeline import configure_threads
     from training.presets import get_preset
     from training.tokenizer import TOKENIZER_FILE
 
-    configure_threads(args.threads)
-    weights = Path(args.weights) if args.weights else Path("verifier/best.pt")
-    weights = weights if weights.is_absolute() else args.out / weights
-    for needed in (weights, args.out / "data" / TOKENIZER_FILE, args.out / "data" / "valid.text.jsonl"):
+    path = Path(weights) if weights else Path("verifier/best.pt")
+    path = path if path.is_absolute() else out / path
+    for needed in (path, out / "data" / TOKENIZER_FILE, out / "data" / "valid.text.jsonl"):
         if not needed.is_file():
-            print(f"error: {needed} does not exist (has the run reached that stage?)", file=sys.stderr)
-            return 2
-    tokenizer = Tokenizer.load(args.out / "data" / TOKENIZER_FILE)
-    model = Seq2SeqTransformer(get_preset(args.preset).model_config("verifier", tokenizer.vocab_size))
+            raise RunError(f"{needed} does not exist (has the run reached that stage?)")
+    tokenizer = Tokenizer.load(out / "data" / TOKENIZER_FILE)
+    model = Seq2SeqTransformer(get_preset(preset).model_config("verifier", tokenizer.vocab_size))
     try:
-        state = load_checkpoint(weights)
+        state = load_checkpoint(path)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
-        print(f"error: {weights} is not a file of torch weights ({type(exc).__name__})", file=sys.stderr)
-        return 2
+        raise RunError(f"{path} is not a file of torch weights ({type(exc).__name__})") from None
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]  # a training checkpoint (checkpoint.pt): score the weights it is at
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
@@ -94,14 +78,10 @@ def run_from_args(args: argparse.Namespace) -> int:
     found = {name: tuple(t.shape) for name, t in state.items() if hasattr(t, "shape")}
     wrong = sum(found.get(name) != shape for name, shape in expected.items())
     if wrong:
-        print(f"error: {weights} does not hold the weights of the {args.preset!r} preset's verifier ({wrong} of its "
-              f"{len(expected)} tensors missing or of another shape)", file=sys.stderr)
-        return 2
+        raise RunError(f"{path} does not hold the weights of the {preset!r} preset's verifier ({wrong} of its "
+                       f"{len(expected)} tensors missing or of another shape)")
     model.load_state_dict(state)
-    items = spread(validation_groups(args.out / "data" / "valid.text.jsonl"), args.groups)
-    report = evaluate_quality(model.eval(), tokenizer, items, beams=args.beams, weights=str(weights))
-    print(json.dumps(asdict(report), ensure_ascii=False))
-    return 0
+    return model, tokenizer, path
 
 
 def evaluate_quality(model: Seq2SeqTransformer, tokenizer: Tokenizer, items: Sequence[TestItem], beams: int = 1,
@@ -109,8 +89,8 @@ def evaluate_quality(model: Seq2SeqTransformer, tokenizer: Tokenizer, items: Seq
     """Decode every item's source (those over the model's source limit are left out) and score it."""
     import torch
 
+    from evaluation.gec_metrics import gleu
     from seq2seq_models.batched_beam import beam_search_texts
-    from specdec.gec_metrics import gleu
 
     limit = model.config.max_len - 1  # room for the EOS the model appends
     encoded = [(item, ids) for item in items if 0 < len(ids := tokenizer.encode(item.source)) <= limit]

@@ -1,0 +1,140 @@
+"""Many inputs at once: rows admitted by length into a pool of decode threads, outputs in order.
+
+`BulkRun` keeps `batch_size` inputs decoding at a time, each on a thread of its own, while their
+steps share the model worker's batched forwards (`verifier_service.scheduled`,
+`drafter_service.scheduled`: the services' scheduler, in process). Inputs are read a window ahead
+and admitted longest first within the window: rows in flight have similar lengths (less padding in a
+forward), and the window's last rows are its short ones, so a run does not end on a few long rows
+decoding alone; a finished row's place is taken at once by the next (continuous batching).
+Outcomes come back in input order, or as they finish.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+from core.errors import SpecdecError
+
+# How many inputs are read and sorted ahead, per row in flight: enough for rows of similar
+# length to meet, few enough that the first outputs come soon.
+WINDOW_PER_ROW = 8
+
+
+@dataclass
+class Pending:
+    """An input read but not yet decoded: its index, and its prepared request or its error."""
+
+    index: int
+    item: Any  # what `decode` takes, or a SpecdecError
+    length: int  # its source length, for admission
+
+
+class BulkRun:
+    """Iterating gives (index, outcome) of every item: `decode(item, stop)`'s result, or the
+    SpecdecError of an item that failed (its own, or one `decode` raised). At most `batch_size`
+    decode at once; `window` inputs (default `WINDOW_PER_ROW * batch_size`) are read ahead and
+    admitted longest first. `decode` should give up soon once `stop` (a threading.Event) is set.
+
+    Interrupted (KeyboardInterrupt while iterating), the rows in flight are told to stop, and
+    `finished()` gives the outcomes that were done but not yet given out."""
+
+    def __init__(
+        self, items: Iterable[Pending], decode: Callable[[Any, threading.Event], Any], batch_size: int,
+        ordered: bool = True, window: int | None = None, on_close: Callable[[], None] | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch size must be at least 1; got {batch_size}")
+        self.items = iter(items)
+        self.decode = decode
+        self.batch_size = batch_size
+        self.ordered = ordered
+        self.window = window or WINDOW_PER_ROW * batch_size
+        self.on_close = on_close  # called once the run ends (frees what the run made)
+        self.stop = threading.Event()
+        self.done: dict[int, Any] = {}
+        self._lock = threading.Lock()
+        self._decoding = 0  # rows whose decode is running now
+
+    def in_flight(self) -> int:
+        """Rows decoding now: the most steps the model worker can expect at once."""
+        return self._decoding
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        following = 0  # the next index to give out, in order
+        pool = ThreadPoolExecutor(max_workers=self.batch_size, thread_name_prefix="specdec-bulk")
+        running: dict[Future, int] = {}
+        queued: list[Pending] = []
+        exhausted = False
+        try:
+            while True:
+                if not queued and not exhausted:
+                    queued, exhausted = _read_window(self.items, self.window)
+                while queued and len(running) < self.batch_size:
+                    pending = queued.pop(0)
+                    if isinstance(pending.item, SpecdecError):
+                        self.done[pending.index] = pending.item
+                    else:
+                        running[pool.submit(self._outcome, pending.item)] = pending.index
+                if not running and not queued and exhausted:
+                    break
+                if running:
+                    finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        self.done[running.pop(future)] = future.result()
+                ready, following = _ready(self.done, following, self.ordered)
+                yield from ready
+            yield from self.finished()
+        finally:
+            self.stop.set()  # interrupted, or done: rows still in flight stop at their next block
+            pool.shutdown(wait=False, cancel_futures=True)
+            if self.on_close is not None:
+                self.on_close()
+
+    def finished(self) -> list[tuple[int, Any]]:
+        """The outcomes done and not given out yet, in input order (taken)."""
+        out = sorted(self.done.items())
+        self.done.clear()
+        return out
+
+    def _outcome(self, item: Any) -> Any:
+        with self._lock:
+            self._decoding += 1
+        try:
+            return self.decode(item, self.stop)
+        except SpecdecError as exc:
+            return exc
+        finally:
+            with self._lock:
+                self._decoding -= 1
+
+
+def _read_window(source: Iterator[Pending], window: int) -> tuple[list[Pending], bool]:
+    """The next `window` inputs, longest first (stable: equal lengths keep input order), and
+    whether the input is exhausted."""
+    chunk = list(itertools.islice(source, window))
+    return sorted(chunk, key=lambda p: -p.length), len(chunk) < window
+
+
+def _ready(done: dict[int, Any], following: int, ordered: bool) -> tuple[list[tuple[int, Any]], int]:
+    """The outcomes that may go out now (taken from `done`), and the next index due in order."""
+    if not ordered:
+        out = sorted(done.items())
+        done.clear()
+        return out, following
+    out = []
+    while following in done:
+        out.append((following, done.pop(following)))
+        following += 1
+    return out, following
+
+
+def _outcome(decode: Callable[[Any], Any], item: Any) -> Any:
+    try:
+        return decode(item)
+    except SpecdecError as exc:
+        return exc

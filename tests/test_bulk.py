@@ -1,0 +1,225 @@
+"""Bulk decoding (`specdec.bulk`, `LocalEngine.bulk`, `specdec decode --batch-size`): many inputs in
+shared forwards give exactly what one at a time gives, in input order, with bad inputs reported in
+place, progress on stderr and Ctrl-C writing what finished."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import specdec
+from core.errors import SpecdecError
+from seq2seq_models.bundle import make_tiny_bundle
+from specdec.bulk import BulkRun, Pending
+
+REPO = Path(__file__).resolve().parent.parent
+# Every mode, with settings that make its drafts matter on the tiny models.
+MODES = {
+    "ar": {}, "iad": {"k": 6}, "gad": {"k": 4}, "gad_adaptive": {"mode": "gad", "k": 6, "adaptive": True},
+    "gad++": {"k": 4, "beta": 3, "tau": 2.0}, "beam": {"num_beams": 3}, "mjsd": {"gamma": 3, "num_beams": 2},
+    "spec": {"gamma": 3, "temperature": 1.0, "seed": 5},
+}
+LOSSLESS = ("ar", "iad", "gad", "gad_adaptive")
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(tmp_path_factory) -> Path:
+    return make_tiny_bundle(tmp_path_factory.mktemp("bulk-bundle"), seed=3)
+
+
+@pytest.fixture(scope="module")
+def engine64(bundle_dir):
+    """float64 torch models: a batched forward and a lone row's agree exactly."""
+    with specdec.Engine.load(bundle_dir, backend="torch", dtype="float64") as engine:
+        yield engine
+
+
+def _inputs(n: int, seed: int = 0) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(5, 150) for _ in range(rng.randrange(2, 24))] for _ in range(n)]
+
+
+def _params(name: str) -> dict:
+    params = dict(MODES[name])
+    params.setdefault("mode", name)
+    return {**params, "max_new_tokens": 24}
+
+
+@pytest.mark.parametrize("name", list(MODES))
+def test_a_batched_run_equals_one_at_a_time(engine64, name):
+    requests = [engine64.request(ids, "", _params(name)) for ids in _inputs(14)]
+    alone = [o.output_ids for _, o in engine64.generate_each(requests, batch_size=1)]
+    batched = [o.output_ids for _, o in engine64.generate_each(requests, batch_size=5)]
+    assert batched == alone
+
+
+def test_the_lossless_modes_equal_greedy_in_a_batch(engine64):
+    inputs = _inputs(12, seed=1)
+    greedy = [o.output_ids for o in engine64.generate(inputs, mode="ar", max_new_tokens=24)]
+    for name in LOSSLESS[1:]:
+        params = _params(name)
+        assert [o.output_ids for o in engine64.generate(inputs, **params)] == greedy, name
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), batch=st.integers(2, 9), workers=st.integers(1, 2))
+def test_any_batch_and_workers_give_greedy(engine64, seed, batch, workers):
+    inputs = _inputs(7, seed)
+    greedy = [o.output_ids for _, o in engine64.generate_each(
+        [engine64.request(i, "", {"mode": "ar", "max_new_tokens": 16}) for i in inputs], batch_size=1)]
+    for params in ({"mode": "iad", "k": 5}, {"mode": "gad", "k": 3}):
+        requests = [engine64.request(i, "", {**params, "max_new_tokens": 16}) for i in inputs]
+        outs = [o.output_ids for _, o in engine64.generate_each(requests, batch_size=batch, workers=workers)]
+        assert outs == greedy, params
+
+
+def test_the_default_backend_batches_identically(bundle_dir):
+    """ONNX Runtime float32: batch invariance of the batched graph against the one-row graph."""
+    with specdec.Engine.load(bundle_dir) as engine:
+        inputs = _inputs(10, seed=2)
+        for name in ("ar", "iad", "gad"):
+            requests = [engine.request(i, "", _params(name)) for i in inputs]
+            alone = [o.output_ids for _, o in engine.generate_each(requests, batch_size=1)]
+            assert [o.output_ids for _, o in engine.generate_each(requests, batch_size=4)] == alone, name
+
+
+def test_outcomes_come_in_input_order_or_as_they_finish(engine64):
+    inputs = _inputs(12, seed=3)
+    requests = [engine64.request(i, "", {"mode": "ar", "max_new_tokens": 20}) for i in inputs]
+    requests[4] = engine64.request([], "", {"mode": "ar"})  # empty: refused in its place
+    ordered = list(engine64.generate_each(requests, batch_size=4))
+    assert [i for i, _ in ordered] == list(range(12))
+    assert isinstance(ordered[4][1], SpecdecError) and "empty" in ordered[4][1].message
+    unordered = list(engine64.generate_each(requests, ordered=False, batch_size=4))
+    assert sorted(i for i, _ in unordered) == list(range(12))
+    by_index = dict(unordered)
+    for index, outcome in ordered:
+        if index != 4:
+            assert by_index[index].output_ids == outcome.output_ids
+
+
+def test_many_inputs_through_the_api_are_checked_first(engine64):
+    with pytest.raises(SpecdecError, match="input 1: input is empty"):
+        engine64.generate([[5, 6, 7], [], [8, 9]], mode="ar")
+
+
+def test_rows_are_admitted_longest_first_within_a_window():
+    started: list[int] = []
+    lock = threading.Lock()
+
+    def decode(item, stop):
+        with lock:
+            started.append(item)
+        return item
+
+    items = [Pending(i, length, length) for i, length in enumerate([5, 3, 9, 1, 7, 2])]
+    outcomes = list(BulkRun(items, decode, batch_size=1, window=3))
+    assert [o for _, o in outcomes] == [5, 3, 9, 1, 7, 2]  # given out in input order
+    assert started == [9, 5, 3, 7, 2, 1]  # each window of 3 admitted longest first
+
+
+# ---- the command ---------------------------------------------------------------------------------
+
+
+def _decode_cmd(bundle_dir: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "specdec", "decode", "--bundle", str(bundle_dir), "--backend", "torch",
+            "--dtype", "float64", *args]
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONWARNINGS": "ignore"}
+
+
+LINES = ["перше речення", "друге", "", "третє речення тут", "і ще одне", "п'яте речення", "шосте", "сьоме речення"]
+
+
+def test_decode_batches_files_in_order_and_reports_bad_lines(bundle_dir, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    out1, out4, out_u = tmp_path / "one.jsonl", tmp_path / "four.jsonl", tmp_path / "unordered.jsonl"
+    flags = ["--mode", "gad", "--k", "4", "--max-new-tokens", "16", "--input", str(source), "--progress"]
+    one = subprocess.run(_decode_cmd(bundle_dir, *flags, "--batch-size", "1", "--output", str(out1)),
+                         capture_output=True, text=True, env=_env(), timeout=300, cwd=REPO)
+    four = subprocess.run(_decode_cmd(bundle_dir, *flags, "--batch-size", "4", "--output", str(out4)),
+                          capture_output=True, text=True, env=_env(), timeout=300, cwd=REPO)
+    unordered = subprocess.run(_decode_cmd(bundle_dir, *flags, "--batch-size", "4", "--unordered", "--output",
+                                           str(out_u)), capture_output=True, text=True, env=_env(), timeout=300,
+                               cwd=REPO)
+    for proc in (one, four, unordered):
+        assert proc.returncode == 2, proc.stderr  # the empty line failed, the others went on
+        assert "Traceback" not in proc.stderr
+        assert "INVALID_ARGUMENT: line 3: input is empty" in proc.stderr
+    records_one = [json.loads(x) for x in out1.read_text().splitlines()]
+    records_four = [json.loads(x) for x in out4.read_text().splitlines()]
+    assert len(records_one) == len(LINES) and records_one[2] == records_four[2] == {
+        "line": 3, "error": "input is empty", "code": "INVALID_ARGUMENT"}
+    assert [r.get("output_ids") for r in records_four] == [r.get("output_ids") for r in records_one]
+    records_u = [json.loads(x) for x in out_u.read_text().splitlines()]
+    assert sorted(r["line"] for r in records_u) == list(range(1, len(LINES) + 1))
+    by_line = {r["line"]: r.get("output_ids") for r in records_u}
+    assert [by_line[n] for n in range(1, len(LINES) + 1)] == [r.get("output_ids") for r in records_one]
+    # Not a terminal: the progress is plain lines, the last one a summary (no carriage returns).
+    assert f"{len(LINES)}/{len(LINES)} lines" in four.stderr and "\r" not in four.stderr
+
+
+def test_decode_draws_a_progress_bar_on_a_terminal(bundle_dir, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(x for x in LINES if x) + "\n", encoding="utf-8")
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        _decode_cmd(bundle_dir, "--mode", "ar", "--max-new-tokens", "8", "--input", str(source), "--output",
+                    str(tmp_path / "out.jsonl")),
+        stdout=subprocess.DEVNULL, stderr=follower, env=_env(), cwd=REPO,
+    )
+    os.close(follower)
+    seen = b""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the child closed its end
+            break
+        if not chunk:
+            break
+        seen += chunk
+    assert proc.wait(60) == 0
+    os.close(leader)
+    text = seen.decode("utf-8", "replace")
+    assert "\r" in text and "100%" in text, text  # tqdm redraws its bar in place and ends full
+    assert "Traceback" not in text
+
+
+def test_ctrl_c_writes_what_finished_and_exits_non_zero(bundle_dir, tmp_path):
+    source = tmp_path / "many.txt"
+    source.write_text("\n".join(f"речення номер {i} тут" for i in range(400)) + "\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen(
+        _decode_cmd(bundle_dir, "--mode", "ar", "--max-new-tokens", "24", "--batch-size", "4", "--input",
+                    str(source), "--output", str(out), "--progress"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO,
+    )
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and (not out.exists() or out.stat().st_size == 0):
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stderr = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "interrupted" in stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert 0 < len(records) < 400
+    assert all(r.get("output_ids") for r in records)
