@@ -118,8 +118,10 @@ class StepExecutor:
         with contextlib.suppress(RuntimeError):  # shut down: nothing left to free
             self._put(_Task(fn, args, None, None))
 
-    def shutdown(self) -> None:
-        """Cancel everything queued; the work running now finishes; the worker then exits."""
+    def shutdown(self, wait: bool = False) -> None:
+        """Cancel everything queued; the work running now finishes; the worker then exits. With
+        `wait`, return once it has: a process about to exit must not leave the (daemon) worker
+        inside a torch op, which aborts the interpreter's shutdown."""
         with self._cond:
             self._closed = True
             pending = list(self._queue)
@@ -128,6 +130,9 @@ class StepExecutor:
         for entry in pending:
             if entry.future is not None:
                 _call_soon(entry.future, entry.future.cancel)
+        thread = self._thread
+        if wait and thread is not None and thread is not threading.current_thread():
+            thread.join()
 
     # ---- the queue -----------------------------------------------------------------------------
 

@@ -137,7 +137,7 @@ class LocalEngine(Engine):
 
         def close() -> None:
             for lane in lanes:
-                lane.executor.shutdown()
+                lane.executor.shutdown(wait=True)  # the run's end may be the process's
 
         return BulkRun(items, decode_one, batch_size, ordered, on_close=close)
 
