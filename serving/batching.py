@@ -129,6 +129,14 @@ class StepExecutor:
             if entry.future is not None:
                 _call_soon(entry.future, entry.future.cancel)
 
+    def join(self, timeout: float | None = None) -> None:
+        """After `shutdown`: wait until the worker has finished the work it was running and exited
+        (in process, before the interpreter exits: a daemon thread stopped inside a model call
+        aborts the process)."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
     # ---- the queue -----------------------------------------------------------------------------
 
     async def _task(self, fn, args, release):
