@@ -211,6 +211,8 @@ def test_ctrl_c_writes_what_finished_and_exits_non_zero(bundle_dir, tmp_path):
         _decode_cmd(bundle_dir, "--mode", "ar", "--max-new-tokens", "48", "--batch-size", "4", "--input",
                     str(source), "--output", str(out), "--progress", "--unordered"),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO,
+        # A test worker may ignore SIGINT, and an ignored signal is inherited: give the child Ctrl-C back.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and (not out.exists() or out.stat().st_size == 0):
