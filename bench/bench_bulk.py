@@ -275,6 +275,7 @@ def _op_profile(engine: Any) -> list[tuple[str, float]]:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.enable_profiling = True
+    options.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "decoder_batch")  # not in the working tree
     session = ort.InferenceSession(runner.batch_decoder._model_path, options, providers=["CPUExecutionProvider"])
     feeds = per_layer(captured)
     for _ in range(20):
