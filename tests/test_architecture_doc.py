@@ -213,16 +213,30 @@ def references() -> list[tuple[str, str]]:
     """(file, what follows "ARCHITECTURE.md" there, whitespace and comment marks folded) in every
     Python and markdown file of the repository."""
     found = []
-    for path in [*ROOT.rglob("*.py"), *ROOT.rglob("*.md")]:
+    for path in repository_files((".py", ".md")):
         relative = path.relative_to(ROOT)
-        if any(part.startswith(".") or part == "node_modules" for part in relative.parts):
-            continue
         text = path.read_text(encoding="utf-8", errors="replace")
         if "ARCHITECTURE.md" not in text:
             continue
         folded = re.sub(r"\n[ \t]*(#[ \t]*)?" if path.suffix == ".py" else r"\n[ \t]*>?[ \t]*", " ", text)
         for match in re.finditer(r"ARCHITECTURE\.md(?:\]\([^)]*\))?", folded):
             found.append((str(relative), folded[match.end():match.end() + 200]))
+    return found
+
+
+def repository_files(suffixes: tuple[str, ...]) -> list[Path]:
+    """The repository's files with these suffixes, hidden folders (a virtual environment, caches) and
+    node_modules left out without being walked."""
+    found: list[Path] = []
+    folders = [ROOT]
+    while folders:
+        for entry in folders.pop().iterdir():
+            if entry.name.startswith(".") or entry.name == "node_modules":
+                continue
+            if entry.is_dir():
+                folders.append(entry)
+            elif entry.suffix in suffixes:
+                found.append(entry)
     return found
 
 
