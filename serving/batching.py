@@ -1,4 +1,4 @@
-"""The model worker and its continuous-batching scheduler (ARCHITECTURE.md section 8).
+"""The model worker and its continuous-batching scheduler (ARCHITECTURE.md, "Performance design").
 
 `StepExecutor` is the one thread model work runs on, off the event loop. Its queue holds two kinds
 of work, in arrival order:
