@@ -443,7 +443,7 @@ def section_body(args: argparse.Namespace, uagec: str, marian: str, notes: list[
         f"best of {args.rounds} interleaved rounds after a one-pass grid per engine (module docstring of "
         "`bench/bench_bulk.py`).",
         uagec,
-        *notes,
+        "\n".join(notes),
     ]
     if marian:
         parts += [f"Imported Marian-base-sized checkpoint (random weights, every output {MARIAN_STEPS} tokens), "
