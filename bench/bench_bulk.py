@@ -275,6 +275,7 @@ def _op_profile(engine: Any) -> list[tuple[str, float]]:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.enable_profiling = True
+    options.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "decoder_batch")  # not in the working tree
     session = ort.InferenceSession(runner.batch_decoder._model_path, options, providers=["CPUExecutionProvider"])
     feeds = per_layer(captured)
     for _ in range(20):
@@ -442,7 +443,7 @@ def section_body(args: argparse.Namespace, uagec: str, marian: str, notes: list[
         f"best of {args.rounds} interleaved rounds after a one-pass grid per engine (module docstring of "
         "`bench/bench_bulk.py`).",
         uagec,
-        *notes,
+        "\n".join(notes),
     ]
     if marian:
         parts += [f"Imported Marian-base-sized checkpoint (random weights, every output {MARIAN_STEPS} tokens), "

@@ -5,7 +5,7 @@ against a real verifier and against a bare echo server (the gRPC floor: no model
     python bench/bench_round_trip.py --bundle bundles/ua-gec
     python bench/bench_round_trip.py --write  # also update "## Round trip split (CPU)" in BENCHMARKS.md
 
-Client designs (gateway.peers.remote, the gateway's `[gateway] peer_streams`):
+Client designs (gateway.peers.remote; the gateway runs the aio one):
 - sync: a synchronous bidi stream fed by a request queue (a consumer thread per stream);
 - aio: a grpc.aio stream on an event loop thread, the worker waiting on
   `asyncio.run_coroutine_threadsafe` (gateway/peers/streams.py).

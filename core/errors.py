@@ -1,4 +1,4 @@
-"""Errors that carry the status code a client should see (ARCHITECTURE.md section 4)."""
+"""Errors that carry the status code a client should see (ARCHITECTURE.md, "Wire contracts")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The two small interfaces the accept loop is written against (ARCHITECTURE.md section 1).
+"""The two small interfaces the accept loop is written against (ARCHITECTURE.md, "The parts and the flow").
 
 The same policy code runs over in-process implementations (tests, offline jobs) and over gRPC
 (serving). Nothing here is a tensor: only token ids, log-probs and probability rows.

@@ -14,7 +14,7 @@ import numpy as np
 from core.errors import invalid
 
 # Temperatures below this sample the argmax, as 0 does: dividing log-probs by a subnormal number
-# overflows them to -inf, and exp(-inf - -inf) is NaN (ARCHITECTURE.md section 5).
+# overflows them to -inf, and exp(-inf - -inf) is NaN (ARCHITECTURE.md, "The accept rules").
 MIN_TEMPERATURE = 1e-6
 
 

@@ -1,4 +1,4 @@
-"""The DrafterService: `Draft` bidi streams, one stream = one `DrafterSession` (ARCHITECTURE.md section 4).
+"""The DrafterService: `Draft` bidi streams, one stream = one `DrafterSession` (ARCHITECTURE.md, "Wire contracts").
 
 Hosts the bundle's NAR block drafter and/or small AR drafter. Model work runs on a worker thread;
 NAR block drafts of concurrent sessions are batched into one forward (serving/batching.py).

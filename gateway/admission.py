@@ -4,7 +4,7 @@ mid-request; otherwise it waits in a bounded queue, or is refused with RESOURCE_
 gateway itself when the queue, or the client's own share, is full.
 
 What a request needs (`sessions_needed`): one verifier session for every mode (beam search keeps
-its hypotheses as the rows of one multi-row session, ARCHITECTURE.md section 7), and one drafter
+its hypotheses as the rows of one multi-row session, ARCHITECTURE.md, "Design notes"), and one drafter
 session for the drafter modes.
 
 Fairness: a client (the `x-client-id` metadata value, else the host of the gRPC peer address) may

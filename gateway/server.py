@@ -220,7 +220,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         started = time.perf_counter()
         first_token_s: float | None = None  # time to the first message that carries tokens
         text = TextStream(self.tokenizer.decode)
-        async with contextlib.aclosing(self.stream(request, GrpcContext(context))) as events:
+        async with contextlib.aclosing(self.stream(request, GrpcContext(context), started)) as events:
             async for event in events:
                 if isinstance(event, Answer):
                     break
@@ -247,7 +247,9 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
 
         return await self.run(request, context, on_tokens, cancellation)
 
-    async def stream(self, request: gateway_pb2.GenerateRequest, context: RequestContext) -> AsyncIterator[Any]:
+    async def stream(
+        self, request: gateway_pb2.GenerateRequest, context: RequestContext, started: float | None = None
+    ) -> AsyncIterator[Any]:
         """One request's committed blocks as they come (each a `decoding.policies.loop.Block` or a
         plain list: `drafted_count` says which of its tokens were drafted), then its `Answer`. The
         streaming doors (GenerateStream, the HTTP event streams) run it; closing it early (the client
@@ -261,7 +263,9 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             copy = Block(block, drafted_count(block))  # the worker's list is not shared with the loop
             loop.call_soon_threadsafe(chunks.put_nowait, copy)
 
-        task = asyncio.ensure_future(self.run(request, context, on_tokens, cancellation, streaming=True))
+        task = asyncio.ensure_future(
+            self.run(request, context, on_tokens, cancellation, streaming=True, started=started)
+        )
         getter: asyncio.Future | None = None
         try:
             while True:
@@ -294,7 +298,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def run(
         self, request: gateway_pb2.GenerateRequest, context: RequestContext, on_tokens: OnTokens,
-        cancellation: Cancellation, streaming: bool = False,
+        cancellation: Cancellation, streaming: bool = False, started: float | None = None,
     ) -> Answer:
         """The request path of every door: prepare, admit, decode on a worker (failing over between
         places), with the deadline, cancellation (the call's end cancels the decode), metrics and logs;
@@ -302,7 +306,9 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         request_id = context.request_id()
         structlog.contextvars.bind_contextvars(request_id=request_id)
         log = self.log.bind(request_id=request_id)
-        started = time.perf_counter()
+        # The request's clock: from when its door got it (`started`, so that a stream's time to first
+        # token and its whole time share one origin), else from here.
+        started = time.perf_counter() if started is None else started
         # However the RPC ends (cancel, deadline, a dead client, or done), the worker stops with it.
         context.add_done_callback(cancellation.cancel)
         self._inflight.add(cancellation)

@@ -66,7 +66,8 @@ def export_dir(cache_root: Path, fingerprint: str, role: str = "verifier") -> Pa
 
 
 def default_cache_root(bundle_path: Path) -> Path:
-    """`$SPECDEC_ONNX_CACHE`, else `<bundle>/onnx` (the bundle's optional ONNX exports, ARCHITECTURE.md section 10)."""
+    """`$SPECDEC_ONNX_CACHE`, else `<bundle>/onnx` (the bundle's optional ONNX exports, ARCHITECTURE.md,
+    "Models and training")."""
     env = os.environ.get(CACHE_ENV)
     return Path(env) if env else Path(bundle_path) / "onnx"
 

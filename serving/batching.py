@@ -1,4 +1,4 @@
-"""The model worker and its continuous-batching scheduler (ARCHITECTURE.md section 8).
+"""The model worker and its continuous-batching scheduler (ARCHITECTURE.md, "Performance design").
 
 `StepExecutor` is the one thread model work runs on, off the event loop. Its queue holds two kinds
 of work, in arrival order:
@@ -118,10 +118,8 @@ class StepExecutor:
         with contextlib.suppress(RuntimeError):  # shut down: nothing left to free
             self._put(_Task(fn, args, None, None))
 
-    def shutdown(self, wait: bool = False) -> None:
-        """Cancel everything queued; the work running now finishes; the worker then exits. With
-        `wait`, return once it has: a process about to exit must not leave the (daemon) worker
-        inside a torch op, which aborts the interpreter's shutdown."""
+    def shutdown(self) -> None:
+        """Cancel everything queued; the work running now finishes; the worker then exits."""
         with self._cond:
             self._closed = True
             pending = list(self._queue)
@@ -130,9 +128,14 @@ class StepExecutor:
         for entry in pending:
             if entry.future is not None:
                 _call_soon(entry.future, entry.future.cancel)
+
+    def join(self, timeout: float | None = None) -> None:
+        """After `shutdown`: wait until the worker has finished the work it was running and exited
+        (in process, before the interpreter exits: a daemon thread stopped inside a model call
+        aborts the process)."""
         thread = self._thread
-        if wait and thread is not None and thread is not threading.current_thread():
-            thread.join()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     # ---- the queue -----------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """One grpc.aio server as every specdec service runs it: health, reflection, size limits, a metrics
-endpoint and graceful draining (ARCHITECTURE.md sections 4, 9)."""
+endpoint and graceful draining (ARCHITECTURE.md, "Wire contracts", "Observability")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Each service's metrics on `prometheus_client`, and their HTTP endpoint (ARCHITECTURE.md section 9).
+"""Each service's metrics on `prometheus_client`, and their HTTP endpoint (ARCHITECTURE.md, "Observability").
 
 Why prometheus_client: it is the reference client of the format every scraper reads, and serving
 under load needs what a few dozen lines of our own did not give: histograms whose buckets,

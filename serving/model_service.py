@@ -73,7 +73,7 @@ class ModelService:
         self._info_response = GetMessageClass(service.methods_by_name["GetModelInfo"].output_type)
         self._response = GetMessageClass(stream.output_type)
         self._opened = GetMessageClass(stream.output_type.fields_by_name["opened"].message_type)
-        # The seam for the batching scheduler (ARCHITECTURE.md section 8): every model call goes through it.
+        # The seam for the batching scheduler (ARCHITECTURE.md, "Performance design"): every model call goes through it.
         self.executor = StepExecutor(name)
         self.registry = Registry()
         self.host = ServiceHost(name, [service.full_name], self.registry)

@@ -1,5 +1,5 @@
 """Status codes and request ids across the wire: `SpecdecError` <-> gRPC status, and the request
-id every service's logs carry (ARCHITECTURE.md section 9)."""
+id every service's logs carry (ARCHITECTURE.md, "Observability")."""
 
 from __future__ import annotations
 

@@ -33,6 +33,8 @@ from verifier_service.scheduled import ScheduledVerifier
 BULK_ROWS_PER_INPUT = 16
 BULK_TOKENS_PER_INPUT = 96
 BULK_WAIT_S = 0.005
+# How long an ended bulk run waits for a model worker's forward in progress.
+LANE_JOIN_S = 60.0
 
 
 def open_local_engine(
@@ -137,7 +139,9 @@ class LocalEngine(Engine):
 
         def close() -> None:
             for lane in lanes:
-                lane.executor.shutdown(wait=True)  # the run's end may be the process's
+                lane.executor.shutdown()
+            for lane in lanes:  # the forwards running now end before the run does
+                lane.executor.join(LANE_JOIN_S)
 
         return BulkRun(items, decode_one, batch_size, ordered, on_close=close)
 

@@ -34,6 +34,10 @@ class Progress:
         if bar:
             from tqdm import tqdm
 
+            # No monitor thread: a daemon thread that may write to stderr while the interpreter
+            # shuts down can abort it.
+            tqdm.monitor_interval = 0
+
             # A terminal that reports no size (a bare pty) would get no bar at all: assume 80 x 24.
             sized = _sized(stream)
             self._bar = tqdm(total=total, unit="line", file=stream, dynamic_ncols=sized, ncols=None if sized else 80,

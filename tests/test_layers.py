@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,46 @@ ALLOWED: dict[str, set[str]] = {
         "serving", "training", "verifier_service",
     },
 }
+
+
+def layers() -> dict[str, int]:
+    """Each package's layer (ARCHITECTURE.md, "Layers"): 0 for one that may import nothing of ours,
+    else one above the highest layer it may import."""
+    found: dict[str, int] = {}
+
+    def layer(package: str) -> int:
+        if package not in found:
+            found[package] = 1 + max((layer(p) for p in ALLOWED[package]), default=-1)
+        return found[package]
+
+    for package in ALLOWED:
+        layer(package)
+    return found
+
+
+def our_modules() -> dict[str, Path]:
+    """Every module of our packages (the generated stubs aside), by its dotted name."""
+    return {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+        for package in ALLOWED
+        for path in (ROOT / package).rglob("*.py")
+        if "_pb2" not in path.name
+    }
+
+
+def module_imports(statements: Iterable[ast.AST], modules: Collection[str]) -> set[str]:
+    """The modules among `modules` that the import statements among `statements` import."""
+    found: set[str] = set()
+    for node in statements:
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            # `from pkg import name` imports pkg (its __init__), or pkg.name when that is a module.
+            targets = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        else:
+            continue
+        found.update(t for t in targets if t in modules)
+    return found
 
 
 def package_imports() -> dict[str, dict[str, set[str]]]:
@@ -97,23 +138,11 @@ def test_the_gateway_side_never_imports_torch(module: str) -> None:
 
 def test_no_import_cycles_between_modules() -> None:
     """Module-level imports (lazy imports inside functions aside) form no cycle, inside a package too."""
-    modules = {
-        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
-        for package in ALLOWED
-        for path in (ROOT / package).rglob("*.py")
-        if "_pb2" not in path.name
+    modules = our_modules()
+    edges = {  # module level only
+        name: module_imports(ast.parse(path.read_text(encoding="utf-8")).body, modules) - {name}
+        for name, path in modules.items()
     }
-    edges: dict[str, set[str]] = {name: set() for name in modules}
-    for name, path in modules.items():
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:  # module level only
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                # `from pkg import name` imports pkg (its __init__), or pkg.name when that is a module.
-                targets = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
-            else:
-                continue
-            edges[name].update(t for t in targets if t in modules and t != name)
 
     def on_cycle(start: str) -> bool:
         seen: set[str] = set()

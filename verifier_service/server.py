@@ -1,7 +1,7 @@
-"""The VerifierService: `Verify` bidi streams, one stream = one `VerifierSession` (ARCHITECTURE.md section 4).
+"""The VerifierService: `Verify` bidi streams, one stream = one `VerifierSession` (ARCHITECTURE.md, "Wire contracts").
 
 Model work runs on `StepExecutor` (a worker thread), never on the event loop. Steps go through its
-batching scheduler (serving/batching.py, ARCHITECTURE.md section 8): the steps of concurrent
+batching scheduler (serving/batching.py, ARCHITECTURE.md, "Performance design"): the steps of concurrent
 sessions run as one forward (`step_batch`), up to [verifier] max_batch_rows / max_batch_tokens.
 """
 

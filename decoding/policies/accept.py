@@ -1,4 +1,4 @@
-"""The accept rules of ARCHITECTURE.md section 5, as pure functions of a draft and the verifier's answer.
+"""The accept rules of ARCHITECTURE.md, "The accept rules", as pure functions of a draft and the verifier's answer.
 
 Each returns `(a, token)`: accept the first `a` drafted tokens, then append `token`.
 """

@@ -1,8 +1,8 @@
 """Speculation that adapts to load: the block length k of every draft-verify step, chosen per
 request and step to maximise expected goodput. `DecodingConfig.adaptive` turns it on; the lossless
 modes stay identical to greedy whatever k is chosen, since k only decides how much is drafted,
-never what is accepted. The design and its reasons are ARCHITECTURE.md, section 8, "Adaptive
-speculation"; the measurements behind it, BENCHMARKS.md, "Adaptive speculation: notes".
+never what is accepted. The design and its reasons are ARCHITECTURE.md, "Performance design",
+"Adaptive speculation"; the measurements behind it, BENCHMARKS.md, "Adaptive speculation: notes".
 
 The rule: a step drafting k tokens commits E(k) = (1 - a^(k+1)) / (1 - a) tokens in expectation (a:
 the request's acceptance rate; k = 0 is a plain AR step, no drafter call) and costs its share of a

@@ -3,7 +3,7 @@
 Each session is one bidi stream driven step by step from the worker thread that runs the
 synchronous `decode()`: every step sends one message and waits for exactly one answer. Opening a
 session only sends the `open` message; its answer is read at the first step, so the verifier's
-and the drafter's encoders run concurrently (ARCHITECTURE.md section 8).
+and the drafter's encoders run concurrently (ARCHITECTURE.md, "Performance design").
 
 Two stream paths, chosen by the channel a `RemoteVerifier` / `RemoteDrafter` is given:
 

@@ -9,8 +9,8 @@ request-iterator consumer thread for each), and a cancelled request's wait fails
 A step's latency matches the synchronous streams' at one request, since the round trip is
 dominated by gRPC's own floor and the service's side (worker hop and Python around the forward),
 not by the client's thread hops; under load no thread per stream pays (BENCHMARKS.md, "Peer
-streams (aio and sync)", "Round trip split (CPU)"). `[gateway] peer_streams = "sync"` selects the
-old path.
+streams (aio and sync)", "Round trip split (CPU)"). The synchronous streams remain for callers
+without an event loop, which pass a plain `grpc.Channel` (`gateway.peers.remote`).
 
 Everything that touches a call runs on the loop (grpc.aio objects are not thread-safe); the worker
 thread only schedules coroutines and waits. Cancelling the request (`Cancellation.cancel()`, from

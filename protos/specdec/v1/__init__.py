@@ -1,4 +1,4 @@
-"""Python stubs of the ``specdec.v1`` wire contracts (ARCHITECTURE.md section 4).
+"""Python stubs of the ``specdec.v1`` wire contracts (ARCHITECTURE.md, "Wire contracts").
 
 Import the generated modules from here, e.g.::
 
