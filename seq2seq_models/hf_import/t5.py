@@ -61,7 +61,9 @@ def convert(c: Any, gen: Any, w: dict, mask_id: int | None) -> tuple[ModelConfig
     ours["encoder_norm.weight"] = w["encoder.final_layer_norm.weight"]
     decoder_norm = w["decoder.final_layer_norm.weight"]
     # The tied head scales the final states by d_model^-0.5; the final norm's gain carries it.
-    ours["decoder_norm.weight"] = decoder_norm * d**-0.5 if tied else decoder_norm
+    # transformers 5 ties every T5 head and says apart whether it scales (`scale_decoder_outputs`).
+    scaled = getattr(c, "scale_decoder_outputs", tied)
+    ours["decoder_norm.weight"] = decoder_norm * d**-0.5 if scaled else decoder_norm
     for i in range(cfg.encoder_layers):
         src, dst = f"encoder.block.{i}.layer.", f"encoder_layers.{i}."
         copy_attention(ours, dst + "attn", w, src + "0.SelfAttention", PROJECTIONS, q_scale)
