@@ -5,7 +5,8 @@ session per request saves over one single-row session per hypothesis.
     python bench/bench_beam.py --sample 50 --backend torch
 
 Four rows, decoded sentence by sentence in interleaved rounds (a machine that drifts skews each
-alike): AR greedy; beam 5 as it was before multi-row sessions (`tests.beam_reference`, frozen);
+alike): AR greedy; beam 5 as it was before multi-row sessions and before it became `generate`'s
+search (`tests.beam_reference`, frozen);
 beam 5 through `open_rows` (the backend's own `step_rows` when its sessions have it, else the
 adapter); beam 5 forced onto the adapter (`RowsOverSessions`: one single-row session per
 hypothesis). Prints ms per sentence, the cost relative to greedy, steps per sentence, and how many
@@ -26,7 +27,7 @@ from core.backends import BACKENDS, DEFAULT_BACKEND
 from core.multirow import has_rows
 from decoding.config import DecodingConfig, Mode
 from decoding.decode import decode
-from decoding.policies.beam import beam_search
+from decoding.policies.beam import BeamSettings, beam_search
 from decoding.policies.loop import DecodeStats
 from evaluation.benchmark import select_sentences
 from seq2seq_models.bundle import load_bundle
@@ -64,18 +65,23 @@ def main(argv: list[str] | None = None) -> int:
         res = decode(ids, greedy_cfg, verifier)
         return res.output_ids, res.stats.iterations
 
-    def beam(search, **how):
+    def frozen(ids):
+        stats = DecodeStats()
+        return reference_beam_search(verifier, ids, WIDTH, max_new, stats), stats.iterations
+
+    def beam(**how):
         def run(ids):
             stats = DecodeStats()
-            return search(verifier, ids, WIDTH, max_new, stats, **how), stats.iterations
+            best = beam_search(verifier, ids, BeamSettings(WIDTH), max_new, stats, **how)[0]
+            return best.output_ids, stats.iterations
 
         return run
 
     rows = {
         "AR greedy": greedy,
-        f"beam {WIDTH}, before multi-row sessions (frozen)": beam(reference_beam_search),
-        f"beam {WIDTH}, open_rows ({'native step_rows' if native else 'adapter'})": beam(beam_search),
-        f"beam {WIDTH}, adapter (one session per row)": beam(beam_search, native_rows=False),
+        f"beam {WIDTH}, before multi-row sessions (frozen)": frozen,
+        f"beam {WIDTH}, open_rows ({'native step_rows' if native else 'adapter'})": beam(),
+        f"beam {WIDTH}, adapter (one session per row)": beam(native_rows=False),
     }
     for one in rows.values():
         for s in sentences[: args.warmup]:

@@ -24,6 +24,21 @@ class Mode(StrEnum):
     SPECULATIVE = "spec"
 
 
+class EarlyStopping(StrEnum):
+    """When beam search ends (`generate()`'s early_stopping; decoding.policies.beam says exactly)."""
+
+    TRUE = "true"  # once num_beams hypotheses are finished
+    FALSE = "false"  # once no running hypothesis, scored at its present length, can beat a finished one
+    NEVER = "never"  # likewise, scored at the length limit when length_penalty > 0
+
+    @classmethod
+    def _missing_(cls, value: object) -> EarlyStopping | None:
+        # generate()'s own values are booleans: a config file's `early_stopping = true` means "true".
+        if isinstance(value, bool):
+            return cls.TRUE if value else cls.FALSE
+        return None
+
+
 def about(help_text: str, *, flag: str | None = None, wire: str | None = None) -> dict[str, Any]:
     """A DecodingConfig field's metadata, from which its CLI flag and wire field are derived:
     `flag` where the flag is not --name-with-dashes, `wire` where the gateway.proto DecodingConfig
@@ -44,6 +59,16 @@ class DecodingConfig:
     )
     beam_delta: float | None = field(default=None, metadata=about("variable-width beam: absolute score threshold"))
     beam_max_candidates: int | None = field(default=None, metadata=about("variable-width beam: candidates per parent"))
+    length_penalty: float = field(
+        default=1.0, metadata=about("beam: a finished hypothesis scores its log-prob sum over its length ** this"),
+    )
+    early_stopping: EarlyStopping = field(
+        default=EarlyStopping.FALSE, metadata=about("beam: when the search ends (true, false, never; as generate())"),
+    )
+    num_return_sequences: int = field(
+        default=1, metadata=about("beam: hypotheses returned, best first, each with its score (<= beams)",
+                                  flag="--n-best"),
+    )
     temperature: float = field(default=1.0, metadata=about("sampling temperature (spec); 0 = argmax"))
     top_k: int = field(default=0, metadata=about("sampling top-k (spec); 0 = off"))
     top_p: float = field(default=1.0, metadata=about("sampling top-p (spec); 1 = off"))
@@ -80,6 +105,9 @@ class DecodingConfig:
         given = {k: v for k, v in overrides.items() if v is not None}
         if "mode" in given:
             given["mode"] = parse_mode(given["mode"])
+        for name, kind in CHOICES.items():
+            if name in given:
+                given[name] = parse_choice(name, kind, given[name])
         return replace(self, **given)
 
 
@@ -100,6 +128,19 @@ def cli_flag(f: Field) -> str:
 def wire_name(f: Field) -> str:
     """The name of a DecodingConfig field in gateway.proto's DecodingConfig message."""
     return f.metadata.get("wire") or f.name
+
+
+# The fields whose values are one of a few names (besides the mode): field -> its enum.
+CHOICES: dict[str, type[StrEnum]] = {"early_stopping": EarlyStopping}
+
+
+def parse_choice(name: str, kind: type[StrEnum], value: Any) -> Any:
+    """`value` as a member of `kind`, or INVALID_ARGUMENT naming the field and its choices."""
+    try:
+        return kind(value.lower() if isinstance(value, str) else value)
+    except ValueError:
+        choices = ", ".join(m.value for m in kind)
+        raise invalid(f"unknown {name} {value!r}; choose one of {choices}") from None
 
 
 def parse_mode(value: str | Mode) -> Mode:
@@ -128,6 +169,10 @@ def validate(
         raise invalid(f"beam_delta must be >= 0, got {cfg.beam_delta}")
     if cfg.beam_max_candidates is not None and cfg.beam_max_candidates < 1:
         raise invalid(f"beam_max_candidates must be >= 1, got {cfg.beam_max_candidates}")
+    if not math.isfinite(cfg.length_penalty):
+        raise invalid(f"length_penalty must be a finite number, got {cfg.length_penalty}")
+    if not 1 <= cfg.num_return_sequences <= cfg.num_beams:
+        raise invalid(f"num_return_sequences must be in 1..num_beams ({cfg.num_beams}), got {cfg.num_return_sequences}")
     check_sampling(cfg.sampling, vocab_size)
     if cfg.seed < 0:
         raise invalid(f"seed must be >= 0, got {cfg.seed}")

@@ -64,11 +64,12 @@ def _decode(
         raise out_of_range(f"prefix has {len(prefix)} tokens; max_new_tokens is {config.max_new_tokens}")
     stats = DecodeStats()
     if spec.run is not None:
-        out = spec.run(source_ids, config, verifier, stats, prefix)
+        hypotheses = spec.run(source_ids, config, verifier, stats, prefix)
+        out = hypotheses[0].output_ids
         added = out[len(prefix or []):]  # the prefix was committed (and streamed) before
         if on_tokens is not None and added:
             on_tokens(added)
-        return DecodeResult(out, stats)
+        return DecodeResult(out, stats, hypotheses)
     assert spec.build is not None
     if spec.needs_drafter and drafter is None:
         raise SpecdecError(StatusCode.FAILED_PRECONDITION, f"mode {config.mode.value} needs a drafter")

@@ -7,7 +7,10 @@ Triton's tooling can call the stack. One model (default name `specdec`, `[gatewa
 - decoding settings as request parameters named as the CLI flags (`mode`: "gad", `k`: 10, `beta`,
   `tau`, `beams`, `max_new_tokens`, ...; dashes or underscores), valued as the flags are: numbers,
   or strings that parse as the flag's type;
-- outputs `TEXT` (BYTES [1]) and `OUTPUT_IDS` (INT64 [N]); the decoding stats as response parameters.
+- outputs `TEXT` (BYTES [1]) and `OUTPUT_IDS` (INT64 [N]); for beam search also its n-best list,
+  `NBEST_TEXT` (BYTES [n]), `NBEST_OUTPUT_IDS` (INT64 [n, L], each hypothesis' ids padded with -1 to
+  the longest) and `NBEST_SCORES` (FP64 [n]); the decoding stats as response parameters. A request
+  that names no outputs gets those its settings produce.
 
 A request is translated into a `GenerateRequest` and run by the gateway's own request path
 (`GatewayServer.answer`: admission, limits, deadline, cancellation, metrics), so it is validated and
@@ -33,7 +36,8 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from core.errors import SpecdecError, invalid
-from decoding.config import DecodingConfig, Mode, cli_flag, parse_mode
+from decoding.config import CHOICES, DecodingConfig, Mode, cli_flag, parse_choice, parse_mode
+from decoding.policies.loop import DecodeResult
 from gateway.context import Answer, GrpcContext, RequestContext
 from gateway.metrics import GatewayMetrics
 from gateway.wire import overrides_to_wire, stats_record
@@ -44,15 +48,21 @@ from serving.status import grpc_code
 SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 MODEL_VERSION = "1"
 TEXT, INPUT_IDS, OUTPUT_IDS = "TEXT", "INPUT_IDS", "OUTPUT_IDS"
+NBEST_TEXT, NBEST_OUTPUT_IDS, NBEST_SCORES = "NBEST_TEXT", "NBEST_OUTPUT_IDS", "NBEST_SCORES"
 # A request parameter that is not a decoding one: a many-to-many model's target language code.
 TARGET_LANG = "target_lang"
-OUTPUTS = (TEXT, OUTPUT_IDS)
+OUTPUTS = (TEXT, OUTPUT_IDS, NBEST_TEXT, NBEST_OUTPUT_IDS, NBEST_SCORES)
 PLATFORM = "specdec"
 # The model's tensors (name, datatype, shape), as its metadata and config describe them on both doors.
 INPUT_TENSORS = ((TEXT, "BYTES", [1]), (INPUT_IDS, "INT64", [-1]))
-OUTPUT_TENSORS = ((TEXT, "BYTES", [1]), (OUTPUT_IDS, "INT64", [-1]))
-# A tensor datatype as the model config names it (model_config.proto's DataType).
-CONFIG_TYPES = {"BYTES": "TYPE_STRING", "INT64": "TYPE_INT64"}
+OUTPUT_TENSORS = (
+    (TEXT, "BYTES", [1]), (OUTPUT_IDS, "INT64", [-1]), (NBEST_TEXT, "BYTES", [-1]),
+    (NBEST_OUTPUT_IDS, "INT64", [-1, -1]), (NBEST_SCORES, "FP64", [-1]),
+)
+# A tensor datatype as the model config names it (model_config.proto's DataType), and the numeric
+# ones' little-endian numpy types (raw contents).
+CONFIG_TYPES = {"BYTES": "TYPE_STRING", "INT64": "TYPE_INT64", "FP64": "TYPE_FP64"}
+NUMPY_TYPES = {"INT64": "<i8", "FP64": "<f8"}
 # Parameters a KServe/Triton client may send that are not decoding settings: accepted and ignored
 # (the deadline travels as the gRPC deadline; the gateway has no priorities).
 _IGNORED_PARAMETERS = {"priority", "timeout"}
@@ -182,12 +192,8 @@ async def infer(
         await context.abort(grpc_code(exc.code), exc.message)
     answer = await gateway.answer(generate, context)
     response = service_pb2.ModelInferResponse(model_name=model_name, model_version=MODEL_VERSION, id=request.id)
-    output_ids = answer.result.output_ids
-    tensors = {
-        TEXT: ("BYTES", [1], _bytes_tensor(gateway.tokenizer.decode(output_ids).encode())),
-        OUTPUT_IDS: ("INT64", [len(output_ids)], np.asarray(output_ids, "<i8").tobytes()),
-    }
-    for name in wanted:
+    tensors = output_tensors(answer.result, gateway.tokenizer.decode)
+    for name in wanted or default_outputs(answer.result):
         datatype, shape, raw = tensors[name]
         response.outputs.add(name=name, datatype=datatype, shape=shape)
         response.raw_output_contents.append(raw)
@@ -260,23 +266,54 @@ def decoding_overrides(parameters) -> dict[str, Any]:
         name = _PARAMETERS.get(key)
         if name is None:
             raise invalid(f"unknown decoding parameter {key!r}; known: {sorted(set(_PARAMETERS))}")
-        out[name] = _convert(key, _TYPES[name], param)
+        out[name] = _convert(key, name, param)
     return out
 
 
+def output_tensors(result: DecodeResult, decode_text: Any) -> dict[str, tuple[str, list[int], bytes]]:
+    """Every output of `result`, as (datatype, shape, raw contents); the n-best ones are empty but for
+    beam search."""
+    ids = result.output_ids
+    hypotheses = result.hypotheses
+    longest = max((len(h.output_ids) for h in hypotheses), default=0)
+    padded = np.full((len(hypotheses), longest), -1, "<i8")
+    for row, h in zip(padded, hypotheses, strict=True):
+        row[: len(h.output_ids)] = h.output_ids
+    texts = b"".join(_bytes_tensor(decode_text(h.output_ids).encode()) for h in hypotheses)
+    return {
+        TEXT: ("BYTES", [1], _bytes_tensor(decode_text(ids).encode())),
+        OUTPUT_IDS: ("INT64", [len(ids)], np.asarray(ids, "<i8").tobytes()),
+        NBEST_TEXT: ("BYTES", [len(hypotheses)], texts),
+        NBEST_OUTPUT_IDS: ("INT64", list(padded.shape), padded.tobytes()),
+        NBEST_SCORES: ("FP64", [len(hypotheses)], np.asarray([h.score for h in hypotheses], "<f8").tobytes()),
+    }
+
+
+def default_outputs(result: DecodeResult) -> list[str]:
+    """The outputs of a request that names none: the output, and a beam search's n-best list."""
+    return list(OUTPUTS) if result.hypotheses else [TEXT, OUTPUT_IDS]
+
+
 def requested_outputs(request: service_pb2.ModelInferRequest) -> list[str]:
-    names = [o.name for o in request.outputs] or list(OUTPUTS)
+    """The outputs a request names (none: those its result has, `default_outputs`)."""
+    names = [o.name for o in request.outputs]
     unknown = [n for n in names if n not in OUTPUTS]
     if unknown:
         raise invalid(f"unknown outputs {unknown}; this model has {list(OUTPUTS)}")
     return names
 
 
-def _convert(key: str, kind: str, param) -> Any:
+def _convert(key: str, name: str, param) -> Any:
+    """A request parameter's value as DecodingConfig field `name` takes it."""
+    kind = _TYPES[name]
     which = param.WhichOneof("parameter_choice")
     value = getattr(param, which) if which else None
     if value is None:
         raise invalid(f"parameter {key!r} has no value")
+    if name in CHOICES:  # a string of its choices (early_stopping also as generate()'s booleans)
+        if which not in ("string_param", "bool_param"):
+            raise invalid(f"parameter {key!r} must be a string (one of {[m.value for m in CHOICES[name]]})")
+        return parse_choice(name, CHOICES[name], value).value
     if which == "bool_param":  # never a number: True would silently be 1
         raise invalid(f"parameter {key!r} must be a {_kind_name(kind)}, not a bool")
     if "Mode" in kind:

@@ -49,7 +49,7 @@ from gateway.peers.remote import (
 )
 from gateway.peers.startup import StartupWait
 from gateway.web.server import HttpServer
-from gateway.wire import overrides_from_wire, stats_to_wire
+from gateway.wire import hypotheses_to_wire, overrides_from_wire, stats_to_wire
 from protos.specdec.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from seq2seq_models.tokenizer import Tokenizer
 from serving.auth import BearerTokenInterceptor, read_token
@@ -214,6 +214,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             output_ids=answer.result.output_ids,
             stats=stats_to_wire(answer.result.stats, answer.mode, answer.total_s),
             final=True,
+            hypotheses=hypotheses_to_wire(answer.result, self.tokenizer.decode),
         )
 
     async def GenerateStream(self, request, context):
@@ -235,7 +236,8 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         if first_token_s is not None:
             self.metrics.ttft.observe(first_token_s, mode=event.mode.value)
         yield gateway_pb2.GenerateResponse(
-            text=tail, output_ids=rest, stats=stats_to_wire(event.result.stats, event.mode, event.total_s), final=True
+            text=tail, output_ids=rest, stats=stats_to_wire(event.result.stats, event.mode, event.total_s), final=True,
+            hypotheses=hypotheses_to_wire(event.result, self.tokenizer.decode),
         )
 
     async def answer(self, request: gateway_pb2.GenerateRequest, context: RequestContext) -> Answer:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
 from core.errors import invalid
 from decoding.config import DecodingConfig, Mode, wire_name
 from decoding.modes import MODES
-from decoding.policies.loop import DecodeStats
+from decoding.policies.loop import DecodeResult, DecodeStats
 from decoding.report import Stats, request_stats
 from protos.specdec.v1 import gateway_pb2
 
@@ -41,6 +42,12 @@ def overrides_to_wire(overrides: dict[str, Any]) -> gateway_pb2.DecodingConfig:
         if overrides.get(name) is not None:
             setattr(config, wire, overrides[name])
     return config
+
+
+def hypotheses_to_wire(result: DecodeResult, decode_text: Callable[[list[int]], str]) -> list[gateway_pb2.Hypothesis]:
+    """A beam search's n-best list as GenerateResponse.hypotheses (other modes: none)."""
+    return [gateway_pb2.Hypothesis(text=decode_text(h.output_ids), output_ids=h.output_ids, score=h.score,
+                                   finish_reason=h.finish_reason) for h in result.hypotheses]
 
 
 def stats_record(stats: DecodeStats, mode: Mode, total_s: float) -> dict[str, Any]:

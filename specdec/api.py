@@ -24,7 +24,7 @@ from __future__ import annotations
 import numbers
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +44,34 @@ Input = str | Sequence[int]
 
 
 @dataclass(frozen=True)
+class Hypothesis:
+    """One finished hypothesis of a beam search: its text and ids, its sequence score (its tokens'
+    log-probs summed, over its length to the power length_penalty: transformers' `sequences_scores`)
+    and why it ended ("eos" or "length")."""
+
+    text: str
+    output_ids: list[int]
+    score: float
+    finish_reason: str
+
+
+@dataclass(frozen=True)
 class Output:
-    """One decoded input: the output's text and ids (any forced first token included) and its stats."""
+    """One decoded input: the output's text and ids (any forced first token included), its stats,
+    and for beam search its `num_return_sequences` best hypotheses, best first (the first is the
+    output)."""
 
     text: str
     output_ids: list[int]
     stats: Stats
+    hypotheses: list[Hypothesis] = field(default_factory=list)
+
+    def record(self) -> dict[str, Any]:
+        """The output as `specdec decode` and `specdec generate --json` print it."""
+        out: dict[str, Any] = {"output_ids": self.output_ids, "text": self.text, "stats": self.stats.record()}
+        if self.hypotheses:
+            out["hypotheses"] = [asdict(h) for h in self.hypotheses]
+        return out
 
 
 @dataclass(frozen=True)
@@ -173,4 +195,4 @@ def resolve_bundle(path: str | Path | None) -> Path:
     raise FileNotFoundError("no bundle given: pass --bundle DIR (make one with `specdec tiny-bundle --out DIR`)")
 
 
-__all__ = ["Chunk", "Engine", "Output", "SpecdecError", "Stats", "StatusCode"]
+__all__ = ["Chunk", "Engine", "Hypothesis", "Output", "SpecdecError", "Stats", "StatusCode"]

@@ -24,17 +24,22 @@ def generate(
     token: str | None = None,
     target_lang: str = "",
 ) -> dict[str, Any]:
-    """Generate once; returns {"output_ids", "text", "stats"} as `specdec decode` prints it.
+    """Generate once; returns {"output_ids", "text", "stats", ...} as `specdec decode` prints it.
     `tls`: connect over TLS (None: plaintext); `token`: the gateway's bearer token; `target_lang`:
     a many-to-many model's target language code (empty: the model's default)."""
     with RemoteEngine(address, timeout=timeout, tls=tls, token=token) as engine:
         wanted = Request(text=text, input_ids=input_ids or [], overrides=overrides, target_lang=target_lang)
         output = engine.call(wanted, request_id)
-    return {"output_ids": output.output_ids, "text": output.text, "stats": output.stats.record()}
+    return output.record()
 
 
 def format_record(record: dict[str, Any], as_json: bool) -> str:
-    return json.dumps(record, ensure_ascii=False) if as_json else record["text"]
+    """The record as JSON, or its text; an n-best list as one line per hypothesis, its score first."""
+    if as_json:
+        return json.dumps(record, ensure_ascii=False)
+    if len(record.get("hypotheses", [])) > 1:
+        return "\n".join(f"{h['score']:.6f}\t{h['text']}" for h in record["hypotheses"])
+    return record["text"]
 
 
 def degraded_note(record: dict[str, Any]) -> str | None:

@@ -23,7 +23,7 @@ from decoding.report import TextStream, request_stats
 from decoding.request import ModelLimits, Policy, Prepared, Request, prepare, prepare_config
 from drafter_service.scheduled import ScheduledDrafter
 from serving.batching import BatchLimits, StepExecutor
-from specdec.api import Chunk, Engine, Output
+from specdec.api import Chunk, Engine, Hypothesis, Output
 from specdec.bulk import BulkRun, Pending
 from verifier_service.scheduled import ScheduledVerifier
 
@@ -198,7 +198,9 @@ class LocalEngine(Engine):
         result = decode(prepared.source, prepared.config, verifier or self.verifier, drafter or self.drafter,
                         on_tokens, prefix=list(first) or None)
         stats = request_stats(result.stats, prepared.config.mode, time.perf_counter() - started)
-        return Output(self.tokenizer.decode(result.output_ids), result.output_ids, stats)
+        hypotheses = [Hypothesis(self.tokenizer.decode(h.output_ids), h.output_ids, h.score, h.finish_reason)
+                      for h in result.hypotheses]
+        return Output(self.tokenizer.decode(result.output_ids), result.output_ids, stats, hypotheses)
 
     def _stream(self, request: Request) -> Iterator[Chunk]:
         """decode() on a thread of its own, its blocks handed over through a queue; the consumer

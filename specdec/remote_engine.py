@@ -22,7 +22,7 @@ from serving.auth import bearer_metadata
 from serving.channels import channel_options
 from serving.status import REQUEST_ID_KEY, specdec_code
 from serving.tls import ClientTLS, open_channel
-from specdec.api import Chunk, Engine, Output, default_address
+from specdec.api import Chunk, Engine, Hypothesis, Output, default_address
 
 # How grpc words a call that never reached a server (connection refused, no such host, ...).
 _NOT_REACHED = "failed to connect to all addresses"
@@ -62,7 +62,7 @@ class RemoteEngine(Engine):
             response = self._stub.Generate(_message(request), timeout=self.timeout, metadata=self._metadata(request_id))
         except grpc.RpcError as exc:
             raise self._error(exc) from None
-        return Output(response.text, list(response.output_ids), report_from_wire(response.stats))
+        return _output(response.text, list(response.output_ids), response)
 
     def generate_each(
         self, requests: Iterable[Request | SpecdecError], ordered: bool = True
@@ -110,7 +110,7 @@ class RemoteEngine(Engine):
                 texts.append(response.text)
                 output = None
                 if response.final:
-                    output = Output("".join(texts), list(ids), report_from_wire(response.stats))
+                    output = _output("".join(texts), list(ids), response)
                 yield Chunk(response.text, list(response.output_ids), output)
         except grpc.RpcError as exc:
             raise self._error(exc) from None
@@ -135,6 +135,12 @@ class RemoteEngine(Engine):
         if code is None:
             return CallError(exc.code().name, details)
         return SpecdecError(code, details)
+
+
+def _output(text: str, output_ids: list[int], final: gateway_pb2.GenerateResponse) -> Output:
+    """The Output of a call whose last (or only) message is `final`."""
+    hypotheses = [Hypothesis(h.text, list(h.output_ids), h.score, h.finish_reason) for h in final.hypotheses]
+    return Output(text, output_ids, report_from_wire(final.stats), hypotheses)
 
 
 def _message(request: Request) -> gateway_pb2.GenerateRequest:

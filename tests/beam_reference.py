@@ -1,8 +1,8 @@
 """AR beam search as it was before multi-row verifier sessions (decoding/policies/beam.py at
-dde4ce7): one single-row verifier session per live hypothesis, re-targeted by rolling back to the
-common prefix. Frozen: the multi-row policy must equal it token for token (tests/test_beam_rows.py),
-and bench/bench_beam.py times it as "today's" beam search. Do not change what it computes (finished
-hypotheses are plain tuples here, a representation of its own, so the two are not one code)."""
+dde4ce7), and before beam search became `generate`'s: one single-row verifier session per live
+hypothesis, re-targeted by rolling back to the common prefix; each finished hypothesis takes one of
+the `width` places and the search ends when `width` are finished. Frozen: bench/bench_beam.py times
+it and counts the outputs the present search shares with it. Do not change what it computes."""
 
 from __future__ import annotations
 

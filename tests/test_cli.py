@@ -157,6 +157,8 @@ FLAGS = {
     "--mode": ("mode", None), "--k": ("k", int), "--beta": ("beta", int), "--tau": ("tau", float),
     "--beams": ("num_beams", int), "--gamma": ("gamma", int), "--threshold": ("threshold", float),
     "--beam-delta": ("beam_delta", float), "--beam-max-candidates": ("beam_max_candidates", int),
+    "--length-penalty": ("length_penalty", float), "--early-stopping": ("early_stopping", None),
+    "--n-best": ("num_return_sequences", int),
     "--temperature": ("temperature", float), "--top-k": ("top_k", int), "--top-p": ("top_p", float),
     "--seed": ("seed", int), "--max-new-tokens": ("max_new_tokens", int), "--adaptive": ("adaptive", None),
     "--overlap": ("overlap", None),
@@ -170,6 +172,7 @@ def test_decoding_flags_keep_their_names_types_and_choices():
     actions = {a.option_strings[0]: a for a in parser._actions if a.option_strings and a.dest != "help"}
     assert {flag: (a.dest, a.type) for flag, a in actions.items()} == FLAGS
     assert actions["--mode"].choices == ["ar", "beam", "iad", "gad", "gad++", "mjsd", "spec"]
+    assert actions["--early-stopping"].choices == ["true", "false", "never"]
     assert all(a.help for a in actions.values())
     args = parser.parse_args(["--mode", "gad++", "--beams", "3", "--top-p", "0.5"])
     overrides = decoding_overrides(args)

@@ -172,11 +172,10 @@ def _config(**overrides) -> DecodingConfig:
 
 
 def _hf_beam(model, source: list[int], eos: int, forced_bos: int, width: int = 4) -> list[int]:
-    """`generate`'s beam search (stopping once `width` hypotheses are done, as ours does), without
-    the decoder start token and the EOS."""
+    """`generate`'s beam search, without the decoder start token and the EOS."""
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([[*source, eos]]), do_sample=False, num_beams=width, early_stopping=True,
+            torch.tensor([[*source, eos]]), do_sample=False, num_beams=width,
             max_new_tokens=MAX_NEW, forced_eos_token_id=None, forced_bos_token_id=forced_bos, min_length=0,
         )[0].tolist()[1:]
     return out[: out.index(eos)] if eos in out else out

@@ -151,7 +151,7 @@ def test_variable_width_beam_without_pruning_equals_fixed_width(trio, source, ma
         max_new_tokens=max_new,
         num_beams=width,
         beam_delta=math.inf,
-        beam_max_candidates=width,
+        beam_max_candidates=2 * width,  # generate()'s search keeps 2 * width candidates a step
     )
     assert variable.output_ids == fixed.output_ids
     assert variable.stats.iterations == fixed.stats.iterations

@@ -12,7 +12,7 @@ from core.interfaces import Verifier
 from decoding.config import DecodingConfig, Mode
 from decoding.policies.adaptive import LoadModel
 from decoding.policies.drafter_sync import DrafterSync
-from decoding.policies.loop import Accept, DecodeStats, Propose
+from decoding.policies.loop import Accept, DecodeStats, Hypothesis, Propose
 from decoding.policies.preverify import FirstPasses
 
 
@@ -45,9 +45,9 @@ TopK = Callable[[DecodingConfig, int], int]
 Sessions = Callable[[DecodingConfig], int]
 # preverify(config) -> the mode's rule at one position, for pre-verify (decoding.policies.preverify).
 FirstRule = Callable[[DecodingConfig], FirstPasses]
-# run(source_ids, config, verifier, stats, prefix) -> output ids (the committed prefix first), for a
-# mode outside the draft-verify loop.
-RunMode = Callable[[list[int], DecodingConfig, Verifier, DecodeStats, list[int] | None], list[int]]
+# run(source_ids, config, verifier, stats, prefix) -> the finished hypotheses, best first (each with
+# the committed prefix first), for a mode outside the draft-verify loop.
+RunMode = Callable[[list[int], DecodingConfig, Verifier, DecodeStats, list[int] | None], list[Hypothesis]]
 
 
 def one_session(config: DecodingConfig) -> int:

@@ -141,10 +141,24 @@ class DecodeStats:
         return out
 
 
+@dataclass(frozen=True)
+class Hypothesis:
+    """One finished output of a search: its tokens (EOS not included), its sequence score (beam
+    search: its tokens' log-probs summed, over its length ** length_penalty, as `generate`'s
+    sequences_scores), each token's log-prob, and why it ended ("eos" or "length")."""
+
+    output_ids: list[int]
+    score: float
+    token_logprobs: list[float]
+    finish_reason: str
+
+
 @dataclass
 class DecodeResult:
     output_ids: list[int]
     stats: DecodeStats
+    # Beam search: the n best hypotheses, best first (the first is `output_ids`); other modes: none.
+    hypotheses: list[Hypothesis] = field(default_factory=list)
 
 
 class PrefixSync:

@@ -25,6 +25,7 @@ from gateway.kserve import (
     CONFIG_TYPES,
     INPUT_TENSORS,
     MODEL_VERSION,
+    NUMPY_TYPES,
     OUTPUT_TENSORS,
     PLATFORM,
     RequestPath,
@@ -248,7 +249,7 @@ def response_json(response: service_pb2.ModelInferResponse, binary: set[str] | b
         elif tensor.datatype == "BYTES":
             out["data"] = [value.decode("utf-8", errors="replace") for value in split_bytes(raw)]
         else:
-            out["data"] = np.frombuffer(raw, "<i8").tolist()
+            out["data"] = np.frombuffer(raw, NUMPY_TYPES[tensor.datatype]).tolist()
         outputs.append(out)
     header["outputs"] = outputs
     return header, tail

@@ -106,7 +106,7 @@ class _Writer:
             tokens = 0
         else:
             record = {"line": line} if self.unordered else {}
-            record |= {"output_ids": outcome.output_ids, "text": outcome.text, "stats": outcome.stats.record()}
+            record |= outcome.record()
             tokens = len(outcome.output_ids)
         print(json.dumps(record, ensure_ascii=False), file=self.out, flush=True)
         if self.bar is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from core.interfaces import BeamRow
-from decoding.policies.beam import beam_search
+from decoding.policies.beam import BeamSettings, beam_search
 from decoding.policies.loop import DecodeStats
 from gateway.peers.remote import RemoteVerifier, fetch_verifier_info
 
@@ -29,9 +29,12 @@ def test_remote_multirow_beam_equals_one_remote_session_per_hypothesis(remote, w
     adapter), on the same server and so the same backend."""
     for source in SOURCES:
         rows_stats, adapter_stats = DecodeStats(), DecodeStats()
-        rows = beam_search(remote, source, width, 16, rows_stats)
-        adapter = beam_search(remote, source, width, 16, adapter_stats, native_rows=False)
-        assert rows == adapter
+        settings = BeamSettings(width, n_best=width)
+        rows = beam_search(remote, source, settings, 16, rows_stats)
+        adapter = beam_search(remote, source, settings, 16, adapter_stats, native_rows=False)
+        assert [(h.output_ids, h.finish_reason) for h in rows] == [(h.output_ids, h.finish_reason) for h in adapter]
+        # One forward for every row, or one each: float32 rounding apart.
+        assert [h.score for h in rows] == pytest.approx([h.score for h in adapter], abs=1e-5)
         assert rows_stats.iterations == adapter_stats.iterations
         assert rows_stats.finish_reason == adapter_stats.finish_reason
 

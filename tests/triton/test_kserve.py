@@ -74,7 +74,10 @@ def test_health_and_metadata(client):
     assert client.get_server_metadata().name == "specdec"
     meta = client.get_model_metadata(MODEL)
     assert [(t.name, t.datatype) for t in meta.inputs] == [("TEXT", "BYTES"), ("INPUT_IDS", "INT64")]
-    assert [(t.name, t.datatype) for t in meta.outputs] == [("TEXT", "BYTES"), ("OUTPUT_IDS", "INT64")]
+    assert [(t.name, t.datatype) for t in meta.outputs] == [
+        ("TEXT", "BYTES"), ("OUTPUT_IDS", "INT64"), ("NBEST_TEXT", "BYTES"), ("NBEST_OUTPUT_IDS", "INT64"),
+        ("NBEST_SCORES", "FP64"),
+    ]
     assert client.get_model_config(MODEL).config.name == MODEL
     with pytest.raises(InferenceServerException) as info:
         client.get_model_metadata("nope")
