@@ -157,13 +157,14 @@ def test_beam_equals_generate_through_the_services(checkpoints, cases, family):
 
 
 def test_n_best_through_the_cli_and_kserve(checkpoints, cases, capsys, monkeypatch):
-    """`specdec decode --n-best` lists each hypothesis with its score; KServe returns the list as
-    NBEST_* outputs; num_return_sequences over num_beams is refused with its name."""
+    """`specdec decode --n-best` lists each hypothesis with its score; KServe (gRPC and REST) returns
+    the list as NBEST_* outputs; num_return_sequences over num_beams is refused with its name."""
     import io
 
     import grpc
     import numpy as np
     import tritonclient.grpc as triton_grpc
+    import tritonclient.http as triton_http
 
     _, bundle_dir = checkpoints["bart"]
     source, early, penalty, want = cases["bart"][0]
@@ -186,6 +187,11 @@ def test_n_best_through_the_cli_and_kserve(checkpoints, cases, capsys, monkeypat
             reply = client.infer("specdec", [ids_in], parameters=params)
             with pytest.raises(triton_grpc.InferenceServerException) as err:
                 client.infer("specdec", [ids_in], parameters={**params, "num_return_sequences": BEAMS + 1})
+        rest_in = triton_http.InferInput("INPUT_IDS", [len(source)], "INT64")
+        rest_in.set_data_from_numpy(np.array(source, dtype=np.int64), binary_data=False)
+        with triton_http.InferenceServerClient(stack.running.http_address, network_timeout=60) as client:
+            rest = client.infer("specdec", [rest_in], parameters=params)
+    assert rest.as_numpy("NBEST_SCORES").tolist() == reply.as_numpy("NBEST_SCORES").tolist()
     assert err.value.status() == str(grpc.StatusCode.INVALID_ARGUMENT) and "num_return_sequences" in str(err.value)
     rows, scores = reply.as_numpy("NBEST_OUTPUT_IDS").tolist(), reply.as_numpy("NBEST_SCORES").tolist()
     got = [([i for i in row if i >= 0], score) for row, score in zip(rows, scores, strict=True)]
