@@ -65,6 +65,10 @@ class DecodingConfig:
     early_stopping: EarlyStopping = field(
         default=EarlyStopping.FALSE, metadata=about("beam: when the search ends (true, false, never; as generate())"),
     )
+    output_logprobs: bool = field(
+        default=False,
+        metadata=about("return each output token's log-prob (the verifier's, after the logits processors)"),
+    )
     num_return_sequences: int = field(
         default=1, metadata=about("beam: hypotheses returned, best first, each with its score (<= beams)",
                                   flag="--n-best"),

@@ -5,6 +5,7 @@ in `decoding.policies`, against the `Drafter` / `Verifier` interfaces."""
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 import numpy as np
@@ -18,7 +19,7 @@ from decoding.modes.mode_spec import ModeSpec
 from decoding.policies.adaptive import LoadModel, load_model
 from decoding.policies.drafter_sync import DrafterSync, LazyDrafterSession
 from decoding.policies.greedy import greedy_loop
-from decoding.policies.loop import DecodeResult, DecodeStats, LoopOptions, OnTokens, draft_verify_loop
+from decoding.policies.loop import Block, DecodeResult, DecodeStats, LoopOptions, OnTokens, draft_verify_loop
 from decoding.policies.overlap import OverlappedSync, predraft_executor
 from decoding.policies.preverify import PreVerify
 
@@ -32,17 +33,27 @@ def decode(
     rng: np.random.Generator | None = None,
     prefix: list[int] | None = None,
     load: LoadModel | None = None,
+    prefix_logprobs: list[float] | None = None,
 ) -> DecodeResult:
     """Decode one source with the configured mode. `rng` (sampling modes) defaults to one seeded
     from `config.seed`; pass one in to draw many samples from a single stream. `prefix` continues
-    an output already committed (a fallback after the drafter failed mid-request); the result
-    includes it. `load`: the load model adaptive speculation reads and learns (default: the one the
-    verifier shares with every request on it; a caller may force a policy with its own)."""
+    an output already committed (forced first tokens, a target prefix, or a fallback after a peer
+    failed mid-request); the result includes it, and `prefix_logprobs` are its tokens' log-probs
+    (default 0 each, as forced tokens'). `load`: the load model adaptive speculation reads and learns
+    (default: the one the verifier shares with every request on it; a caller may force a policy with
+    its own)."""
     # Every request counts in its verifier's load while it decodes, whatever its mode: adaptive
     # speculation reads the load from there (decoding.policies.adaptive, "rows").
     load = load if load is not None else load_model(verifier)
+    logprobs = list(prefix_logprobs) if prefix_logprobs is not None else [0.0] * len(prefix or [])
+    if len(logprobs) != len(prefix or []):
+        raise ValueError(f"{len(logprobs)} prefix log-probs for a prefix of {len(prefix or [])} tokens")
     with load.decoding():
-        return _decode(source_ids, config, verifier, drafter, on_tokens, rng, prefix, load)
+        result = _decode(source_ids, config, verifier, drafter, on_tokens, rng, prefix, load, logprobs)
+    if not config.output_logprobs:  # kept while decoding (a failover goes on from them), returned on request
+        result.token_logprobs = []
+        result.hypotheses = [dataclasses.replace(h, token_logprobs=[]) for h in result.hypotheses]
+    return result
 
 
 def _decode(
@@ -54,6 +65,7 @@ def _decode(
     rng: np.random.Generator | None,
     prefix: list[int] | None,
     load: LoadModel,
+    logprobs: list[float],
 ) -> DecodeResult:
     # The in-process edge: what a caller controls is checked here; the sessions below trust it.
     check_source_ids(source_ids, verifier.source_vocab_size, verifier.max_source_len, what="input",
@@ -65,11 +77,12 @@ def _decode(
     stats = DecodeStats()
     if spec.run is not None:
         hypotheses = spec.run(source_ids, config, verifier, stats, prefix)
-        out = hypotheses[0].output_ids
-        added = out[len(prefix or []):]  # the prefix was committed (and streamed) before
+        best = hypotheses[0]
+        out, before = best.output_ids, len(prefix or [])
+        added = out[before:]  # the prefix was committed (and streamed) before
         if on_tokens is not None and added:
-            on_tokens(added)
-        return DecodeResult(out, stats, hypotheses)
+            on_tokens(Block(added, 0, best.token_logprobs[before : len(out)]))
+        return DecodeResult(out, stats, hypotheses, [*logprobs, *best.token_logprobs[before:]])
     assert spec.build is not None
     if spec.needs_drafter and drafter is None:
         raise SpecdecError(StatusCode.FAILED_PRECONDITION, f"mode {config.mode.value} needs a drafter")
@@ -98,15 +111,16 @@ def _decode(
         propose, accept = spec.build(PolicyInputs(config, source_ids, verifier, sync, rng, load))
         top_k = spec.top_k(config, verifier.vocab_size)
         if spec.greedy and greedy_run_limit(session) > 1:
-            out = greedy_loop(session, top_k, config.max_new_tokens, verifier.eos_id, stats, on_tokens, prefix)
-            return DecodeResult(out, stats)
+            out = greedy_loop(session, top_k, config.max_new_tokens, verifier.eos_id, stats, on_tokens, prefix,
+                              logprobs)
+            return DecodeResult(out, stats, token_logprobs=logprobs)
         options = LoopOptions(
             top_k, config.max_new_tokens, verifier.eos_id, on_tokens=on_tokens, prefix=prefix, overlap=overlap,
             preverify=preverify, ahead=partial(_alone, load) if overlap or preverify else None,
-            on_verdict=None if sync is None else sync.observe,
+            on_verdict=None if sync is None else sync.observe, logprobs=logprobs,
         )
         out = draft_verify_loop(session, propose, accept, stats, options)
-        return DecodeResult(out, stats)
+        return DecodeResult(out, stats, token_logprobs=logprobs)
     finally:
         session.close()
         if drafter_session is not None:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from core.checks import check_length
+from core.checks import check_ids, check_length
 from core.errors import SpecdecError, StatusCode, invalid, out_of_range
 from decoding.config import DecodingConfig, DecodingLimits, Mode, parse_mode, validate
 from decoding.modes import DRAFTER_MODES, check_applicable
@@ -24,12 +24,16 @@ from decoding.modes import DRAFTER_MODES, check_applicable
 @dataclass(frozen=True)
 class Request:
     """What a caller asks for: `text` or `input_ids` (not both), decoding parameters that override
-    the defaults (None values are unset), and a many-to-many model's target language ("" = its default)."""
+    the defaults (None values are unset), a many-to-many model's target language ("" = its default),
+    and a target prefix, text or ids (not both), that the output must start with (after the target
+    language's code)."""
 
     text: str = ""
     input_ids: Sequence[int] = ()
     overrides: Mapping[str, Any] = field(default_factory=dict)
     target_lang: str = ""
+    target_prefix: str = ""
+    target_prefix_ids: Sequence[int] = ()
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,8 @@ class Policy:
 @dataclass(frozen=True)
 class Prepared:
     """A request ready to decode: its source ids, its decoding config, and the output's forced first
-    tokens (committed before decoding: `decode(..., prefix=first)`)."""
+    tokens, a target language's code and the target prefix (committed before decoding:
+    `decode(..., prefix=first)`)."""
 
     source: list[int]
     config: DecodingConfig
@@ -78,6 +83,8 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def encode_target(self, text: str) -> list[int]: ...
+
     def first_tokens(self, target_lang: str) -> list[int]: ...
 
 
@@ -87,6 +94,10 @@ def prepare(request: Request, model: ModelLimits, policy: Policy, tokenizer: Tok
     check_input_size(request, model, policy)
     config = prepare_config(request.overrides, model, policy)
     first = forced_first_tokens(tokenizer, request.target_lang, config)
+    first += target_prefix(request, tokenizer, model)
+    if len(first) >= config.max_new_tokens:
+        raise out_of_range(f"max_new_tokens {config.max_new_tokens} leaves no room after the output's "
+                           f"{len(first)} forced first tokens (target language and prefix)")
     source = source_ids(request, tokenizer, model)
     return Prepared(source, config, first)
 
@@ -97,6 +108,12 @@ def check_input_size(request: Request, model: ModelLimits, policy: Policy) -> No
     chars = len(request.text)
     if chars and len(request.input_ids):
         raise invalid("set either text or input_ids, not both")
+    if request.target_prefix and len(request.target_prefix_ids):
+        raise invalid("set either target_prefix or target_prefix_ids, not both")
+    if policy.max_text_chars is not None and len(request.target_prefix) > policy.max_text_chars:
+        raise out_of_range(f"target_prefix has {len(request.target_prefix)} characters; "
+                           f"the limit is {policy.max_text_chars}")
+    check_length(request.target_prefix_ids, model.max_target_len, "target_prefix_ids")
     if policy.max_text_chars is not None and chars > policy.max_text_chars:
         raise out_of_range(f"text has {chars} characters; the limit is {policy.max_text_chars}")
     check_length(request.input_ids, model.max_source_len, "input")
@@ -131,6 +148,21 @@ def forced_first_tokens(tokenizer: Tokenizer, target_lang: str, config: Decoding
     if first and len(first) >= config.max_new_tokens:
         raise out_of_range(f"max_new_tokens {config.max_new_tokens} leaves no room after the forced first token")
     return first
+
+
+def target_prefix(request: Request, tokenizer: Tokenizer, model: ModelLimits) -> list[int]:
+    """The request's target prefix as ids: its ids (checked against the vocabulary), or its text
+    encoded as the output's tokenizer encodes a target (no framing)."""
+    if request.target_prefix:
+        try:
+            ids = tokenizer.encode_target(request.target_prefix)
+        except ValueError as exc:  # an ids-only bundle has no tokenizer to encode with
+            raise invalid(str(exc)) from None
+    else:
+        ids = list(request.target_prefix_ids)
+    check_length(ids, model.max_target_len, "target_prefix")
+    check_ids(ids, model.vocab_size, "target_prefix_ids")
+    return ids
 
 
 def source_ids(request: Request, tokenizer: Tokenizer, model: ModelLimits) -> list[int]:

@@ -9,8 +9,9 @@ Triton's tooling can call the stack. One model (default name `specdec`, `[gatewa
   or strings that parse as the flag's type;
 - outputs `TEXT` (BYTES [1]) and `OUTPUT_IDS` (INT64 [N]); for beam search also its n-best list,
   `NBEST_TEXT` (BYTES [n]), `NBEST_OUTPUT_IDS` (INT64 [n, L], each hypothesis' ids padded with -1 to
-  the longest) and `NBEST_SCORES` (FP64 [n]); the decoding stats as response parameters. A request
-  that names no outputs gets those its settings produce.
+  the longest) and `NBEST_SCORES` (FP64 [n]); with `output_logprobs`, `TOKEN_LOGPROBS` (FP32: each
+  output token's log-prob, then the EOS's when one ended it); the decoding stats as response
+  parameters. A request that names no outputs gets those its settings produce.
 
 A request is translated into a `GenerateRequest` and run by the gateway's own request path
 (`GatewayServer.answer`: admission, limits, deadline, cancellation, metrics), so it is validated and
@@ -49,20 +50,22 @@ SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].f
 MODEL_VERSION = "1"
 TEXT, INPUT_IDS, OUTPUT_IDS = "TEXT", "INPUT_IDS", "OUTPUT_IDS"
 NBEST_TEXT, NBEST_OUTPUT_IDS, NBEST_SCORES = "NBEST_TEXT", "NBEST_OUTPUT_IDS", "NBEST_SCORES"
-# A request parameter that is not a decoding one: a many-to-many model's target language code.
-TARGET_LANG = "target_lang"
-OUTPUTS = (TEXT, OUTPUT_IDS, NBEST_TEXT, NBEST_OUTPUT_IDS, NBEST_SCORES)
+TOKEN_LOGPROBS = "TOKEN_LOGPROBS"
+# Request parameters that are not decoding ones: a many-to-many model's target language code, and a
+# target prefix as text or as ids (a string of integers, separated by spaces or commas).
+TARGET_LANG, TARGET_PREFIX, TARGET_PREFIX_IDS = "target_lang", "target_prefix", "target_prefix_ids"
+OUTPUTS = (TEXT, OUTPUT_IDS, NBEST_TEXT, NBEST_OUTPUT_IDS, NBEST_SCORES, TOKEN_LOGPROBS)
 PLATFORM = "specdec"
 # The model's tensors (name, datatype, shape), as its metadata and config describe them on both doors.
 INPUT_TENSORS = ((TEXT, "BYTES", [1]), (INPUT_IDS, "INT64", [-1]))
 OUTPUT_TENSORS = (
     (TEXT, "BYTES", [1]), (OUTPUT_IDS, "INT64", [-1]), (NBEST_TEXT, "BYTES", [-1]),
-    (NBEST_OUTPUT_IDS, "INT64", [-1, -1]), (NBEST_SCORES, "FP64", [-1]),
+    (NBEST_OUTPUT_IDS, "INT64", [-1, -1]), (NBEST_SCORES, "FP64", [-1]), (TOKEN_LOGPROBS, "FP32", [-1]),
 )
 # A tensor datatype as the model config names it (model_config.proto's DataType), and the numeric
 # ones' little-endian numpy types (raw contents).
-CONFIG_TYPES = {"BYTES": "TYPE_STRING", "INT64": "TYPE_INT64", "FP64": "TYPE_FP64"}
-NUMPY_TYPES = {"INT64": "<i8", "FP64": "<f8"}
+CONFIG_TYPES = {"BYTES": "TYPE_STRING", "INT64": "TYPE_INT64", "FP64": "TYPE_FP64", "FP32": "TYPE_FP32"}
+NUMPY_TYPES = {"INT64": "<i8", "FP64": "<f8", "FP32": "<f4"}
 # Parameters a KServe/Triton client may send that are not decoding settings: accepted and ignored
 # (the deadline travels as the gRPC deadline; the gateway has no priorities).
 _IGNORED_PARAMETERS = {"priority", "timeout"}
@@ -214,19 +217,23 @@ def generate_request(request: service_pb2.ModelInferRequest) -> gateway_pb2.Gene
     raw = request.raw_input_contents[index] if request.raw_input_contents else None
     if request.raw_input_contents and len(request.raw_input_contents) != len(request.inputs):
         raise invalid("raw_input_contents must have one entry per input")
-    config, target_lang = settings(dict(request.parameters))
+    config, target = settings(dict(request.parameters))
     if name == TEXT:
-        return gateway_pb2.GenerateRequest(text=_text(tensor, raw), config=config, target_lang=target_lang)
-    return gateway_pb2.GenerateRequest(input_ids=_ids(tensor, raw), config=config, target_lang=target_lang)
+        return gateway_pb2.GenerateRequest(text=_text(tensor, raw), config=config, **target)
+    return gateway_pb2.GenerateRequest(input_ids=_ids(tensor, raw), config=config, **target)
 
 
-def settings(parameters: dict[str, service_pb2.InferParameter]) -> tuple[gateway_pb2.DecodingConfig, str]:
-    """Request parameters -> the request's decoding config and target language ("" = the model's
-    default): the decoding settings named as the CLI flags, and `target_lang`."""
+def settings(parameters: dict[str, service_pb2.InferParameter]) -> tuple[gateway_pb2.DecodingConfig, dict[str, Any]]:
+    """Request parameters -> the request's decoding config (the settings named as the CLI flags) and
+    its target fields as GenerateRequest's (`target_lang`, `target_prefix`, `target_prefix_ids`)."""
     parameters = dict(parameters)
-    target = parameters.pop(TARGET_LANG, None)
-    target_lang = "" if target is None else _target_lang(target)
-    return overrides_to_wire(decoding_overrides(parameters)), target_lang
+    target: dict[str, Any] = {}
+    for key in (TARGET_LANG, TARGET_PREFIX, TARGET_PREFIX_IDS):
+        if key in parameters:
+            target[key] = _target_string(key, parameters.pop(key))
+    if TARGET_PREFIX_IDS in target:
+        target[TARGET_PREFIX_IDS] = _id_list(target[TARGET_PREFIX_IDS])
+    return overrides_to_wire(decoding_overrides(parameters)), target
 
 
 def json_parameters(values: dict[str, Any]) -> dict[str, service_pb2.InferParameter]:
@@ -250,11 +257,21 @@ def json_parameters(values: dict[str, Any]) -> dict[str, service_pb2.InferParame
     return out
 
 
-def _target_lang(param) -> str:
-    """The `target_lang` request parameter: a many-to-many model's target language code."""
+def _target_string(key: str, param) -> str:
+    """A target request parameter's string: a language code, a prefix, or a prefix's ids."""
     if param.WhichOneof("parameter_choice") != "string_param":
-        raise invalid(f"parameter {TARGET_LANG!r} must be a string (a language code such as fra_Latn)")
+        what = {TARGET_LANG: "a language code such as fra_Latn", TARGET_PREFIX: "the output's first text",
+                TARGET_PREFIX_IDS: "token ids separated by spaces or commas"}[key]
+        raise invalid(f"parameter {key!r} must be a string ({what})")
     return param.string_param
+
+
+def _id_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.replace(",", " ").split()]
+    except ValueError:
+        raise invalid(f"parameter {TARGET_PREFIX_IDS!r} must hold token ids separated by spaces or commas, "
+                      f"got {text[:80]!r}") from None
 
 
 def decoding_overrides(parameters) -> dict[str, Any]:
@@ -286,12 +303,19 @@ def output_tensors(result: DecodeResult, decode_text: Any) -> dict[str, tuple[st
         NBEST_TEXT: ("BYTES", [len(hypotheses)], texts),
         NBEST_OUTPUT_IDS: ("INT64", list(padded.shape), padded.tobytes()),
         NBEST_SCORES: ("FP64", [len(hypotheses)], np.asarray([h.score for h in hypotheses], "<f8").tobytes()),
+        TOKEN_LOGPROBS: ("FP32", [len(result.token_logprobs)], np.asarray(result.token_logprobs, "<f4").tobytes()),
     }
 
 
 def default_outputs(result: DecodeResult) -> list[str]:
-    """The outputs of a request that names none: the output, and a beam search's n-best list."""
-    return list(OUTPUTS) if result.hypotheses else [TEXT, OUTPUT_IDS]
+    """The outputs of a request that names none: the output, a beam search's n-best list, and the
+    log-probs when asked for."""
+    names = [TEXT, OUTPUT_IDS]
+    if result.hypotheses:
+        names += [NBEST_TEXT, NBEST_OUTPUT_IDS, NBEST_SCORES]
+    if result.token_logprobs:
+        names.append(TOKEN_LOGPROBS)
+    return names
 
 
 def requested_outputs(request: service_pb2.ModelInferRequest) -> list[str]:
@@ -314,6 +338,10 @@ def _convert(key: str, name: str, param) -> Any:
         if which not in ("string_param", "bool_param"):
             raise invalid(f"parameter {key!r} must be a string (one of {[m.value for m in CHOICES[name]]})")
         return parse_choice(name, CHOICES[name], value).value
+    if kind == "bool":
+        if which == "bool_param" or (which == "string_param" and value in ("true", "false")):
+            return value is True or value == "true"
+        raise invalid(f"parameter {key!r} must be a bool, got {value!r}")
     if which == "bool_param":  # never a number: True would silently be 1
         raise invalid(f"parameter {key!r} must be a {_kind_name(kind)}, not a bool")
     if "Mode" in kind:

@@ -215,6 +215,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
             stats=stats_to_wire(answer.result.stats, answer.mode, answer.total_s),
             final=True,
             hypotheses=hypotheses_to_wire(answer.result, self.tokenizer.decode),
+            token_logprobs=answer.result.token_logprobs,
         )
 
     async def GenerateStream(self, request, context):
@@ -238,6 +239,7 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         yield gateway_pb2.GenerateResponse(
             text=tail, output_ids=rest, stats=stats_to_wire(event.result.stats, event.mode, event.total_s), final=True,
             hypotheses=hypotheses_to_wire(event.result, self.tokenizer.decode),
+            token_logprobs=event.result.token_logprobs,
         )
 
     async def answer(self, request: gateway_pb2.GenerateRequest, context: RequestContext) -> Answer:
@@ -415,7 +417,8 @@ class GatewayServer(gateway_pb2_grpc.GatewayServiceServicer):
         model = ModelLimits(info.vocab_size, source_len_from_wire(info.max_source_len),
                             target_len_from_wire(info.max_target_len))
         wanted = Request(text=request.text, input_ids=request.input_ids, overrides=overrides_from_wire(request.config),
-                         target_lang=request.target_lang)
+                         target_lang=request.target_lang, target_prefix=request.target_prefix,
+                         target_prefix_ids=request.target_prefix_ids)
         if not wanted.text:
             return prepare(wanted, model, self.policy, self.tokenizer)
         check_input_size(wanted, model, self.policy)  # a text over the limit is never tokenised

@@ -47,7 +47,8 @@ def overrides_to_wire(overrides: dict[str, Any]) -> gateway_pb2.DecodingConfig:
 def hypotheses_to_wire(result: DecodeResult, decode_text: Callable[[list[int]], str]) -> list[gateway_pb2.Hypothesis]:
     """A beam search's n-best list as GenerateResponse.hypotheses (other modes: none)."""
     return [gateway_pb2.Hypothesis(text=decode_text(h.output_ids), output_ids=h.output_ids, score=h.score,
-                                   finish_reason=h.finish_reason) for h in result.hypotheses]
+                                   finish_reason=h.finish_reason, token_logprobs=h.token_logprobs)
+            for h in result.hypotheses]
 
 
 def stats_record(stats: DecodeStats, mode: Mode, total_s: float) -> dict[str, Any]:

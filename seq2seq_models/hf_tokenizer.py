@@ -58,6 +58,9 @@ class IdsOnlyTokenizer(FirstTokens):
     def encode(self, text: str) -> list[int]:
         raise ValueError("this bundle has no tokenizer: send token ids (input_ids, or --ids on the command line)")
 
+    def encode_target(self, text: str) -> list[int]:
+        raise ValueError("this bundle has no tokenizer: send a target prefix as token ids (target_prefix_ids)")
+
     def decode(self, ids: Iterable[int]) -> str:
         """The ids as text ("5 17 3"): the bundle has no pieces to join."""
         return " ".join(str(i) for i in ids)
@@ -98,6 +101,7 @@ class HFTokenizer(FirstTokens):
             target_vocab: dict[str, int] = json.loads((root / spec["target_vocab"]).read_text())
             added = {int(i): piece for i, piece in spec.get("added_pieces", {}).items()}
             self._pieces = {**added, **{i: piece for piece, i in target_vocab.items()}}
+            self._tgt_vocab = target_vocab
             self._unk = spec["unk_id"]
             self.vocab_size = max(target_vocab.values()) + 1
         else:
@@ -110,6 +114,12 @@ class HFTokenizer(FirstTokens):
             body = [self._src_vocab.get(piece, self._unk) for piece in self._source.encode(text, out_type=str)]
         framed = [*self.prefix, *body, *self.suffix]
         return framed[:-1] if framed and framed[-1] == self.eos_id else framed
+
+    def encode_target(self, text: str) -> list[int]:
+        """`text` as output tokens, unframed (`tokenizer(text_target=..., add_special_tokens=False)`)."""
+        if self.kind == "tokenizers":
+            return self._fast.encode(text, add_special_tokens=False).ids
+        return [self._tgt_vocab.get(piece, self._unk) for piece in self._target.encode(text, out_type=str)]
 
     def decode(self, ids: Iterable[int]) -> str:
         kept = [i for i in ids if i not in self.special_ids]

@@ -36,6 +36,10 @@ class Tokenizer(FirstTokens):
     def encode(self, text: str) -> list[int]:
         return list(self._sp.encode(text))
 
+    def encode_target(self, text: str) -> list[int]:
+        """`text` as output tokens: source and target share the model."""
+        return self.encode(text)
+
     def decode(self, ids: Iterable[int]) -> str:
         # Specials never appear in text; unknown pieces decode as SentencePiece's " ⁇ ".
         return self._sp.decode([i for i in ids if i not in self.special_ids or i == UNK_ID])

@@ -53,24 +53,29 @@ class Hypothesis:
     output_ids: list[int]
     score: float
     finish_reason: str
+    token_logprobs: list[float] = field(default_factory=list)  # with output_logprobs
 
 
 @dataclass(frozen=True)
 class Output:
-    """One decoded input: the output's text and ids (any forced first token included), its stats,
-    and for beam search its `num_return_sequences` best hypotheses, best first (the first is the
-    output)."""
+    """One decoded input: the output's text and ids (any forced first token and target prefix
+    included), its stats, for beam search its `num_return_sequences` best hypotheses, best first
+    (the first is the output), and with `output_logprobs` each output token's log-prob, then the
+    EOS's when one ended it (forced and prefix tokens: 0)."""
 
     text: str
     output_ids: list[int]
     stats: Stats
     hypotheses: list[Hypothesis] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)
 
     def record(self) -> dict[str, Any]:
         """The output as `specdec decode` and `specdec generate --json` print it."""
         out: dict[str, Any] = {"output_ids": self.output_ids, "text": self.text, "stats": self.stats.record()}
         if self.hypotheses:
-            out["hypotheses"] = [asdict(h) for h in self.hypotheses]
+            out["hypotheses"] = [{k: v for k, v in asdict(h).items() if v != []} for h in self.hypotheses]
+        if self.token_logprobs:
+            out["token_logprobs"] = self.token_logprobs
         return out
 
 
@@ -119,12 +124,16 @@ class Engine:
 
     # ---- the calls, written once over `_run` / `_stream` -------------------------------------------
 
-    def generate(self, inputs: Input | Sequence[Input], *, target_lang: str = "", **params: Any) -> Any:
+    def generate(
+        self, inputs: Input | Sequence[Input], *, target_lang: str = "", target_prefix: Input = "", **params: Any
+    ) -> Any:
         """Decode one input (returns an `Output`) or many (a list of them, in order). Every input is
-        checked before any is decoded; a bad one raises `SpecdecError` naming its index."""
+        checked before any is decoded; a bad one raises `SpecdecError` naming its index.
+        `target_prefix` (text or ids): what every output starts with, after the target language's code."""
         if is_one_input(inputs):
-            return self._run([self.request(inputs, target_lang, params)])[0]
-        return self._run([self.request(one, target_lang, params) for one in inputs])  # type: ignore[union-attr]
+            return self._run([self.request(inputs, target_lang, params, target_prefix)])[0]
+        return self._run([self.request(one, target_lang, params, target_prefix)
+                          for one in inputs])  # type: ignore[union-attr]
 
     def generate_each(
         self, requests: Iterable[Request | SpecdecError], ordered: bool = True
@@ -134,18 +143,27 @@ class Engine:
         outcome): in input order, or (`ordered=False`) as they finish."""
         raise NotImplementedError
 
-    def generate_stream(self, input: Input, *, target_lang: str = "", **params: Any) -> Iterator[Chunk]:
+    def generate_stream(
+        self, input: Input, *, target_lang: str = "", target_prefix: Input = "", **params: Any
+    ) -> Iterator[Chunk]:
         """Decode one input, yielding its text as tokens are accepted; the last chunk has the `Output`.
         Leaving the loop early stops the decoding."""
-        return self._stream(self.request(input, target_lang, params))
+        return self._stream(self.request(input, target_lang, params, target_prefix))
 
     @staticmethod
-    def request(input: Input, target_lang: str = "", params: Mapping[str, Any] | None = None) -> Request:
-        """A `decoding.request.Request` for one input (text or ids) and its parameters."""
+    def request(
+        input: Input, target_lang: str = "", params: Mapping[str, Any] | None = None, target_prefix: Input = ""
+    ) -> Request:
+        """A `decoding.request.Request` for one input (text or ids), its parameters and its target."""
         params = {k: getattr(v, "value", v) for k, v in (params or {}).items()}  # Mode members by value
+        target: dict[str, Any] = {"target_lang": target_lang}
+        if isinstance(target_prefix, str):
+            target["target_prefix"] = target_prefix
+        else:
+            target["target_prefix_ids"] = [int(i) for i in target_prefix]
         if isinstance(input, str):
-            return Request(text=input, overrides=params, target_lang=target_lang)
-        return Request(input_ids=[int(i) for i in input], overrides=params, target_lang=target_lang)
+            return Request(text=input, overrides=params, **target)
+        return Request(input_ids=[int(i) for i in input], overrides=params, **target)
 
     def close(self) -> None:
         """Free what the engine holds (models, channels)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from decoding.request import Request
 from serving.tls import ClientTLS
 from specdec.remote_engine import CallError, RemoteEngine
 
@@ -23,12 +22,14 @@ def generate(
     tls: ClientTLS | None = None,
     token: str | None = None,
     target_lang: str = "",
+    target_prefix: str | list[int] = "",
 ) -> dict[str, Any]:
     """Generate once; returns {"output_ids", "text", "stats", ...} as `specdec decode` prints it.
     `tls`: connect over TLS (None: plaintext); `token`: the gateway's bearer token; `target_lang`:
-    a many-to-many model's target language code (empty: the model's default)."""
+    a many-to-many model's target language code (empty: the model's default); `target_prefix`: text
+    or ids the output starts with."""
     with RemoteEngine(address, timeout=timeout, tls=tls, token=token) as engine:
-        wanted = Request(text=text, input_ids=input_ids or [], overrides=overrides, target_lang=target_lang)
+        wanted = engine.request(input_ids or text, target_lang, overrides, target_prefix)
         output = engine.call(wanted, request_id)
     return output.record()
 

@@ -198,9 +198,10 @@ class LocalEngine(Engine):
         result = decode(prepared.source, prepared.config, verifier or self.verifier, drafter or self.drafter,
                         on_tokens, prefix=list(first) or None)
         stats = request_stats(result.stats, prepared.config.mode, time.perf_counter() - started)
-        hypotheses = [Hypothesis(self.tokenizer.decode(h.output_ids), h.output_ids, h.score, h.finish_reason)
-                      for h in result.hypotheses]
-        return Output(self.tokenizer.decode(result.output_ids), result.output_ids, stats, hypotheses)
+        hypotheses = [Hypothesis(self.tokenizer.decode(h.output_ids), h.output_ids, h.score, h.finish_reason,
+                                 h.token_logprobs) for h in result.hypotheses]
+        return Output(self.tokenizer.decode(result.output_ids), result.output_ids, stats, hypotheses,
+                      result.token_logprobs)
 
     def _stream(self, request: Request) -> Iterator[Chunk]:
         """decode() on a thread of its own, its blocks handed over through a queue; the consumer

@@ -139,13 +139,15 @@ class RemoteEngine(Engine):
 
 def _output(text: str, output_ids: list[int], final: gateway_pb2.GenerateResponse) -> Output:
     """The Output of a call whose last (or only) message is `final`."""
-    hypotheses = [Hypothesis(h.text, list(h.output_ids), h.score, h.finish_reason) for h in final.hypotheses]
-    return Output(text, output_ids, report_from_wire(final.stats), hypotheses)
+    hypotheses = [Hypothesis(h.text, list(h.output_ids), h.score, h.finish_reason, list(h.token_logprobs))
+                  for h in final.hypotheses]
+    return Output(text, output_ids, report_from_wire(final.stats), hypotheses, list(final.token_logprobs))
 
 
 def _message(request: Request) -> gateway_pb2.GenerateRequest:
     return gateway_pb2.GenerateRequest(
         text=request.text, input_ids=list(request.input_ids), config=overrides_to_wire(dict(request.overrides)),
-        target_lang=request.target_lang,
+        target_lang=request.target_lang, target_prefix=request.target_prefix,
+        target_prefix_ids=list(request.target_prefix_ids),
     )
 

@@ -158,7 +158,7 @@ FLAGS = {
     "--beams": ("num_beams", int), "--gamma": ("gamma", int), "--threshold": ("threshold", float),
     "--beam-delta": ("beam_delta", float), "--beam-max-candidates": ("beam_max_candidates", int),
     "--length-penalty": ("length_penalty", float), "--early-stopping": ("early_stopping", None),
-    "--n-best": ("num_return_sequences", int),
+    "--n-best": ("num_return_sequences", int), "--output-logprobs": ("output_logprobs", None),
     "--temperature": ("temperature", float), "--top-k": ("top_k", int), "--top-p": ("top_p", float),
     "--seed": ("seed", int), "--max-new-tokens": ("max_new_tokens", int), "--adaptive": ("adaptive", None),
     "--overlap": ("overlap", None),

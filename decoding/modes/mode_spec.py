@@ -61,7 +61,7 @@ def top_1(config: DecodingConfig, vocab_size: int) -> int:
 
 
 # The DecodingConfig fields every mode reads.
-COMMON_PARAMS = frozenset({"mode", "seed", "max_new_tokens"})
+COMMON_PARAMS = frozenset({"mode", "seed", "max_new_tokens", "output_logprobs"})
 
 
 @dataclass(frozen=True)

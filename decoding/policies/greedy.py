@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from core.interfaces import GreedySession
-from decoding.policies.loop import DecodeStats, OnTokens, PrefixSync, commit, run_plain_steps
+from decoding.policies.loop import DecodeStats, OnTokens, Output, PrefixSync, run_plain_steps
 
 
 def greedy_loop(
@@ -23,9 +23,12 @@ def greedy_loop(
     stats: DecodeStats,
     on_tokens: OnTokens | None = None,
     prefix: list[int] | None = None,
+    logprobs: list[float] | None = None,
 ) -> list[int]:
-    """Decode until EOS or max_new_tokens (`draft_verify_loop`'s contract, with no draft)."""
-    out: list[int] = list(prefix or [])
+    """Decode until EOS or max_new_tokens (`draft_verify_loop`'s contract, with no draft; `logprobs`
+    as `LoopOptions.logprobs`)."""
+    output = Output(list(prefix or []), logprobs, eos_id, max_new_tokens, stats, on_tokens)
+    out = output.ids
     sync = PrefixSync()
     first_runs = session.first_greedy_runs
     runs = 0
@@ -36,5 +39,5 @@ def greedy_loop(
         t0 = time.perf_counter()
         result = run_plain_steps(session, out, sync, steps, top_k, stats)
         stats.verifier_time_s += time.perf_counter() - t0
-        if commit(list(result.top1), out, eos_id, max_new_tokens, stats, on_tokens):
+        if output.commit_run(result):
             return out

@@ -7,6 +7,7 @@ max_new_tokens. AR greedy is the same loop with an empty draft.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -25,12 +26,19 @@ OnTokens = Callable[[list[int]], None]
 class Block(list):
     """A block of committed tokens as the draft-verify loop hands it to `on_tokens`: a list of ids
     whose first `drafted` came from the accepted draft (the drafter's, or the input's under IAD) and
-    the rest from the verifier. Callers that only want the ids use it as the list it is; a stream
-    that shows where tokens came from reads `drafted` (`drafted_count`)."""
+    the rest from the verifier, and each one's log-prob (`logprobs`, the verifier's processed
+    distribution). Callers that only want the ids use it as the list it is; a stream that shows
+    where tokens came from reads `drafted` (`drafted_count`)."""
 
-    def __init__(self, ids: list[int], drafted: int = 0) -> None:
+    def __init__(self, ids: list[int], drafted: int = 0, logprobs: list[float] | None = None) -> None:
         super().__init__(ids)
+        self.logprobs = logprobs if logprobs is not None else [math.nan] * len(ids)
         self.drafted = drafted
+
+
+def block_logprobs(block: list[int]) -> list[float]:
+    """Each of `block`'s tokens' log-probs (0 for a plain list: forced first tokens)."""
+    return list(block.logprobs) if isinstance(block, Block) else [0.0] * len(block)
 
 
 def drafted_count(block: list[int]) -> int:
@@ -145,7 +153,8 @@ class DecodeStats:
 class Hypothesis:
     """One finished output of a search: its tokens (EOS not included), its sequence score (beam
     search: its tokens' log-probs summed, over its length ** length_penalty, as `generate`'s
-    sequences_scores), each token's log-prob, and why it ended ("eos" or "length")."""
+    sequences_scores), each token's log-prob (then the EOS's, when one ended it), and why it ended
+    ("eos" or "length")."""
 
     output_ids: list[int]
     score: float
@@ -159,6 +168,10 @@ class DecodeResult:
     stats: DecodeStats
     # Beam search: the n best hypotheses, best first (the first is `output_ids`); other modes: none.
     hypotheses: list[Hypothesis] = field(default_factory=list)
+    # The log-prob of each output token (forced and prefix tokens: 0), then of the EOS that ended
+    # it, if one did: the verifier's distribution after the logits processors (`generate`'s
+    # output_scores, normalised).
+    token_logprobs: list[float] = field(default_factory=list)
 
 
 class PrefixSync:
@@ -197,6 +210,9 @@ class LoopOptions:
     preverify: PreVerifyStep | None = None
     ahead: Callable[[], bool] | None = None
     on_verdict: Callable[[list[int], int, int], None] | None = None
+    # The committed tokens' log-probs, the prefix's first: the loop appends each block's (and, when
+    # EOS ends the output, the EOS's). None: not kept.
+    logprobs: list[float] | None = None
 
 
 def draft_verify_loop(
@@ -206,9 +222,9 @@ def draft_verify_loop(
     an overlapped draft in flight before it returns (the caller closes the sessions next)."""
     top_k, max_new_tokens, eos_id, on_tokens = options.top_k, options.max_new_tokens, options.eos_id, options.on_tokens
     overlap, preverify, ahead, on_verdict = options.overlap, options.preverify, options.ahead, options.on_verdict
-    prefix = options.prefix
+    output = Output(list(options.prefix or []), options.logprobs, eos_id, max_new_tokens, stats, on_tokens)
+    out = output.ids
     try:
-        out: list[int] = list(prefix or [])
         sync = PrefixSync()
         after_cut = False  # the last block was cut short of its full length
         while True:
@@ -231,7 +247,7 @@ def draft_verify_loop(
                     stats.preverify_cuts += 1
                     if on_verdict is not None:
                         on_verdict(ids, 0, first.top1[0])
-                    if commit([first.top1[0]], out, eos_id, max_new_tokens, stats, on_tokens):
+                    if output.commit([first.top1[0]], [token_logprob(first, 0, first.top1[0])]):
                         return out
                     continue
                 t0 = time.perf_counter()  # draft_and_first counted its own time
@@ -249,7 +265,7 @@ def draft_verify_loop(
                 result = run_plain_steps(session, out, sync, steps, top_k, stats)
                 stats.verifier_time_s += time.perf_counter() - t1
                 accept(ids, draft, result)  # for what the policy learns; its token is the run's first
-                if commit(list(result.top1), out, eos_id, max_new_tokens, stats, on_tokens):
+                if output.commit_run(result):
                     return out
                 continue
             committed, append = sync.delta(out)
@@ -263,7 +279,8 @@ def draft_verify_loop(
             stats.record_accepts(len(ids), accepted)
             if on_verdict is not None:
                 on_verdict(ids, accepted, token)
-            if commit([*ids[:accepted], token], out, eos_id, max_new_tokens, stats, on_tokens, drafted=accepted):
+            logprobs = [*result.draft_logprobs[:accepted], token_logprob(result, accepted, token)]
+            if output.commit([*ids[:accepted], token], logprobs, drafted=accepted):
                 return out
     finally:
         if overlap is not None:
@@ -284,21 +301,49 @@ def run_plain_steps(
     return result
 
 
-def commit(block: list[int], out: list[int], eos_id: int, max_new_tokens: int, stats: DecodeStats,
-           on_tokens: OnTokens | None, drafted: int = 0) -> bool:
-    """Append a block of final tokens to `out` (cut at EOS) and tell `on_tokens` (a `Block` whose
-    first `drafted` tokens came from the draft); True when the output is finished (EOS, or
-    max_new_tokens reached), with the stats' finish reason set."""
-    finish = ""
-    if eos_id in block:
-        block = block[: block.index(eos_id)]
-        finish = "eos"
-    out.extend(block)
-    if on_tokens is not None and block:
-        on_tokens(Block(block, min(drafted, len(block))))
-    if not finish and len(out) >= max_new_tokens:
-        finish = "length"
-    if finish:
-        stats.finish_reason = finish
-        stats.output_tokens = len(out)
-    return bool(finish)
+def token_logprob(result: VerifyResult, position: int, token: int) -> float:
+    """The verifier's log-prob of `token` at `position` of its answer, from the top-k it reported
+    (NaN when the token is not among them: a mode that commits only top-1 or drafted tokens never
+    asks for one that is not)."""
+    ids = result.topk_ids[position] if position < len(result.topk_ids) else []
+    return result.topk_logprobs[position][ids.index(token)] if token in ids else math.nan
+
+
+class Output:
+    """The output as blocks are committed: its ids, their log-probs (`logprobs`, when kept: the
+    prefix's first, and the EOS's once one ends the output), and `on_tokens`, told of each block."""
+
+    def __init__(self, ids: list[int], logprobs: list[float] | None, eos_id: int, max_new_tokens: int,
+                 stats: DecodeStats, on_tokens: OnTokens | None) -> None:
+        self.ids = ids
+        self.logprobs = logprobs
+        self.eos_id = eos_id
+        self.max_new_tokens = max_new_tokens
+        self.stats = stats
+        self.on_tokens = on_tokens
+
+    def commit(self, block: list[int], logprobs: list[float], drafted: int = 0) -> bool:
+        """Append a block of final tokens (cut at EOS) and tell `on_tokens` (a `Block` whose first
+        `drafted` tokens came from the draft); True when the output is finished (EOS, or
+        max_new_tokens reached), with the stats' finish reason set."""
+        finish = ""
+        kept = len(block)
+        if self.eos_id in block:
+            kept = block.index(self.eos_id)
+            finish = "eos"
+        ids = block[:kept]
+        self.ids.extend(ids)
+        if self.logprobs is not None:
+            self.logprobs.extend(logprobs[: kept + (finish == "eos")])
+        if self.on_tokens is not None and ids:
+            self.on_tokens(Block(ids, min(drafted, kept), logprobs[:kept]))
+        if not finish and len(self.ids) >= self.max_new_tokens:
+            finish = "length"
+        if finish:
+            self.stats.finish_reason = finish
+            self.stats.output_tokens = len(self.ids)
+        return bool(finish)
+
+    def commit_run(self, result: VerifyResult) -> bool:
+        """`commit` a run of plain AR steps' tokens (`run_plain_steps`), each the top-1 of its position."""
+        return self.commit(list(result.top1), [lps[0] if lps else math.nan for lps in result.topk_logprobs])

@@ -21,7 +21,7 @@ from core.errors import SpecdecError, StatusCode
 from decoding.config import DecodingConfig, Mode
 from decoding.decode import decode
 from decoding.modes import DRAFTER_MODES
-from decoding.policies.loop import DecodeResult, OnTokens
+from decoding.policies.loop import DecodeResult, OnTokens, block_logprobs
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 from gateway.peers.calls import CallOptions, DrafterFailure, RemoteCallError, RequestDeadlineExceeded
@@ -49,10 +49,12 @@ def decode_with_failover(
     """Decode `source` (worker thread), failing over between places. `first`: the output's forced
     first tokens (a target language), committed before decoding and streamed like any other."""
     committed: list[int] = []
+    logprobs: list[float] = []  # of the committed tokens, for the next attempt to go on from
 
     def counting(block: list[int]) -> None:
         on_tokens(block)
         committed.extend(block)
+        logprobs.extend(block_logprobs(block))
 
     if first:
         counting(first)
@@ -75,7 +77,8 @@ def decode_with_failover(
             drafter, drafter_place = leased or (None, None)
             try:
                 # A copy: `counting` extends `committed` while the loop reads its prefix.
-                result = decode(source, run, verifier, drafter, counting, prefix=list(committed) or None)
+                result = decode(source, run, verifier, drafter, counting, prefix=list(committed) or None,
+                                prefix_logprobs=list(logprobs))
             except DrafterFailure as exc:
                 assert peers.drafters is not None and drafter_place is not None
                 peers.drafters.failed(drafter_place, exc.cause)

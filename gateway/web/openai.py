@@ -269,12 +269,12 @@ def _parameters(body: dict[str, Any]) -> dict[str, Any]:
 
 def _generate_request(prompt: str | list[int], params: dict[str, Any]) -> gateway_pb2.GenerateRequest:
     try:
-        config, target_lang = settings(json_parameters(params))
+        config, target = settings(json_parameters(params))
     except SpecdecError as exc:
         raise HttpError(400, exc.message, param="specdec", code=exc.code.value.lower()) from None
     if isinstance(prompt, str):
-        return gateway_pb2.GenerateRequest(text=prompt, config=config, target_lang=target_lang)
-    return gateway_pb2.GenerateRequest(input_ids=prompt, config=config, target_lang=target_lang)
+        return gateway_pb2.GenerateRequest(text=prompt, config=config, **target)
+    return gateway_pb2.GenerateRequest(input_ids=prompt, config=config, **target)
 
 
 def _usage(jobs: list, answers: list[Answer | None]) -> dict[str, int]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from decoding.config import DecodingConfig, Mode
+from decoding.config import CHOICES, DecodingConfig, Mode
 from decoding.modes import MODES, DrafterMethod
 from decoding.modes.mode_spec import COMMON_PARAMS
 
@@ -54,13 +54,24 @@ def page_config(model_name: str, defaults: DecodingConfig) -> dict[str, Any]:
         params = []
         for name in sorted(spec.applicable - COMMON_PARAMS):
             f = by_name[name]
-            kind = "bool" if "bool" in str(f.type) else "int" if "int" in str(f.type) else "float"
-            params.append({"name": name, "kind": kind, "default": getattr(defaults, name), "help": f.metadata["help"]})
+            default = getattr(defaults, name)
+            param = {"name": name, "kind": _kind(f), "default": getattr(default, "value", default),
+                     "help": f.metadata["help"]}
+            if name in CHOICES:
+                param["choices"] = [m.value for m in CHOICES[name]]
+            params.append(param)
         source = "the input (copied)" if mode == Mode.IAD else DRAFT_SOURCES.get(spec.drafter)
         modes.append({"name": mode.value, "lossless": spec.lossless, "draft_source": source, "params": params,
                       "about": _about(mode, spec.lossless)})
     return {"model": model_name, "modes": modes,
             "defaults": {"mode": defaults.mode.value, "max_new_tokens": defaults.max_new_tokens}}
+
+
+def _kind(f: Any) -> str:
+    """How the page shows a setting: a checkbox, a list of choices, or a number (int or float)."""
+    if f.name in CHOICES:
+        return "choice"
+    return "bool" if "bool" in str(f.type) else "int" if "int" in str(f.type) else "float"
 
 
 def _about(mode: Mode, lossless: bool) -> str:

@@ -32,7 +32,7 @@ def register(sub) -> None:
     p.add_argument("--backend", choices=BACKENDS, default=None, help=flags.BACKEND_HELP)
     p.add_argument("--precision", choices=PRECISIONS, default=None, help=flags.PRECISION_HELP)
     p.add_argument("--device", type=device_arg, default="auto", help=f"where the models run: {DEVICE_HELP}")
-    p.add_argument("--target-lang", default="", metavar="CODE", help=flags.TARGET_LANG_HELP)
+    flags.add_target_flags(p)
     io = p.add_argument_group("inputs and outputs")
     io.add_argument("--input", metavar="FILE", help="read the lines from FILE (default: stdin)")
     io.add_argument("--output", metavar="FILE", help="write the records to FILE (default: stdout)")
@@ -123,9 +123,10 @@ def _line_request(engine, number: int, line: str, args: argparse.Namespace, over
         ids = _parse_ids(line) if args.ids and line.strip() else None
     except SpecdecError as exc:
         return exc
+    prefix = flags.target_prefix(args)
     if ids is not None:
-        return engine.request(ids, args.target_lang, overrides)
-    return engine.request(line if line.strip() else [], args.target_lang, overrides)
+        return engine.request(ids, args.target_lang, overrides, prefix)
+    return engine.request(line if line.strip() else [], args.target_lang, overrides, prefix)
 
 
 def _open_input(path: str | None) -> contextlib.AbstractContextManager[TextIO]:

@@ -22,6 +22,27 @@ PRECISION_HELP = (
 )
 TARGET_LANG_HELP = ("a many-to-many model's target language (NLLB fra_Latn, M2M100 fr, mBART-50 fr_XX); "
                     "empty: the model's default")
+def add_target_flags(parser: argparse.ArgumentParser) -> None:
+    """--target-lang and the target prefix flags of `decode` and `generate`."""
+    parser.add_argument("--target-lang", default="", metavar="CODE", help=TARGET_LANG_HELP)
+    prefix = parser.add_mutually_exclusive_group()
+    prefix.add_argument("--target-prefix", default="", metavar="TEXT",
+                        help="the output starts with this text (after the target language's code); every mode "
+                             "continues from it")
+    prefix.add_argument("--target-prefix-ids", default="", metavar="IDS",
+                        help="the same as token ids, separated by spaces or commas")
+
+
+def target_prefix(args: argparse.Namespace) -> str | list[int]:
+    """The target prefix the flags give: text, ids, or "" (none)."""
+    if args.target_prefix_ids:
+        try:
+            return [int(part) for part in args.target_prefix_ids.replace(",", " ").split()]
+        except ValueError:
+            raise ValueError(f"--target-prefix-ids takes token ids, got {args.target_prefix_ids!r}") from None
+    return args.target_prefix
+
+
 ADDR_HELP = f"gateway address HOST:PORT (default: ${ADDR_ENV}, else {GATEWAY_ADDRESS})"
 
 

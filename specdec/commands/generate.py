@@ -15,7 +15,7 @@ def register(sub) -> None:
     p.add_argument("--file", metavar="PATH", help="read the text from this file (UTF-8)")
     p.add_argument("--addr", type=flags.address_arg, default=flags.default_addr(), help=flags.ADDR_HELP)
     p.add_argument("--json", action="store_true", help="print the same JSON object as `specdec decode`")
-    p.add_argument("--target-lang", default="", metavar="CODE", help=flags.TARGET_LANG_HELP)
+    flags.add_target_flags(p)
     p.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
     flags.add_client_security(p)
     flags.add_decoding_flags(p)
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     text = _generate_text(args)
     try:
         record = generate(args.addr, text, flags.decoding_overrides(args), timeout=args.timeout, tls=tls, token=token,
-                          target_lang=args.target_lang)
+                          target_lang=args.target_lang, target_prefix=flags.target_prefix(args))
     except CallError as exc:  # e.g. a missing token: one line, like specdec's own errors, not a traceback
         print(f"specdec generate: error: {exc}", file=sys.stderr)
         return 2
