@@ -75,6 +75,17 @@ def build(family: str, out: Path, shape: Shape = Shape(), seed: int = 0) -> Path
     return out
 
 
+def random_sources(config: Any, seed: int, count: int, longest: int = 14) -> list[list[int]]:
+    """`count` random sources of 1..`longest` tokens for an imported model (its `ModelConfig`), drawn
+    from its source vocabulary without the special ids."""
+    import random
+
+    specials = {config.pad_id, config.eos_id, config.bos_id, config.unk_id}
+    words = [i for i in range(config.source_vocab_size) if i not in specials]
+    rng = random.Random(seed)
+    return [[rng.choice(words) for _ in range(rng.randint(1, longest))] for _ in range(count)]
+
+
 def scaled(model: Any, seed: int) -> Any:
     """Weights well above the default init, per fan-in; norms' gains near 1, small biases."""
     import torch

@@ -12,7 +12,6 @@ probability mass."""
 from __future__ import annotations
 
 import json
-import random
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -21,7 +20,7 @@ transformers = pytest.importorskip("transformers", reason="import-hf needs trans
 
 import torch  # noqa: E402
 
-from bench.hf_checkpoints import FAMILIES, Shape, build  # noqa: E402
+from bench.hf_checkpoints import FAMILIES, Shape, build, random_sources  # noqa: E402
 from decoding.config import DecodingConfig, EarlyStopping  # noqa: E402
 from decoding.decode import decode  # noqa: E402
 from gateway.wire import overrides_to_wire  # noqa: E402
@@ -70,14 +69,9 @@ def cases(checkpoints) -> dict[str, list[tuple]]:
     out = {}
     for family, (model, bundle_dir) in checkpoints.items():
         cfg = load_bundle(bundle_dir).config("verifier")
-        specials = {cfg.pad_id, cfg.eos_id, cfg.bos_id, cfg.unk_id}
-        words = [i for i in range(cfg.source_vocab_size) if i not in specials]
-        rng = random.Random(len(family))
-        out[family] = []
-        for early, penalty in SETTINGS:
-            for _ in range(SOURCES):
-                source = [rng.choice(words) for _ in range(rng.randint(1, 14))]
-                out[family].append((source, early, penalty, _generate(model, source, cfg.eos_id, early, penalty)))
+        sources = iter(random_sources(cfg, len(family), SOURCES * len(SETTINGS)))
+        out[family] = [(source, early, penalty, _generate(model, source, cfg.eos_id, early, penalty))
+                       for early, penalty in SETTINGS for source in [next(sources) for _ in range(SOURCES)]]
     return out
 
 

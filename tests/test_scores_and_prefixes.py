@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import json
-import random
 
 import pytest
 
@@ -21,7 +20,7 @@ transformers = pytest.importorskip("transformers", reason="import-hf needs trans
 
 import torch  # noqa: E402
 
-from bench.hf_checkpoints import Shape, build  # noqa: E402
+from bench.hf_checkpoints import Shape, build, random_sources  # noqa: E402
 from core.errors import SpecdecError, StatusCode  # noqa: E402
 from decoding.config import DecodingConfig  # noqa: E402
 from decoding.decode import decode  # noqa: E402
@@ -58,12 +57,11 @@ def checkpoints(tmp_path_factory) -> dict[str, tuple]:
     return out
 
 
-def _sources(bundle, seed: int, count: int = 4) -> list[list[int]]:
+def _opened(bundle_dir, backend: str, seed: int, cache_root=None) -> tuple:
+    """(the bundle's verifier on `backend`, its model config, four random sources)."""
+    bundle = load_bundle(bundle_dir)
     cfg = bundle.config("verifier")
-    specials = {cfg.pad_id, cfg.eos_id, cfg.bos_id, cfg.unk_id}
-    words = [i for i in range(cfg.source_vocab_size) if i not in specials]
-    rng = random.Random(seed)
-    return [[rng.choice(words) for _ in range(rng.randint(2, 14))] for _ in range(count)]
+    return make_verifier(bundle, backend, cache_root=cache_root), cfg, random_sources(cfg, seed, count=4)
 
 
 def _config(**overrides) -> DecodingConfig:
@@ -93,10 +91,8 @@ def _close(got: list[float], want: list[float]) -> bool:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_token_logprobs_are_generates_scores(checkpoints, family, backend, tmp_path):
     model, _, bundle_dir = checkpoints[family]
-    bundle = load_bundle(bundle_dir)
-    cfg = bundle.config("verifier")
-    verifier = make_verifier(bundle, backend, cache_root=tmp_path)
-    for source in _sources(bundle, seed=1):
+    verifier, cfg, sources = _opened(bundle_dir, backend, 1, tmp_path)
+    for source in sources:
         ids, scores = _hf_greedy(model, source, cfg.eos_id, cfg.bos_id)
         for mode in ("ar", "iad"):
             got = decode(source, _config(mode=mode, k=4), verifier)
@@ -109,10 +105,8 @@ def test_token_logprobs_are_generates_scores(checkpoints, family, backend, tmp_p
 @pytest.mark.parametrize("family", FAMILIES)
 def test_beam_token_logprobs_are_generates_transition_scores(checkpoints, family):
     model, _, bundle_dir = checkpoints[family]
-    bundle = load_bundle(bundle_dir)
-    cfg = bundle.config("verifier")
-    verifier = make_verifier(bundle, "torch")
-    for source in _sources(bundle, seed=2):
+    verifier, cfg, sources = _opened(bundle_dir, "torch", 2)
+    for source in sources:
         config = _config(mode="beam", num_beams=4, num_return_sequences=4, length_penalty=1.5)
         result = decode(source, config, verifier)
         with torch.no_grad():
@@ -136,10 +130,8 @@ def test_every_mode_continues_a_target_prefix(checkpoints, family):
     """Greedy, IAD and beam (length penalty 0) from a prefix equal generate() from decoder_input_ids
     [start, *prefix]; the prefix is the output's first tokens, log-prob 0 each."""
     model, _, bundle_dir = checkpoints[family]
-    bundle = load_bundle(bundle_dir)
-    cfg = bundle.config("verifier")
-    verifier = make_verifier(bundle, "torch")
-    for source in _sources(bundle, seed=3):
+    verifier, cfg, sources = _opened(bundle_dir, "torch", 3)
+    for source in sources:
         prefix = source[:3]
         ids, scores = _hf_greedy(model, source, cfg.eos_id, cfg.bos_id, prefix)
         for mode in ("ar", "iad"):
