@@ -75,6 +75,24 @@ def build(family: str, out: Path, shape: Shape = Shape(), seed: int = 0) -> Path
     return out
 
 
+def build_and_import(family: str, root: Path, seed: int = 0, edit: Any = None) -> tuple[Any, Path]:
+    """`build` a `family` checkpoint under root/hf (then `edit(model)` and save it again, if given)
+    and import it with `specdec import-hf` to root/bundle: (the model as transformers loads it back,
+    the bundle's directory)."""
+    import transformers
+
+    from specdec.cli import main as cli_main
+
+    build(family, root / "hf", Shape(), seed=seed)
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(root / "hf")).eval()
+    if edit is not None:
+        edit(model)
+        model.save_pretrained(root / "hf")
+    if cli_main(["import-hf", "--model", str(root / "hf"), "--out", str(root / "bundle")]) != 0:
+        raise RuntimeError(f"import-hf failed on the {family} checkpoint in {root / 'hf'}")
+    return model, root / "bundle"
+
+
 def random_sources(config: Any, seed: int, count: int, longest: int = 14) -> list[list[int]]:
     """`count` random sources of 1..`longest` tokens for an imported model (its `ModelConfig`), drawn
     from its source vocabulary without the special ids."""

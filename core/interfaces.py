@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from core.logits_processors import Processors
 from core.sampling import SamplingParams
 
 
@@ -158,7 +159,9 @@ class Verifier(Protocol):
     max_source_len: int  # source tokens, excluding the EOS the verifier adds
     max_target_len: int  # output tokens, excluding BOS
 
-    def open(self, source_ids: list[int]) -> VerifierSession: ...
+    def open(self, source_ids: list[int], processors: Processors | None = None) -> VerifierSession:
+        """A session over `source_ids`, its scores processed by `processors` (core.logits_processors)."""
+        ...
 
 
 class DrafterSession(Protocol):
@@ -192,6 +195,14 @@ class SharedLoad(Protocol):
     peer, so adaptive speculation learns one load per peer, not per object."""
 
     load_key: object
+
+
+def open_session(verifier: Verifier, source_ids: list[int], processors: Processors | None) -> VerifierSession:
+    """`verifier.open`, passing the logits processors only when any is on (a verifier of its own, in
+    a test, may take the source alone)."""
+    if processors is not None and processors.active:
+        return verifier.open(source_ids, processors)
+    return verifier.open(source_ids)
 
 
 def greedy_run_limit(session: VerifierSession) -> int:

@@ -16,16 +16,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.errors import invalid, out_of_step
-from core.interfaces import BeamRow, MultiRowSession, Verifier, VerifierSession, VerifyResult
+from core.interfaces import BeamRow, MultiRowSession, Verifier, VerifierSession, VerifyResult, open_session
+from core.logits_processors import Processors
 
 
-def open_rows(verifier: Verifier, source_ids: list[int], native: bool = True) -> MultiRowSession:
-    """A multi-row session over `source_ids`: the verifier's own when its sessions have
-    `step_rows` (and `native`), else the adapter over single-row sessions. Decided once, at open."""
-    session = verifier.open(source_ids)
+def open_rows(
+    verifier: Verifier, source_ids: list[int], native: bool = True, processors: Processors | None = None
+) -> MultiRowSession:
+    """A multi-row session over `source_ids` (its scores processed by `processors`): the verifier's
+    own when its sessions have `step_rows` (and `native`), else the adapter over single-row sessions.
+    Decided once, at open."""
+    session = open_session(verifier, source_ids, processors)
     if native and has_rows(session):
         return session  # type: ignore[return-value]
-    return RowsOverSessions(verifier, source_ids, session)
+    return RowsOverSessions(verifier, source_ids, session, processors)
 
 
 def has_rows(session: VerifierSession) -> bool:
@@ -54,9 +58,12 @@ class RowsOverSessions:
     the adapter holds at most as many sessions as the widest step had rows. A step that raises
     leaves the sessions in an unknown state: close the adapter."""
 
-    def __init__(self, verifier: Verifier, source_ids: list[int], first: VerifierSession) -> None:
+    def __init__(
+        self, verifier: Verifier, source_ids: list[int], first: VerifierSession, processors: Processors | None = None
+    ) -> None:
         self._verifier = verifier
         self._source_ids = source_ids
+        self._processors = processors
         self._rows: list[_Slot] = [_Slot(first)]  # one per current row, in row order
         self._idle: list[_Slot] = []  # sessions holding no row, kept for re-targeting
         self.sessions_opened = 1
@@ -120,7 +127,7 @@ class RowsOverSessions:
             if options:
                 slot = max(options, key=lambda s: s.delta(tokens)[0])
             else:
-                slot = _Slot(self._verifier.open(self._source_ids))
+                slot = _Slot(open_session(self._verifier, self._source_ids, self._processors))
                 self.sessions_opened += 1
                 self._idle.append(slot)  # owned at once: `close` frees it even if this step fails
                 pool.append(slot)

@@ -9,6 +9,7 @@ from typing import Any
 
 from core.checks import check_bounded
 from core.errors import invalid
+from core.logits_processors import NONE, Processors
 from core.sampling import SamplingParams, check_sampling
 
 
@@ -95,6 +96,32 @@ class DecodingConfig:
         metadata=about("after a cut block, check the next block's first position with the verifier while drafting it "
                        "(gad, gad++)"),
     )
+    # generate()'s logits processors (core.logits_processors), every mode: lengths count the decoder
+    # input as generate()'s do (the start token, then the output).
+    repetition_penalty: float = field(
+        default=1.0, metadata=about("scale the scores of tokens already in the output (> 1 discourages them)"),
+    )
+    no_repeat_ngram_size: int = field(default=0, metadata=about("never repeat an n-gram of the output this long"))
+    encoder_no_repeat_ngram_size: int = field(
+        default=0, metadata=about("never take an n-gram of the input this long into the output"),
+    )
+    bad_words_ids: tuple[tuple[int, ...], ...] = field(
+        default=(), metadata=about("token sequences never to emit: ids by spaces or commas, sequences by ;"),
+    )
+    min_length: int = field(default=0, metadata=about("no EOS before the decoder input is this long (start token in)"))
+    min_new_tokens: int = field(default=0, metadata=about("no EOS before this many output tokens"))
+    forced_eos_token_id: int | None = field(
+        default=None, metadata=about("the token forced at the length limit's last place (an EOS)"),
+    )
+    suppress_tokens: tuple[int, ...] = field(default=(), metadata=about("tokens never to emit (ids)"))
+    begin_suppress_tokens: tuple[int, ...] = field(
+        default=(), metadata=about("tokens never to emit first (after any forced first tokens)"),
+    )
+
+    def __post_init__(self) -> None:
+        # Token lists arrive as lists (a config file, the Python API, the wire): held as tuples.
+        for name, depth in ID_LISTS.items():
+            object.__setattr__(self, name, parse_ids(name, getattr(self, name), depth))
 
     @property
     def sampling(self) -> SamplingParams:
@@ -113,6 +140,20 @@ class DecodingConfig:
             if name in given:
                 given[name] = parse_choice(name, kind, given[name])
         return replace(self, **given)
+
+    def processors(self, forced_first: int = 0) -> Processors:
+        """The session's logits processors (`core.logits_processors`) for a request whose output
+        starts with `forced_first` forced tokens (a target language's code, a target prefix):
+        begin_suppress_tokens apply after them. Beam search of width > 1 processes log-probs."""
+        return Processors(
+            repetition_penalty=self.repetition_penalty, no_repeat_ngram_size=self.no_repeat_ngram_size,
+            encoder_no_repeat_ngram_size=self.encoder_no_repeat_ngram_size, bad_words_ids=self.bad_words_ids,
+            min_length=self.min_length, min_new_tokens=self.min_new_tokens,
+            forced_eos_token_id=NONE if self.forced_eos_token_id is None else self.forced_eos_token_id,
+            max_length=self.max_new_tokens + 1, suppress_tokens=self.suppress_tokens,
+            begin_suppress_tokens=self.begin_suppress_tokens, begin_index=1 + forced_first,
+            logprob_space=self.mode == Mode.BEAM and self.num_beams > 1,
+        )
 
 
 @dataclass(frozen=True)
@@ -136,6 +177,26 @@ def wire_name(f: Field) -> str:
 
 # The fields whose values are one of a few names (besides the mode): field -> its enum.
 CHOICES: dict[str, type[StrEnum]] = {"early_stopping": EarlyStopping}
+
+
+# The fields holding token ids, and how deep: 1 a list of ids, 2 a list of id sequences.
+ID_LISTS = {"bad_words_ids": 2, "suppress_tokens": 1, "begin_suppress_tokens": 1}
+
+
+def parse_ids(name: str, value: Any, depth: int) -> tuple:
+    """Token ids as tuples: from a list (of lists), or a string of ids separated by spaces or
+    commas, sequences by ";" (the CLI's and KServe's form); INVALID_ARGUMENT naming the field."""
+    try:
+        if isinstance(value, str):
+            groups = [g for g in value.split(";") if g.strip()] if depth == 2 else [value]
+            value = [[int(t) for t in g.replace(",", " ").split()] for g in groups]
+            return tuple(map(tuple, value)) if depth == 2 else tuple(value[0])
+        if depth == 2:
+            return tuple(tuple(int(t) for t in seq) for seq in value)
+        return tuple(int(t) for t in value)
+    except (TypeError, ValueError):
+        form = "sequences of token ids" if depth == 2 else "token ids"
+        raise invalid(f"{name} must be {form}, got {str(value)[:80]!r}") from None
 
 
 def parse_choice(name: str, kind: type[StrEnum], value: Any) -> Any:
@@ -178,6 +239,10 @@ def validate(
     if not 1 <= cfg.num_return_sequences <= cfg.num_beams:
         raise invalid(f"num_return_sequences must be in 1..num_beams ({cfg.num_beams}), got {cfg.num_return_sequences}")
     check_sampling(cfg.sampling, vocab_size)
+    try:
+        cfg.processors().check(vocab_size if vocab_size is not None else 2**31)
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
     if cfg.seed < 0:
         raise invalid(f"seed must be >= 0, got {cfg.seed}")
 

@@ -12,7 +12,8 @@ import numpy as np
 
 from core.checks import check_ids, check_source_ids
 from core.errors import SpecdecError, StatusCode, out_of_range
-from core.interfaces import Drafter, DrafterSession, Verifier, draft_limit, greedy_run_limit
+from core.interfaces import Drafter, DrafterSession, Verifier, draft_limit, greedy_run_limit, open_session
+from core.logits_processors import Processors
 from decoding.config import DecodingConfig
 from decoding.modes import MODES, PolicyInputs
 from decoding.modes.mode_spec import ModeSpec
@@ -34,22 +35,25 @@ def decode(
     prefix: list[int] | None = None,
     load: LoadModel | None = None,
     prefix_logprobs: list[float] | None = None,
+    forced_first: int | None = None,
 ) -> DecodeResult:
     """Decode one source with the configured mode. `rng` (sampling modes) defaults to one seeded
     from `config.seed`; pass one in to draw many samples from a single stream. `prefix` continues
     an output already committed (forced first tokens, a target prefix, or a fallback after a peer
     failed mid-request); the result includes it, and `prefix_logprobs` are its tokens' log-probs
-    (default 0 each, as forced tokens'). `load`: the load model adaptive speculation reads and learns
-    (default: the one the verifier shares with every request on it; a caller may force a policy with
-    its own)."""
+    (default 0 each, as forced tokens'); `forced_first`, how many of its first tokens were forced (a
+    target language's code, a target prefix; default: all), after which begin_suppress_tokens apply.
+    `load`: the load model adaptive speculation reads and learns (default: the one the verifier shares
+    with every request on it; a caller may force a policy with its own)."""
     # Every request counts in its verifier's load while it decodes, whatever its mode: adaptive
     # speculation reads the load from there (decoding.policies.adaptive, "rows").
     load = load if load is not None else load_model(verifier)
     logprobs = list(prefix_logprobs) if prefix_logprobs is not None else [0.0] * len(prefix or [])
     if len(logprobs) != len(prefix or []):
         raise ValueError(f"{len(logprobs)} prefix log-probs for a prefix of {len(prefix or [])} tokens")
+    processors = config.processors(len(prefix or []) if forced_first is None else forced_first)
     with load.decoding():
-        result = _decode(source_ids, config, verifier, drafter, on_tokens, rng, prefix, load, logprobs)
+        result = _decode(source_ids, config, verifier, drafter, on_tokens, rng, prefix, load, logprobs, processors)
     if not config.output_logprobs:  # kept while decoding (a failover goes on from them), returned on request
         result.token_logprobs = []
         result.hypotheses = [dataclasses.replace(h, token_logprobs=[]) for h in result.hypotheses]
@@ -66,6 +70,7 @@ def _decode(
     prefix: list[int] | None,
     load: LoadModel,
     logprobs: list[float],
+    processors: Processors,
 ) -> DecodeResult:
     # The in-process edge: what a caller controls is checked here; the sessions below trust it.
     check_source_ids(source_ids, verifier.source_vocab_size, verifier.max_source_len, what="input",
@@ -88,7 +93,7 @@ def _decode(
         raise SpecdecError(StatusCode.FAILED_PRECONDITION, f"mode {config.mode.value} needs a drafter")
     if rng is None:
         rng = np.random.default_rng([config.seed, 0])
-    session = verifier.open(source_ids)
+    session = open_session(verifier, source_ids, processors)
     drafter_session: DrafterSession | None = None
     try:
         if spec.needs_drafter:

@@ -37,7 +37,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from core.errors import SpecdecError, invalid
-from decoding.config import CHOICES, DecodingConfig, Mode, cli_flag, parse_choice, parse_mode
+from decoding.config import CHOICES, ID_LISTS, DecodingConfig, Mode, cli_flag, parse_choice, parse_ids, parse_mode
 from decoding.policies.loop import DecodeResult
 from gateway.context import Answer, GrpcContext, RequestContext
 from gateway.metrics import GatewayMetrics
@@ -334,6 +334,10 @@ def _convert(key: str, name: str, param) -> Any:
     value = getattr(param, which) if which else None
     if value is None:
         raise invalid(f"parameter {key!r} has no value")
+    if name in ID_LISTS:  # token ids as a string: "5 6 7", sequences "5 6; 7"
+        if which != "string_param":
+            raise invalid(f"parameter {key!r} must be a string of token ids (sequences separated by ;)")
+        return parse_ids(name, value, ID_LISTS[name])
     if name in CHOICES:  # a string of its choices (early_stopping also as generate()'s booleans)
         if which not in ("string_param", "bool_param"):
             raise invalid(f"parameter {key!r} must be a string (one of {[m.value for m in CHOICES[name]]})")

@@ -7,17 +7,19 @@ from dataclasses import fields
 from typing import Any
 
 from core.errors import invalid
-from decoding.config import DecodingConfig, Mode, wire_name
+from decoding.config import ID_LISTS, DecodingConfig, Mode, parse_ids, wire_name
 from decoding.modes import MODES
 from decoding.policies.loop import DecodeResult, DecodeStats
 from decoding.report import Stats, request_stats
-from protos.specdec.v1 import gateway_pb2
+from protos.specdec.v1 import common_pb2, gateway_pb2
 
 # Both derived from the mode registry and DecodingConfig's field metadata; nothing is listed here.
 MODE_TO_WIRE = {mode: gateway_pb2.Mode.Value(spec.wire) for mode, spec in MODES.items()}
 WIRE_TO_MODE = {v: k for k, v in MODE_TO_WIRE.items()}
-# gateway.proto DecodingConfig field -> DecodingConfig field; the mode travels as an enum, apart.
-_FIELDS = {wire_name(f): f.name for f in fields(DecodingConfig) if f.name != "mode"}
+# gateway.proto DecodingConfig field -> DecodingConfig field; the mode travels as an enum, apart, and
+# the token lists as TokenSequence (ids) or TokenSequences (sequences of ids) messages.
+_FIELDS = {wire_name(f): f.name for f in fields(DecodingConfig) if f.name != "mode" and f.name not in ID_LISTS}
+_LISTS = {wire_name(f): f.name for f in fields(DecodingConfig) if f.name in ID_LISTS}
 
 
 def overrides_from_wire(config: gateway_pb2.DecodingConfig) -> dict[str, Any]:
@@ -30,6 +32,10 @@ def overrides_from_wire(config: gateway_pb2.DecodingConfig) -> dict[str, Any]:
     for wire, name in _FIELDS.items():
         if config.HasField(wire):
             out[name] = getattr(config, wire)
+    for wire, name in _LISTS.items():
+        if config.HasField(wire):
+            ids = getattr(config, wire)
+            out[name] = [list(s.ids) for s in ids.sequences] if ID_LISTS[name] == 2 else list(ids.ids)
     return out
 
 
@@ -41,6 +47,15 @@ def overrides_to_wire(overrides: dict[str, Any]) -> gateway_pb2.DecodingConfig:
     for wire, name in _FIELDS.items():
         if overrides.get(name) is not None:
             setattr(config, wire, overrides[name])
+    for wire, name in _LISTS.items():
+        if overrides.get(name) is not None:
+            values = parse_ids(name, overrides[name], ID_LISTS[name])
+            message = getattr(config, wire)
+            message.SetInParent()  # set, even to no ids (overriding a default)
+            if ID_LISTS[name] == 2:
+                message.sequences.extend(common_pb2.TokenSequence(ids=ids) for ids in values)
+            else:
+                message.ids.extend(values)
     return config
 
 

@@ -19,9 +19,10 @@ from typing import Literal
 
 from torch import Tensor
 
+from core.logits_processors import Processing
 from kernels.cpu import output_head_cpu
 from kernels.graph_head import output_head_graph
-from kernels.reference import HeadOutput, output_head_reference
+from kernels.reference import HeadOutput, acts, output_head_reference
 from kernels.triton_head import MAX_K as TRITON_MAX_K
 from kernels.triton_head import output_head_triton, triton_available, warm_up_triton_head
 
@@ -47,19 +48,24 @@ def output_head(
     k: int,
     targets: Tensor,
     backend: Backend = "auto",
+    processing: Processing | None = None,
 ) -> HeadOutput:
     """hidden [R, D], weight [V, D], bias [V] | None, targets [R] (-1 = none) -> top-k and target log-probs.
 
     "auto" runs the Triton kernel on CUDA tensors when Triton is usable (and k fits it), else the
     CPU path (which is plain torch, so it also serves CUDA tensors when Triton is missing).
+    `processing`: the rows' logits processors (`kernels.reference`); the Triton kernel has none
+    yet, so a forward whose processors change a score runs the CPU path.
     """
     if backend == "auto":
-        use_triton = hidden.is_cuda and k <= TRITON_MAX_K and triton_available()
+        use_triton = hidden.is_cuda and k <= TRITON_MAX_K and triton_available() and not acts(processing)
         backend = "triton" if use_triton else "cpu"
     if backend == "reference":
-        return output_head_reference(hidden, weight, bias, k, targets)
+        return output_head_reference(hidden, weight, bias, k, targets, processing)
     if backend == "cpu":
-        return output_head_cpu(hidden, weight, bias, k, targets)
+        return output_head_cpu(hidden, weight, bias, k, targets, processing)
+    if acts(processing):
+        raise ValueError("the Triton head does not apply logits processors: use backend auto, cpu or reference")
     if backend == "triton":
         return output_head_triton(hidden, weight, bias, k, targets)
     raise ValueError(f"unknown backend {backend!r}; expected auto, reference, cpu or triton")

@@ -22,22 +22,28 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernels.reference import HeadOutput
+from core.logits_processors import Processing
+from kernels.reference import HeadOutput, acts, processed_logprobs
 
 __all__ = ["output_head_cpu", "topk_lowest_id_first"]
 
 
 def output_head_cpu(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, k: int, targets: Tensor
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, k: int, targets: Tensor, processing: Processing | None = None,
 ) -> HeadOutput:
-    """Top-k ids/log-probs and the targets' log-probs for each row of `hidden`; see the reference."""
+    """Top-k ids/log-probs and the targets' log-probs for each row of `hidden`; see the reference
+    (`processing`: the rows' logits processors)."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     with torch.no_grad():
         logprobs = _project(hidden, weight, bias)
-        # The buffer is ours alone, so the log-softmax can overwrite it (bitwise equal to
-        # F.log_softmax; the kernel finishes each row's max and sum before writing it).
-        torch._log_softmax(logprobs, 1, False, out=logprobs)
+        if acts(processing):
+            assert processing is not None
+            logprobs = processed_logprobs(logprobs, processing)
+        else:
+            # The buffer is ours alone, so the log-softmax can overwrite it (bitwise equal to
+            # F.log_softmax; the kernel finishes each row's max and sum before writing it).
+            torch._log_softmax(logprobs, 1, False, out=logprobs)
         topk_lp, topk_ids = topk_lowest_id_first(logprobs, min(k, logprobs.shape[1]))
         target_lp = _gather_targets(logprobs, targets)
     return HeadOutput(topk_ids=topk_ids, topk_logprobs=topk_lp, target_logprobs=target_lp)

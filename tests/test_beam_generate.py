@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers", reason="import-hf needs trans
 
 import torch  # noqa: E402
 
-from bench.hf_checkpoints import FAMILIES, Shape, build, random_sources  # noqa: E402
+from bench.hf_checkpoints import FAMILIES, build_and_import, random_sources  # noqa: E402
 from decoding.config import DecodingConfig, EarlyStopping  # noqa: E402
 from decoding.decode import decode  # noqa: E402
 from gateway.wire import overrides_to_wire  # noqa: E402
@@ -49,18 +49,11 @@ LOOPBACK = {
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, tuple]:
     """family -> (the HF model as loaded back, the imported bundle's directory)."""
-    out = {}
-    for seed, family in enumerate(FAMILIES):
-        root = tmp_path_factory.mktemp(family.replace(".", "_"))
-        build(family, root / "hf", Shape(), seed=seed)
-        generation = root / "hf" / "generation_config.json"
-        settings = json.loads(generation.read_text())
-        settings.pop("bad_words_ids", None)
-        generation.write_text(json.dumps(settings))
-        assert cli_main(["import-hf", "--model", str(root / "hf"), "--out", str(root / "bundle")]) == 0
-        model = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(root / "hf")).eval()
-        out[family] = (model, root / "bundle")
-    return out
+    def no_bad_words(model) -> None:
+        model.generation_config.bad_words_ids = None
+
+    return {family: build_and_import(family, tmp_path_factory.mktemp(family.replace(".", "_")), seed, no_bad_words)
+            for seed, family in enumerate(FAMILIES)}
 
 
 @pytest.fixture(scope="module")

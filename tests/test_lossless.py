@@ -2,8 +2,9 @@
 
 IAD and GAD equal AR greedy; GAD++ with beta=1 (or tau=0) equals GAD; MJSD with threshold 1
 equals greedy; fixed beam width 1 equals greedy; variable-width beam without pruning equals
-fixed width. Sources have length 1..64 and repeated tokens, so IAD's unique-match rule meets
-both unique and ambiguous n-grams.
+fixed width; with random logits processors on (core.logits_processors), every lossless mode still
+equals greedy with the same processors. Sources have length 1..64 and repeated tokens, so IAD's
+unique-match rule meets both unique and ambiguous n-grams.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from decoding.decode import decode
 from decoding.modes import MODES
 from decoding.policies.loop import DecodeResult, DecodeStats
 from drafter_service.session import LocalDrafter
-from tests.zoo import MAX_LEN, VOCAB, model_pool, random_source
+from tests.zoo import FIRST_WORD, MAX_LEN, VOCAB, model_pool, random_source
 from tests.zoo import sources as zoo_sources
 from verifier_service.session import LocalVerifier
 
@@ -155,6 +156,39 @@ def test_variable_width_beam_without_pruning_equals_fixed_width(trio, source, ma
     )
     assert variable.output_ids == fixed.output_ids
     assert variable.stats.iterations == fixed.stats.iterations
+
+
+WORDS = st.integers(FIRST_WORD, VOCAB - 1)
+# Random processors; n-grams from 2 (a bigram ban over 16 tokens cannot empty a row in 30 tokens).
+PROCESSORS = st.fixed_dictionaries({}, optional={
+    "repetition_penalty": st.sampled_from([0.8, 1.3, 2.0]),
+    "no_repeat_ngram_size": st.integers(2, 4),
+    "encoder_no_repeat_ngram_size": st.integers(2, 3),
+    "bad_words_ids": st.lists(st.lists(WORDS, min_size=1, max_size=3), min_size=1, max_size=3),
+    "min_length": st.integers(0, 20),
+    "min_new_tokens": st.integers(0, 20),
+    "forced_eos_token_id": st.just(3),
+    "suppress_tokens": st.lists(WORDS, max_size=3),
+    "begin_suppress_tokens": st.lists(WORDS, max_size=3),
+})
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trio=trios, source=sources, max_new=st.integers(1, 30), k=st.integers(1, 12), processors=PROCESSORS)
+def test_lossless_modes_equal_greedy_with_processors(trio, source, max_new, k, processors):
+    """Each drafted position is verified against the processed top-1 given the prefix accepted so
+    far, so IAD, GAD, GAD++ with beta 1 and MJSD with threshold 1 still equal greedy."""
+    settings = {"max_new_tokens": max_new, **processors}
+    greedy = _run(trio, source, mode=Mode.AR, **settings)
+    runs = {
+        "iad": _run(trio, source, mode=Mode.IAD, k=k, **settings),
+        "gad": _run(trio, source, mode=Mode.GAD, k=k, **settings),
+        "gad++": _run(trio, source, mode=Mode.GAD_PLUS_PLUS, k=k, beta=1, **settings),
+        "mjsd": _run(trio, source, mode=Mode.MJSD, gamma=4, num_beams=2, threshold=1.0, **settings),
+    }
+    for mode, result in runs.items():
+        assert result.output_ids == greedy.output_ids, mode
+        assert result.stats.finish_reason == greedy.stats.finish_reason, mode
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers", reason="import-hf needs trans
 
 import torch  # noqa: E402
 
-from bench.hf_checkpoints import Shape, build, random_sources  # noqa: E402
+from bench.hf_checkpoints import build_and_import, random_sources  # noqa: E402
 from core.errors import SpecdecError, StatusCode  # noqa: E402
 from decoding.config import DecodingConfig  # noqa: E402
 from decoding.decode import decode  # noqa: E402
@@ -49,11 +49,8 @@ def checkpoints(tmp_path_factory) -> dict[str, tuple]:
     out = {}
     for seed, family in enumerate(FAMILIES):
         root = tmp_path_factory.mktemp(family)
-        build(family, root / "hf", Shape(), seed=seed + 3)
-        assert cli_main(["import-hf", "--model", str(root / "hf"), "--out", str(root / "bundle")]) == 0
-        model = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(root / "hf")).eval()
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(root / "hf"))
-        out[family] = (model, tokenizer, root / "bundle")
+        model, bundle_dir = build_and_import(family, root, seed + 3)
+        out[family] = (model, transformers.AutoTokenizer.from_pretrained(str(root / "hf")), bundle_dir)
     return out
 
 

@@ -17,6 +17,11 @@ A multi-row step (`step_rows`, beam search) replaces the session's rows: row i f
 row `parent` (cut to `committed_len`, then `append_ids`), one head position each. The first child
 of a parent takes over the parent's buffer; further children get a copy of its kept prefix (made
 before the forward writes anything); rows no child names are freed. The prefix is never recomputed.
+
+A session opened with logits processors (`core.logits_processors.Processors`) keeps each row's
+processor state (`RowState`) beside its cache, forked and rolled back with it; before the forward,
+the state gives each head row its plan (each drafted position's given the prefix accepted so far),
+and the engine's head applies them (`Processing`).
 """
 
 from __future__ import annotations
@@ -30,9 +35,10 @@ import numpy as np
 
 from core.batch_slots import answer_in_slots, split_by_length, split_source_tokens_for, split_tokens_for
 from core.checks import check_session_step
-from core.errors import out_of_step
+from core.errors import invalid, out_of_step
 from core.greedy import greedy_next, merge_greedy
 from core.interfaces import BeamRow, StepCall, VerifyResult
+from core.logits_processors import Processing, Processors, RowPlan, RowState, processing
 from seq2seq_models.config import ModelConfig
 from seq2seq_models.row_cache import Cross, CrossStack, RowBlock, RowKV, Source, Zeros, encode_new, gather, scatter
 from verifier_service.model_verifier import ModelVerifier
@@ -51,9 +57,15 @@ class Engine(Protocol):
 
     def encode_batch(self, sources: list[list[int]]) -> list[Cross]: ...
 
-    def forward(self, feeds: dict[str, Any], top_k: int) -> tuple[Any, Any, np.ndarray, np.ndarray, np.ndarray]:
+    # Whether the head applies logits processors (`forward`'s `processing`).
+    processes_logits: bool
+
+    def forward(
+        self, feeds: dict[str, Any], top_k: int, processing: Processing | None = None
+    ) -> tuple[Any, Any, np.ndarray, np.ndarray, np.ndarray]:
         """`row_cache.gather`'s feeds -> block_k, block_v [L, B, H, T, hd] (backend arrays) and the
-        head's topk_logprobs [R, top_k], topk_ids [R, top_k], target_logprobs [R] as numpy."""
+        head's topk_logprobs [R, top_k], topk_ids [R, top_k], target_logprobs [R] as numpy, after
+        the head rows' logits processors (`processing`, None: none)."""
         ...
 
 
@@ -61,15 +73,21 @@ class Engine(Protocol):
 class Row:
     tokens: list[int]  # output tokens after BOS whose K/V the row holds (drafts included)
     kv: RowKV
+    state: RowState | None = None  # the logits processors' state, when the session has processors
 
 
 class BatchSession:
     """A verifier session (`core.interfaces.VerifierSession` and `MultiRowSession`) of a `BatchVerifier`."""
 
-    def __init__(self, verifier: BatchVerifier, source_ids: list[int]) -> None:
+    def __init__(self, verifier: BatchVerifier, source_ids: list[int], processors: Processors | None = None) -> None:
         self._verifier = verifier
         self.source = Source(source_ids)  # encoded by its first forward (`row_cache.Source`)
-        self.rows: list[Row] = [Row([], verifier.new_kv())]
+        self.processors = processors if processors is not None and processors.active else None
+        state = None
+        if self.processors is not None:
+            cfg = verifier.config
+            state = RowState.open(self.processors, cfg.eos_id, cfg.bos_id, [*source_ids, cfg.eos_id])
+        self.rows: list[Row] = [Row([], verifier.new_kv(), state)]
 
     @property
     def closed(self) -> bool:
@@ -125,6 +143,26 @@ class _Planned:
     new_rows: list[Row]
     draft_lens: list[int] = field(default_factory=list)
 
+    def plans(self, bos_id: int) -> list[list[RowPlan] | None]:
+        """Each block's head rows' plans (None: the session has no processors). Brings each row's
+        processor state to the block's whole sequence, drafts included, as its cache will hold."""
+        out: list[list[RowPlan] | None] = []
+        for block, row in zip(self.blocks, self.new_rows, strict=True):
+            state = row.state
+            if state is None:
+                out.append(None)
+                continue
+            kept = [bos_id, *row.tokens[: block.past_len - 1]] if block.past_len else []
+            sequence = kept + block.fed
+            first = block.past_len + block.head_from + 1  # the first head row sees this much
+            state.sync(sequence[:first])
+            plans = [state.plan()]
+            for token in sequence[first:]:
+                state.push(token)
+                plans.append(state.plan())
+            out.append(plans[: len(block.targets)])
+        return out
+
 
 class BatchVerifier(ModelVerifier):
     """The `core.interfaces.Verifier` of both backends, with `step_batch` (see the module docstring)."""
@@ -145,10 +183,19 @@ class BatchVerifier(ModelVerifier):
         self.split_tokens = split_tokens_for(engine.device)
         self.split_source_tokens = split_source_tokens_for(engine.device)  # the encoder's, likewise
 
-    def open(self, source_ids: list[int]) -> BatchSession:
+    def open(self, source_ids: list[int], processors: Processors | None = None) -> BatchSession:
         """A session over `source_ids`; its source is encoded by its first forward, or before by
-        `encode` (with other sessions' sources)."""
-        return BatchSession(self, source_ids)
+        `encode` (with other sessions' sources). `processors`: its logits processors (INVALID_ARGUMENT
+        for settings no model could honour, or on a backend whose head has none)."""
+        if processors is not None and processors.active:
+            try:
+                processors.check(self.vocab_size)
+            except ValueError as exc:
+                raise invalid(str(exc)) from None
+            if not getattr(self.engine, "processes_logits", False):
+                raise invalid(f"the {getattr(self, 'backend', 'this')} verifier's head applies no logits processors "
+                              "(repetition_penalty, no_repeat_ngram_size, bad_words_ids, ...): use the torch backend")
+        return BatchSession(self, source_ids, processors)
 
     def encode(self, sessions: Sequence[BatchSession]) -> None:
         """Encode the sources of `sessions` not encoded yet (nor closed) in one encoder run."""
@@ -187,11 +234,12 @@ class BatchVerifier(ModelVerifier):
             check_session_step(r.committed_len, len(parent.tokens), len(r.append_ids), 0, self.config)
         for r in call.rows:
             parent = session.rows[r.parent]
-            if r.parent in taken:  # a further child: its own copy of the kept prefix
-                row = Row(parent.tokens[: r.committed_len], parent.kv.fork(1 + r.committed_len))
+            if r.parent in taken:  # a further child: its own copy of the kept prefix (and processor state)
+                state = None if parent.state is None else parent.state.fork()
+                row = Row(parent.tokens[: r.committed_len], parent.kv.fork(1 + r.committed_len), state)
             else:  # the first child takes the parent's buffer over
                 taken.add(r.parent)
-                row = Row(parent.tokens, parent.kv)
+                row = Row(parent.tokens, parent.kv, parent.state)
             blocks.append(self._row_block(row, r.committed_len, r.append_ids, []))
             new_rows.append(row)
         return _Planned(slot, session, call, blocks, new_rows, [0] * len(blocks))
@@ -213,18 +261,21 @@ class BatchVerifier(ModelVerifier):
         started = time.perf_counter()  # the load signal is the decoder's forward (encoding is per request)
         blocks: list[RowBlock] = []
         crosses: list[Cross] = []
+        plans: list[tuple[list[RowPlan] | None, Processors | None]] = []  # each block's, with its settings
         for p in planned:
             cross = p.session.source.cross
             assert cross is not None
             blocks.extend(p.blocks)
             crosses.extend(cross for _ in p.blocks)
+            plans.extend((block_plans, p.session.processors) for block_plans in p.plans(self.config.bos_id))
         top_k = min(self.vocab_size, max(p.call.top_k for p in planned))
         # Each block's head rows [n_targets, k] (top-k log-probs, top-k ids) and draft log-probs.
         heads: list[tuple[Any, Any, Any]] = [()] * len(blocks)  # type: ignore[list-item]
         groups = split_by_length([len(b.fed) for b in blocks], self.split_tokens)
         for g, group in enumerate(groups):
-            for i, out in zip(group, self._forward([blocks[i] for i in group], [crosses[i] for i in group], top_k, g),
-                              strict=True):
+            chosen = [blocks[i] for i in group]
+            outs = self._forward(chosen, [crosses[i] for i in group], top_k, g, _processing(chosen, plans, group))
+            for i, out in zip(group, outs, strict=True):
                 heads[i] = out
         forward_s = time.perf_counter() - started
         load = {"batch_rows": len(blocks), "batch_tokens": sum(len(b.fed) for b in blocks), "forward_s": forward_s}
@@ -252,10 +303,10 @@ class BatchVerifier(ModelVerifier):
             outcomes[p.slot] = results[0] if p.call.rows is None else results
 
     def _forward(
-        self, blocks: list[RowBlock], crosses: list[Cross], top_k: int, group: int
+        self, blocks: list[RowBlock], crosses: list[Cross], top_k: int, group: int, processing: Processing | None
     ) -> list[tuple[Any, Any, Any]]:
-        """One forward over `blocks` (each with its session's source); each block's head rows.
-        Appends every block's K/V to its row's cache."""
+        """One forward over `blocks` (each with its session's source); each block's head rows, after
+        their logits processors. Appends every block's K/V to its row's cache."""
         if not blocks:
             return []
         sources: dict[int, int] = {}
@@ -265,13 +316,14 @@ class BatchVerifier(ModelVerifier):
             if b.source == len(distinct):
                 distinct.append(c)
         one = getattr(self.engine, "forward_one", None)
+        extra = () if processing is None else (processing,)  # engines without processors take none
         if len(blocks) == 1 and one is not None:  # a lone row: the engine's unpadded path
-            block_k, block_v, topk_lp, topk_ids, target_lp = one(blocks[0], distinct[0], top_k)
+            block_k, block_v, topk_lp, topk_ids, target_lp = one(blocks[0], distinct[0], top_k, *extra)
         else:
             while len(self._crosses) <= group:  # one stack per group: both stay valid from step to step
                 self._crosses.append(CrossStack())
             feeds = gather(blocks, distinct, self.engine.zeros, self._crosses[group])
-            block_k, block_v, topk_lp, topk_ids, target_lp = self.engine.forward(feeds, top_k)
+            block_k, block_v, topk_lp, topk_ids, target_lp = self.engine.forward(feeds, top_k, *extra)
         scatter(blocks, block_k, block_v)
         heads = []
         head = 0
@@ -280,3 +332,16 @@ class BatchVerifier(ModelVerifier):
             heads.append((topk_lp[head : head + n], topk_ids[head : head + n], target_lp[head : head + n - 1]))
             head += n
         return heads
+
+
+def _processing(
+    blocks: list[RowBlock], plans: list[tuple[list[RowPlan] | None, Processors | None]], group: list[int]
+) -> Processing | None:
+    """The processors of one forward's head rows: each block's plans (or none), in block order."""
+    row_plans: list[RowPlan | None] = []
+    settings: list[Processors | None] = []
+    for block, i in zip(blocks, group, strict=True):
+        block_plans, processors = plans[i]
+        row_plans += block_plans if block_plans is not None else [None] * len(block.targets)
+        settings += [processors] * len(block.targets)
+    return processing(row_plans, settings)

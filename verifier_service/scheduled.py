@@ -16,6 +16,7 @@ from typing import Any
 
 from core.greedy import greedy_next, merge_greedy
 from core.interfaces import BeamRow, StepCall, VerifyResult
+from core.logits_processors import Processors
 from serving.batching import BatchLimits, BatchScheduler, StepExecutor
 from verifier_service.batch_session import BatchSession, BatchVerifier
 
@@ -49,8 +50,8 @@ class ScheduledVerifier:
         self.steps = BatchScheduler(executor, verifier.step_batch, limits)
         self.encoder = BatchScheduler(executor, self._encode, BatchLimits(limits.max_rows, ENCODE_TOKENS))
 
-    def open(self, source_ids: list[int]) -> ScheduledSession:
-        session = self.inner.open(source_ids)
+    def open(self, source_ids: list[int], processors: Processors | None = None) -> ScheduledSession:
+        session = self.inner.open(source_ids, processors)
         self.encoder.queue_sync(session, _Encode(len(source_ids)))  # not waited for: the first step finds it
         return ScheduledSession(self, session)
 

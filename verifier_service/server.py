@@ -22,6 +22,7 @@ from protos.specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, load_bundle
 from serving.batching import BatchLimits, BatchScheduler, BatchStats, one_by_one, with_batch_load
 from serving.model_service import ModelService, SessionLimits, make_model_info
+from serving.processors_wire import processors_from_wire
 from verifier_service.session import VerifierSession, make_verifier
 
 SERVICE = verifier_pb2.DESCRIPTOR.services_by_name["VerifierService"]
@@ -117,6 +118,8 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
     Verify = ModelService.serve_sessions
 
     def open_session(self, source: list[int], request: verifier_pb2.VerifyOpen) -> VerifierSession:
+        if request.HasField("processors"):
+            return self.verifier.open(source, processors_from_wire(request.processors))
         return self.verifier.open(source)
 
     async def _open(self, request):

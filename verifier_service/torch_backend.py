@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from core.logits_processors import Processing
 from kernels import output_head, warm_up_head
 from seq2seq_models.batch_graph import BATCH_INPUTS
 from seq2seq_models.torch_engine import TorchBatchEngine
@@ -18,15 +19,23 @@ from verifier_service.batch_session import BatchVerifier
 class TorchEngine(TorchBatchEngine):
     """The batched decoder and the output head on eager torch (see the module docstring)."""
 
+    processes_logits = True  # the head applies the rows' logits processors (kernels.reference)
+
     def __init__(self, model: Seq2SeqTransformer, head=output_head) -> None:
         super().__init__(model)
         self.head = head
 
     @torch.no_grad()
-    def forward(self, feeds: dict[str, Any], top_k: int) -> tuple[Any, Any, np.ndarray, np.ndarray, np.ndarray]:
+    def forward(
+        self, feeds: dict[str, Any], top_k: int, processing: Processing | None = None
+    ) -> tuple[Any, Any, np.ndarray, np.ndarray, np.ndarray]:
         rows, block_k, block_v = self.decode(feeds, BATCH_INPUTS)
         m = self.model
-        out = self.head(rows, m.head_weight, m.out_bias, top_k, self.tensor(feeds["targets"]))
+        targets = self.tensor(feeds["targets"])
+        if processing is None:  # a head of another contract (tests pass their own) need not take processors
+            out = self.head(rows, m.head_weight, m.out_bias, top_k, targets)
+        else:
+            out = self.head(rows, m.head_weight, m.out_bias, top_k, targets, processing=processing)
         return (block_k, block_v, out.topk_logprobs.cpu().numpy(), out.topk_ids.cpu().numpy(),
                 out.target_logprobs.cpu().numpy())
 

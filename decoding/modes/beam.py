@@ -14,7 +14,9 @@ from decoding.policies.loop import DecodeStats, Hypothesis
 def run(
     source_ids: list[int], config: DecodingConfig, verifier: Verifier, stats: DecodeStats, prefix: list[int] | None,
 ) -> list[Hypothesis]:
-    return beam_search(verifier, source_ids, settings(config), config.max_new_tokens, stats, prefix=prefix)
+    processors = config.processors(len(prefix or []))
+    return beam_search(verifier, source_ids, settings(config), config.max_new_tokens, stats, prefix=prefix,
+                       processors=processors)
 
 
 def settings(config: DecodingConfig) -> BeamSettings:

@@ -60,8 +60,12 @@ def top_1(config: DecodingConfig, vocab_size: int) -> int:
     return 1
 
 
-# The DecodingConfig fields every mode reads.
-COMMON_PARAMS = frozenset({"mode", "seed", "max_new_tokens", "output_logprobs"})
+# The DecodingConfig fields every mode reads (the logits processors' among them).
+PROCESSOR_PARAMS = frozenset({
+    "repetition_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "min_length",
+    "min_new_tokens", "forced_eos_token_id", "suppress_tokens", "begin_suppress_tokens",
+})
+COMMON_PARAMS = frozenset({"mode", "seed", "max_new_tokens", "output_logprobs"}) | PROCESSOR_PARAMS
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 from core.interfaces import BeamRow, Verifier
+from core.logits_processors import Processors
 from core.multirow import open_rows
 from decoding.config import EarlyStopping
 from decoding.policies.loop import DecodeStats, Hypothesis
@@ -54,12 +55,14 @@ def beam_search(
     stats: DecodeStats,
     native_rows: bool = True,
     prefix: list[int] | None = None,
+    processors: Processors | None = None,
 ) -> list[Hypothesis]:
     """The `settings.n_best` best finished hypotheses, best first. Every hypothesis starts with
     `prefix` (tokens already committed, such as a target language's forced first token: log-prob 0,
     as `generate`'s forced tokens, counted in its length and in `max_new_tokens`). `native_rows=False`
-    forces the single-row-session adapter even where the verifier's sessions have `step_rows`."""
-    session = open_rows(verifier, source_ids, native=native_rows)
+    forces the single-row-session adapter even where the verifier's sessions have `step_rows`.
+    `processors`: the logits processors the verifier applies (in log-prob space but at width 1)."""
+    session = open_rows(verifier, source_ids, native=native_rows, processors=processors)
     try:
         search = _Search(settings, verifier.eos_id, max_new_tokens, verifier.vocab_size, list(prefix or []))
         rows = [BeamRow(parent=0, committed_len=0, append_ids=search.alive[0].tokens)]  # the session's one row

@@ -78,7 +78,7 @@ def decode_with_failover(
             try:
                 # A copy: `counting` extends `committed` while the loop reads its prefix.
                 result = decode(source, run, verifier, drafter, counting, prefix=list(committed) or None,
-                                prefix_logprobs=list(logprobs))
+                                prefix_logprobs=list(logprobs), forced_first=len(first))
             except DrafterFailure as exc:
                 assert peers.drafters is not None and drafter_place is not None
                 peers.drafters.failed(drafter_place, exc.cause)

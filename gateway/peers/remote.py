@@ -22,6 +22,7 @@ import grpc
 
 from core.errors import SpecdecError, StatusCode
 from core.interfaces import BeamRow, Draft, VerifyResult
+from core.logits_processors import Processors
 from core.sampling import SamplingParams
 from core.wire import source_len_from_wire, source_vocab_from_wire, target_len_from_wire
 from gateway.peers.calls import (
@@ -35,6 +36,7 @@ from gateway.peers.calls import (
 )
 from gateway.peers.streams import AioStream, PeerChannel
 from protos.specdec.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from serving.processors_wire import processors_to_wire
 
 __all__ = [
     "CallOptions",
@@ -102,8 +104,12 @@ class RemoteVerifier(ServedVerifier):
         )
         self.options = options or CallOptions()
 
-    def open(self, source_ids: list[int]) -> RemoteVerifierSession:
-        first = verifier_pb2.VerifyRequest(open=verifier_pb2.VerifyOpen(source_ids=source_ids))
+    def open(self, source_ids: list[int], processors: Processors | None = None) -> RemoteVerifierSession:
+        """A session (one Verify stream) whose scores the verifier processes with `processors`."""
+        opening = verifier_pb2.VerifyOpen(source_ids=source_ids)
+        if processors is not None and processors.active:
+            opening.processors.CopyFrom(processors_to_wire(processors))
+        first = verifier_pb2.VerifyRequest(open=opening)
         stream = _open_stream("verifier", self._channel, self._method, self.options, None, first)
         runs = greedy_runs(self.options, self.greedy_chunk, self.stream_greedy_chunk, self.max_target_len)
         return RemoteVerifierSession(stream, *runs)

@@ -25,8 +25,9 @@ import numpy as np
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
-from core.errors import SpecdecError, StatusCode
+from core.errors import SpecdecError, StatusCode, invalid
 from core.interfaces import VerifyResult
+from core.logits_processors import Processors
 from core.wire import SPECIAL_ID_FIELDS, sends_candidates
 from gateway.peers.remote import (
     CallOptions,
@@ -114,7 +115,10 @@ class TritonVerifier(ServedVerifier):
         self.model = model
         self.options = options
 
-    def open(self, source_ids: list[int]) -> TritonVerifierSession:
+    def open(self, source_ids: list[int], processors: Processors | None = None) -> TritonVerifierSession:
+        if processors is not None and processors.active:
+            raise invalid("the Triton-hosted verifier applies no logits processors (repetition_penalty, "
+                          "no_repeat_ngram_size, bad_words_ids, ...): serve the verifier with specdec's own service")
         if self.options.cancellation is not None:
             self.options.cancellation.check()
         session = TritonVerifierSession(self, list(source_ids))

@@ -49,7 +49,7 @@ ADDR_HELP = f"gateway address HOST:PORT (default: ${ADDR_ENV}, else {GATEWAY_ADD
 def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     """The per-request decoding flags shared by `decode`, `generate` and `loadtest` (unset = default):
     one per DecodingConfig field, named and explained by the field's metadata."""
-    from decoding.config import CHOICES, Mode, cli_flag
+    from decoding.config import CHOICES, ID_LISTS, Mode, cli_flag
     from decoding.modes import mode_names
 
     g = parser.add_argument_group("decoding (unset: the default shown, or the gateway's [defaults])")
@@ -62,6 +62,8 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
             g.add_argument(cli_flag(f), dest=f.name, choices=mode_names(), help=help_text)
         elif f.name in CHOICES:
             g.add_argument(cli_flag(f), dest=f.name, choices=[m.value for m in CHOICES[f.name]], help=help_text)
+        elif f.name in ID_LISTS:  # "5 6 7", or sequences "5 6; 7" (DecodingConfig parses them)
+            g.add_argument(cli_flag(f), dest=f.name, metavar="IDS", help=help_text)
         elif kind is bool:  # --adaptive / --no-adaptive; unset stays None (the default applies)
             g.add_argument(cli_flag(f), dest=f.name, action=argparse.BooleanOptionalAction, help=help_text)
         else:
