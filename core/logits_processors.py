@@ -236,6 +236,26 @@ class Processing:
         return Processing(*(convert(getattr(self, n)) for n in names), self.any_logprob_space, self.acts)
 
 
+# The in-graph head's inputs (the verifier's decoder_batch.onnx), named as Processing's arrays.
+PROCESSING_INPUTS = ("logprob_rows", "penalty_rows", "penalty_ids", "penalty_factors", "ban_rows", "ban_ids",
+                     "forced_rows", "forced_ids")
+
+
+def processing_feeds(p: Processing | None, rows: int) -> dict[str, Any]:
+    """A forward's processing as the in-graph head's inputs (float32 factors): nothing to do for
+    `rows` head rows when `p` is None."""
+    import numpy as np
+
+    if p is None:
+        none = np.zeros(0, np.int64)
+        return {"logprob_rows": np.zeros(rows, bool), "penalty_rows": none, "penalty_ids": none,
+                "penalty_factors": np.zeros(0, np.float32), "ban_rows": none, "ban_ids": none, "forced_rows": none,
+                "forced_ids": none}
+    feeds = {name: getattr(p, name) for name in PROCESSING_INPUTS}
+    feeds["penalty_factors"] = feeds["penalty_factors"].astype(np.float32)
+    return feeds
+
+
 def processing(plans: Sequence[RowPlan | None], settings: Sequence[Processors | None]) -> Processing | None:
     """A forward's `Processing`: one plan and its session's settings per head row (None: a row
     without processors). None when no row has any."""

@@ -20,9 +20,12 @@ Where exports live and how one is found is `seq2seq_models.onnx_cache`, which im
   and the cache never has to leave the device (CUDA + I/O binding) to be cut.
 * `decoder_batch.onnx` of the verifier: the ragged batched decoder of `batch_graph` (B rows, each
   with its own past length, block length and source) with the fused head over the wanted rows:
-  `batch_graph.BATCH_INPUTS` + targets [R], top_k [1] -> block_k/block_v [L, B, H, T, hd] (the
-  block's own K/V only; the host keeps each row's cache), topk_logprobs [R, k], topk_ids [R, k],
-  target_logprobs [R]. B, T, P, N, S and R are all dynamic.
+  `batch_graph.BATCH_INPUTS` + targets [R], top_k [1], and the rows' logits processors
+  (`core.logits_processors.PROCESSING_INPUTS`: logprob_rows [R], the penalty's rows, ids and factors
+  [P], the bans' rows and ids [Q], the forced rows and ids [F]; empty: none) -> block_k/block_v
+  [L, B, H, T, hd] (the block's own K/V only; the host keeps each row's cache), topk_logprobs
+  [R, k], topk_ids [R, k], target_logprobs [R]. B, T, P, N, S, R and the processors' sizes are all
+  dynamic.
 * `decoder.onnx` of the NAR drafter: tokens [1, T], past_len, past_k/past_v, cross_k/cross_v,
   mask_from [] -> present_k/present_v, draft_ids [T - mask_from]. Block rows before `mask_from`
   are committed tokens appended causally; rows from `mask_from` on are the k [MASK]s, which see the
@@ -197,9 +200,17 @@ def _export_batch_decoder(model32: Seq2SeqTransformer, out: Path, role: str = "v
     else:
         module = _BatchedVerifierStep(model32)
         example = (*example, torch.tensor([8, 9, -1, -1]), torch.tensor([2]))  # targets, top_k
+        v = cfg.vocab_size
+        example = (  # logits processors, each size distinct: P 3, Q 2, F 1
+            *example, torch.tensor([True, False, False, True]), torch.tensor([0, 1, 1]), torch.tensor([7, 8, 9]) % v,
+            torch.tensor([1.5, 1.5, 2.0]), torch.tensor([2, 3]), torch.tensor([5, 6]) % v, torch.tensor([1]),
+            torch.tensor([4]) % v,
+        )
         inputs, outputs = BATCH_DECODER_INPUTS, BATCH_DECODER_OUTPUTS
         axes |= {"targets": {0: "rows"}, "topk_logprobs": {0: "rows", 1: "k"}, "topk_ids": {0: "rows", 1: "k"},
-                 "target_logprobs": {0: "rows"}}
+                 "target_logprobs": {0: "rows"}, "logprob_rows": {0: "rows"}, "penalty_rows": {0: "penalized"},
+                 "penalty_ids": {0: "penalized"}, "penalty_factors": {0: "penalized"}, "ban_rows": {0: "banned"},
+                 "ban_ids": {0: "banned"}, "forced_rows": {0: "forced"}, "forced_ids": {0: "forced"}}
     inputs = layer_inputs(inputs, layers)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer warnings about shape arithmetic are expected
@@ -349,9 +360,9 @@ class _BatchedStep(_ModelGraph):
 
 class _BatchedVerifierStep(_BatchedStep):
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
-        (rows, block_k, block_v), (targets, top_k) = self.decode(inputs)
+        (rows, block_k, block_v), (targets, top_k, *processing) = self.decode(inputs)
         m = self.model
-        head = output_head_graph(rows, m.head_weight, m.out_bias, top_k, targets)
+        head = output_head_graph(rows, m.head_weight, m.out_bias, top_k, targets, processing)
         return block_k, block_v, head.topk_logprobs, head.topk_ids, head.target_logprobs
 
 

@@ -371,3 +371,38 @@ def test_launch_plan_takes_the_tuning_knobs() -> None:
     plan = launch_plan(6, 100, 16, 16, programs=0, block_v=16, num_splits=7, on_gpu=False)
     assert (plan.block_v, plan.splits, plan.split_size, plan.s_p, plan.c_p) == (16, 7, 16, 8, 128)
     assert launch_plan(6, 100, 16, 16, programs=0, on_gpu=False).splits == 2
+
+
+@pytest.mark.parametrize("space", ["logits", "logprobs", "mixed"])
+def test_heads_apply_the_logits_processors_alike(space: str) -> None:
+    """With processors (penalised, banned and forced tokens, rows in either space), the reference,
+    CPU and graph heads give the same top-k and target log-probs, and the reference's are
+    `core.logits_processors.apply_processing` on the raw logits (logit space: then normalised)."""
+    import numpy as np
+
+    from core.logits_processors import RowPlan, processing, processing_feeds
+    from decoding.config import DecodingConfig
+
+    rows, vocab = 6, 50
+    hidden, weight, bias, targets = make_inputs(case_generator("processed", space), rows, vocab, 24)
+    rng = random.Random(space)
+    beam = DecodingConfig(mode="beam", num_beams=4, repetition_penalty=1.4).processors()
+    greedy = DecodingConfig(mode="ar", repetition_penalty=0.8).processors()
+    settings = [beam if space == "logprobs" or (space == "mixed" and r % 2) else greedy for r in range(rows)]
+    plans = [RowPlan(tuple(rng.sample(range(vocab), 5)), tuple(rng.sample(range(vocab), 4)),
+                     rng.randrange(vocab) if r == 2 else -1) for r in range(rows)]
+    p = processing(plans, settings)
+    assert p is not None
+    reference = output_head_reference(hidden, weight, bias, 7, targets, p)
+    for out in (output_head_cpu(hidden, weight, bias, 7, targets, p), output_head(hidden, weight, bias, 7, targets,
+                                                                                   processing=p)):
+        assert torch.equal(out.topk_ids, reference.topk_ids)
+        assert torch.allclose(out.topk_logprobs, reference.topk_logprobs, atol=1e-6)
+    feeds = processing_feeds(p, rows)
+    graph = output_head_graph(hidden, weight, bias, torch.tensor([7]), targets,
+                              [torch.from_numpy(np.asarray(feeds[name])) for name in feeds])
+    assert torch.allclose(graph.topk_logprobs, reference.topk_logprobs, atol=1e-5)
+    assert torch.allclose(graph.target_logprobs, reference.target_logprobs, atol=1e-5, equal_nan=True)
+    assert reference.topk_ids[2, 0] == plans[2].forced and reference.topk_logprobs[2, 0] == 0
+    for r in (0, 1, 3, 4, 5):  # a banned token is never among the top 7 of 50
+        assert not set(plans[r].banned) & set(reference.topk_ids[r].tolist()), r

@@ -1,8 +1,9 @@
 """Greedy, the lossless modes and beam search with `generate()`'s logits processors on, against
 `transformers`' `generate()` with the same settings, on BART and T5 checkpoints built here (the BART
-one made to end its outputs early, so that the EOS rules bite), on the torch backend, in process and
-through `serve all`. Each setting is chosen from the unprocessed greedy output so that it changes it
-(a suppressed token it emitted, a bad word it contains), and the test checks that it does."""
+one made to end its outputs early, so that the EOS rules bite), on the torch and ONNX Runtime
+backends (fp32; int8 against int8 greedy), in process and through `serve all`. Each setting is
+chosen from the unprocessed greedy output so that it changes it (a suppressed token it emitted, a
+bad word it contains), and the test checks that it does."""
 
 from __future__ import annotations
 
@@ -101,10 +102,11 @@ def _config(**overrides) -> DecodingConfig:
     return DecodingConfig().with_overrides({"max_new_tokens": MAX_NEW, **overrides})
 
 
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_and_the_lossless_modes_equal_generate_with_processors(checkpoints, family):
+def test_greedy_and_the_lossless_modes_equal_generate_with_processors(checkpoints, family, backend, tmp_path):
     model, bundle_dir, cfg = checkpoints[family]
-    verifier = make_verifier(load_bundle(bundle_dir), "torch")
+    verifier = make_verifier(load_bundle(bundle_dir), backend, cache_root=tmp_path)
     changed: dict[str, int] = {}
     for source, settings, want in _cases(model, cfg, seed=1):
         for mode in ("ar", "iad"):
@@ -118,11 +120,12 @@ def test_greedy_and_the_lossless_modes_equal_generate_with_processors(checkpoint
     assert all(changed.values()), f"settings that changed no output: {changed}"
 
 
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_beam_with_processors_equals_generate(checkpoints, family):
+def test_beam_with_processors_equals_generate(checkpoints, family, backend, tmp_path):
     """generate()'s beam search processes log-softmax scores, unnormalised: its n-best lists and scores."""
     model, bundle_dir, cfg = checkpoints[family]
-    verifier = make_verifier(load_bundle(bundle_dir), "torch")
+    verifier = make_verifier(load_bundle(bundle_dir), backend, cache_root=tmp_path)
     for source, settings, _ in _cases(model, cfg, seed=2)[::3]:
         want = _generate(model, source, cfg.eos_id, settings, beams=4)
         result = decode(source, _config(mode="beam", num_beams=4, num_return_sequences=4, **settings), verifier)
@@ -167,17 +170,30 @@ def test_processors_through_serve_all_kserve_and_the_cli(checkpoints, capsys, mo
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["output_ids"] == want
 
 
-def test_a_verifier_without_processors_refuses_them(checkpoints, tmp_path):
-    """The ONNX Runtime head applies none yet: a session asking for any is INVALID_ARGUMENT, in one
-    line naming the way out; a token id outside the vocabulary likewise."""
+def test_int8_lossless_modes_equal_int8_greedy_with_processors(checkpoints, tmp_path):
+    """The int8 graphs apply the same processors: IAD equals int8 greedy with them on."""
+    model, bundle_dir, cfg = checkpoints["bart"]
+    verifier = make_verifier(load_bundle(bundle_dir), "onnxruntime", cache_root=tmp_path, precision="int8")
+    for source, settings, _ in _cases(model, cfg, seed=5)[::2]:
+        greedy = decode(source, _config(mode="ar", **settings), verifier)
+        assert decode(source, _config(mode="iad", k=4, **settings), verifier).output_ids == greedy.output_ids
+
+
+def test_bad_processor_settings_and_a_verifier_without_processors_are_refused(checkpoints):
+    """A token id outside the vocabulary is INVALID_ARGUMENT; the Triton-hosted verifier, whose model
+    applies no processors, refuses a session that asks for any, in one line naming the way out."""
+    from gateway.peers.remote import CallOptions
+    from gateway.peers.triton import TritonVerifier
+    from protos.specdec.v1 import common_pb2
+
     _, bundle_dir, cfg = checkpoints["t5"]
-    bundle = load_bundle(bundle_dir)
     source = random_sources(cfg, 4, 1)[0]
-    onnx = make_verifier(bundle, "onnxruntime", cache_root=tmp_path)
     with pytest.raises(SpecdecError) as err:
-        decode(source, _config(mode="ar", no_repeat_ngram_size=3), onnx)
-    assert err.value.code == StatusCode.INVALID_ARGUMENT and "torch backend" in err.value.message
-    assert decode(source, _config(mode="ar"), onnx).output_ids  # without processors it serves as before
-    with pytest.raises(SpecdecError) as err:
-        decode(source, _config(mode="ar", suppress_tokens=[cfg.vocab_size]), make_verifier(bundle, "torch"))
+        decode(source, _config(mode="ar", suppress_tokens=[cfg.vocab_size]), make_verifier(load_bundle(bundle_dir),
+                                                                                             "torch"))
     assert err.value.code == StatusCode.INVALID_ARGUMENT and "outside the vocabulary" in err.value.message
+    info = common_pb2.ModelInfo(vocab_size=cfg.vocab_size, eos_id=cfg.eos_id, max_source_len=64, max_target_len=64)
+    triton = TritonVerifier(None, "verifier", info, CallOptions())
+    with pytest.raises(SpecdecError) as err:
+        triton.open(source, _config(mode="ar", no_repeat_ngram_size=3).processors())
+    assert err.value.code == StatusCode.INVALID_ARGUMENT and "specdec's own service" in err.value.message

@@ -50,7 +50,8 @@ class Engine(Protocol):
     """One backend's forward: encoding a source, zero arrays, and the batched decoder with the head.
 
     An engine may also have `forward_one(block, cross, top_k)`, the same forward for a batch of one
-    row without padding (ONNX Runtime's one-row graph); `step_batch` uses it for lone rows."""
+    row without padding and without logits processors (ONNX Runtime's one-row graph); `step_batch`
+    uses it for lone rows that have none."""
 
     zeros: Zeros
     device: str  # "cpu" or "cuda:N"
@@ -317,7 +318,7 @@ class BatchVerifier(ModelVerifier):
                 distinct.append(c)
         one = getattr(self.engine, "forward_one", None)
         extra = () if processing is None else (processing,)  # engines without processors take none
-        if len(blocks) == 1 and one is not None:  # a lone row: the engine's unpadded path
+        if len(blocks) == 1 and one is not None and processing is None:  # a lone row: the engine's unpadded path
             block_k, block_v, topk_lp, topk_ids, target_lp = one(blocks[0], distinct[0], top_k, *extra)
         else:
             while len(self._crosses) <= group:  # one stack per group: both stay valid from step to step

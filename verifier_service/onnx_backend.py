@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from core.logits_processors import Processing, processing_feeds
 from seq2seq_models.onnx_model import OnnxModel
 from seq2seq_models.ort_engine import OrtBatchEngine
 from seq2seq_models.row_cache import Cross, RowBlock
@@ -30,10 +31,15 @@ OnnxVerifierSession = BatchSession  # the session type both backends hand out
 
 
 class OrtEngine(OrtBatchEngine):
-    """The verifier's graphs: the batched decoder with the fused head, and the one-row graph for a lone row."""
+    """The verifier's graphs: the batched decoder with the fused head, and the one-row graph for a lone
+    row (without logits processors: a lone row with some runs in the batched graph)."""
 
-    def forward(self, feeds: dict[str, Any], top_k: int) -> tuple[Any, ...]:
-        return self.runner.decode_batch({**feeds, "top_k": np.array([top_k], np.int64)})
+    processes_logits = True  # the batched graph's head applies them (kernels.graph_head)
+
+    def forward(self, feeds: dict[str, Any], top_k: int, processing: Processing | None = None) -> tuple[Any, ...]:
+        rows = len(feeds["targets"])
+        return self.runner.decode_batch({**feeds, "top_k": np.array([top_k], np.int64),
+                                         **processing_feeds(processing, rows)})
 
     def forward_one(self, block: RowBlock, cross: Cross, top_k: int) -> tuple[Any, ...]:
         """`forward` for a batch of one row, unpadded (`OrtBatchEngine.decode_one`)."""
