@@ -64,10 +64,11 @@ class _CountingVerifier(LocalVerifier):
 PATH = "native" if has_rows(_verifier(0).open([FIRST_WORD])) else "adapter"
 
 
-def _search(verifier: Verifier, source: list[int], settings: BeamSettings, max_new: int, native_rows: bool = True):
+def _search(verifier: Verifier, source: list[int], settings: BeamSettings, max_new: int, native_rows: bool = True,
+            processors=None):
     """(each hypothesis' tokens and finish reason, their scores, the stats)."""
     stats = DecodeStats()
-    out = beam_search(verifier, source, settings, max_new, stats, native_rows=native_rows)
+    out = beam_search(verifier, source, settings, max_new, stats, native_rows=native_rows, processors=processors)
     return ([(h.output_ids, h.finish_reason) for h in out], [h.score for h in out],
             (stats.iterations, stats.output_tokens, stats.finish_reason))
 
@@ -83,12 +84,21 @@ def _search(verifier: Verifier, source: list[int], settings: BeamSettings, max_n
     penalty=st.sampled_from([1.0, 0.0, 2.0, -0.5]),
     delta=st.one_of(st.none(), st.just(math.inf), st.floats(0, 4, allow_nan=False)),
     m=st.one_of(st.none(), st.integers(1, 6)),
+    processors=st.one_of(st.none(), st.fixed_dictionaries({
+        "no_repeat_ngram_size": st.integers(2, 3), "repetition_penalty": st.sampled_from([1.0, 1.5]),
+        "min_new_tokens": st.integers(0, 6),
+    })),
 )
-def test_multirow_beam_equals_one_session_per_hypothesis(path, trio, source, max_new, width, early, penalty, delta, m):
+def test_multirow_beam_equals_one_session_per_hypothesis(path, trio, source, max_new, width, early, penalty, delta, m,
+                                                         processors):
+    """With logits processors too: each row's processor state forks with it, as each single-row
+    session's rolls back to its hypothesis."""
     verifier = _verifier(trio)
     settings = BeamSettings(width, penalty, early, n_best=width, delta=delta, max_candidates=m)
-    adapter = _search(verifier, source, settings, max_new, native_rows=False)
-    rows = _search(verifier, source, settings, max_new)
+    procs = None if processors is None else DecodingConfig(mode=Mode.BEAM, num_beams=max(width, 2),
+                                                           max_new_tokens=max_new, **processors).processors()
+    adapter = _search(verifier, source, settings, max_new, native_rows=False, processors=procs)
+    rows = _search(verifier, source, settings, max_new, processors=procs)
     assert rows[0] == adapter[0] and rows[2] == adapter[2]
     assert rows[1] == pytest.approx(adapter[1], abs=1e-9)  # one forward for all rows or one each: float64 rounding
 
