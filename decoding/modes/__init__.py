@@ -26,7 +26,7 @@ from typing import Any
 from core.errors import invalid
 from decoding.config import DecodingConfig, Mode, cli_flag
 from decoding.modes import ar, beam, gad, gad_plus_plus, iad, mjsd, speculative
-from decoding.modes.mode_spec import COMMON_PARAMS, DrafterMethod, ModeSpec, PolicyInputs
+from decoding.modes.mode_spec import COMMON_PARAMS, PROCESSOR_PARAMS, DrafterMethod, ModeSpec, PolicyInputs
 
 _SPECS = (ar.SPEC, beam.SPEC, iad.SPEC, gad.SPEC, gad_plus_plus.SPEC, mjsd.SPEC, speculative.SPEC)
 
@@ -51,7 +51,8 @@ def check_applicable(overrides: Mapping[str, Any], mode: Mode, flags: bool = Fal
         return
     names = {f.name: cli_flag(f) if flags else f.name for f in fields(DecodingConfig)}
     own = ", ".join(names[t] for t in sorted(spec.applicable - COMMON_PARAMS))
-    common = " and ".join(names[c] for c in sorted(COMMON_PARAMS - {"mode"}))
+    common = ", ".join(names[c] for c in sorted(COMMON_PARAMS - {"mode"} - PROCESSOR_PARAMS))
+    common += " and the logits processors"
     takes = f"{own}, {common}" if own else f"only {common}"
     verb = "does" if len(extra) == 1 else "do"
     raise invalid(f"{', '.join(names[e] for e in extra)} {verb} not apply to mode {mode.value} (it takes {takes})")

@@ -46,7 +46,7 @@ def test_a_parameter_the_mode_does_not_read_is_refused_by_name(gateway):
         gateway.Generate(_request(beta=3), timeout=30)
     assert info.value.code() == INVALID
     assert info.value.details() == ("beta does not apply to mode gad (it takes adaptive, k, overlap, preverify, "
-                                    "max_new_tokens and seed)")
+                                    "max_new_tokens, output_logprobs, seed and the logits processors)")
 
 
 @pytest.mark.parametrize("case", list(BAD_REQUESTS))

@@ -76,7 +76,7 @@ def test_health_and_metadata(client):
     assert [(t.name, t.datatype) for t in meta.inputs] == [("TEXT", "BYTES"), ("INPUT_IDS", "INT64")]
     assert [(t.name, t.datatype) for t in meta.outputs] == [
         ("TEXT", "BYTES"), ("OUTPUT_IDS", "INT64"), ("NBEST_TEXT", "BYTES"), ("NBEST_OUTPUT_IDS", "INT64"),
-        ("NBEST_SCORES", "FP64"),
+        ("NBEST_SCORES", "FP64"), ("TOKEN_LOGPROBS", "FP32"),
     ]
     assert client.get_model_config(MODEL).config.name == MODEL
     with pytest.raises(InferenceServerException) as info:
