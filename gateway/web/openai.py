@@ -12,8 +12,11 @@ decoded as separate requests (a sampling mode's choice i uses seed + i when a se
 Each choice carries the extra field `specdec`: the output ids and the stats of `Generate`; in a
 stream, every chunk's `specdec` says which tokens it holds and where they came from (`"draft"`:
 accepted from the drafter's or, under IAD, the input's draft; `"verifier"`: the verifier's own),
-and each choice's last chunk has the stats. What the gateway cannot do is refused by name
-(`logprobs`, `stop`, `echo`, `suffix`, penalties, `logit_bias`, `best_of` above `n`).
+and each choice's last chunk has the stats. `logprobs: 0` (a whole response) returns each output
+token's log-probability (`output_logprobs`: the verifier's, processed as the mode decoded with), its
+text and offset. What the gateway cannot do is refused by name (`logprobs` above 0 or with `stream`:
+the top alternatives at each position; `stop`, `echo`, `suffix`, penalties, `logit_bias`, `best_of`
+above `n`).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ FIELDS = {
     "echo", "stop", "suffix", "presence_penalty", "frequency_penalty", "logit_bias", "best_of", "user", "specdec",
 }
 # Fields the gateway has no use for, accepted only at the value that asks for nothing.
-_NOTHING = {"logprobs": (None, 0), "echo": (None, False), "stop": (None, [], ""), "suffix": (None, ""),
+_NOTHING = {"echo": (None, False), "stop": (None, [], ""), "suffix": (None, ""),
             "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {})}
 FINISH = {"eos": "stop", "length": "length"}
 SPEC_MODE = "spec"
@@ -79,8 +82,10 @@ class Completions:
         choices = []
         for index, answer in enumerate(answers):
             ids = answer.result.output_ids
+            logprobs = _logprobs(self.gateway.tokenizer.decode, ids, answer.result.token_logprobs) \
+                if body.get("logprobs") == 0 else None
             choices.append({
-                "index": index, "text": self.gateway.tokenizer.decode(ids), "logprobs": None,
+                "index": index, "text": self.gateway.tokenizer.decode(ids), "logprobs": logprobs,
                 "finish_reason": FINISH.get(answer.result.stats.finish_reason, "stop"),
                 "specdec": {"output_ids": ids, "stats": stats_record(answer.result.stats, answer.mode, answer.total_s)},
             })
@@ -117,11 +122,22 @@ class Completions:
         if options is not None and not stream:
             raise HttpError(400, "stream_options needs stream: true", param="stream_options")
         include_usage = bool((options or {}).get("include_usage", False))
+        logprobs = body.get("logprobs")
+        if logprobs is not None:
+            if _integer(body, "logprobs", 0) > 0:
+                raise HttpError(400, "logprobs above 0 (the top alternatives at each position) is not supported by "
+                                     "this server; logprobs: 0 returns each output token's log-probability",
+                                param="logprobs", code="unsupported")
+            if stream:
+                raise HttpError(400, "logprobs with stream is not supported by this server", param="logprobs",
+                                code="unsupported")
         prompts = _prompts(body.get("prompt"))
         if len(prompts) * n > self.max_choices:
             raise HttpError(400, f"{len(prompts)} prompts x n={n} is more than the {self.max_choices} choices one "
                                  "request may ask for ([gateway] max_per_client)", param="n")
         parameters = _parameters(body)
+        if logprobs is not None:
+            parameters["output_logprobs"] = True
         seed = parameters.get("seed")
         jobs = []
         for index, prompt in enumerate(prompts):
@@ -275,6 +291,20 @@ def _generate_request(prompt: str | list[int], params: dict[str, Any]) -> gatewa
     if isinstance(prompt, str):
         return gateway_pb2.GenerateRequest(text=prompt, config=config, **target)
     return gateway_pb2.GenerateRequest(input_ids=prompt, config=config, **target)
+
+
+def _logprobs(decode: Any, ids: list[int], token_logprobs: list[float]) -> dict[str, Any]:
+    """OpenAI's `logprobs` object of one choice: each output token (its text), its log-probability
+    and where its text starts in the choice's text; no alternatives (`top_logprobs`)."""
+    tokens, offsets = [], []
+    before = ""
+    for i in range(len(ids)):
+        text = decode(ids[: i + 1])
+        offsets.append(len(before))
+        tokens.append(text[len(before):] if text.startswith(before) else decode([ids[i]]))
+        before = text
+    return {"tokens": tokens, "token_logprobs": [float(x) for x in token_logprobs[: len(ids)]],
+            "top_logprobs": None, "text_offset": offsets}
 
 
 def _usage(jobs: list, answers: list[Answer | None]) -> dict[str, int]:

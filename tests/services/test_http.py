@@ -225,6 +225,20 @@ def test_openai_client_equals_generate_whole_and_streamed(completions, gateway, 
         assert chunks[-1].usage.completion_tokens == len(expected.output_ids)
 
 
+@pytest.mark.parametrize("mode", [Mode.AR, Mode.GAD], ids=lambda m: m.value)
+def test_openai_logprobs_are_the_tokens_log_probabilities_generate_reports(completions, gateway, mode):
+    for text in TEXTS:
+        expected = native(gateway, {**settings(mode), "output_logprobs": True}, text=text)
+        whole = completions.completions.create(model=MODEL, prompt=text, max_tokens=24, seed=5, logprobs=0,
+                                               extra_body={"specdec": _specdec(mode)})
+        logprobs = whole.choices[0].logprobs
+        ids = list(expected.output_ids)
+        assert logprobs.token_logprobs == pytest.approx(list(expected.token_logprobs)[: len(ids)], abs=1e-6)
+        assert "".join(logprobs.tokens) == whole.choices[0].text == expected.text
+        assert logprobs.text_offset == [len("".join(logprobs.tokens[:i])) for i in range(len(ids))]
+        assert logprobs.top_logprobs is None
+
+
 def test_openai_sampling_fields_map_to_speculative_sampling(completions, gateway):
     """temperature / top_p / seed are speculative sampling's; n choices take seeds seed, seed + 1, ..."""
     base = {"mode": "spec", "gamma": 3, "temperature": 0.9, "top_p": 0.95, "max_new_tokens": 24}
@@ -267,7 +281,8 @@ OPENAI_BAD = {
     "max_tokens as text": ({"max_tokens": "ten"}, 400, "max_tokens"),
     "prompt not text": ({"prompt": {"a": 1}}, 400, "prompt"),
     "temperature with mode gad": ({"temperature": 0.7, "specdec": {"mode": "gad"}}, 400, None),
-    "logprobs": ({"logprobs": 2}, 400, "logprobs"),
+    "logprobs alternatives": ({"logprobs": 2}, 400, "logprobs"),
+    "logprobs streamed": ({"logprobs": 0, "stream": True}, 400, "logprobs"),
     "stop sequences": ({"stop": ["."]}, 400, "stop"),
     "too many choices": ({"n": 1000}, 400, "n"),
     "max_tokens over the limit": ({"max_tokens": 100_000}, 400, None),
