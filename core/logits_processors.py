@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 NONE = -1  # no token (RowPlan.forced, the wire's unset token ids)
+PENALTY_RANGE = (1e-30, 1e30)  # repetition penalties whose float32 scaled scores stay finite
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,10 @@ class Processors:
 
     def check(self, vocab_size: int) -> None:
         """ValueError for a setting no model could honour (the callers turn it into INVALID_ARGUMENT)."""
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        # Scores are float32: a penalty beyond these bounds turns them into inf and the log-probs into NaN.
+        if not PENALTY_RANGE[0] <= self.repetition_penalty <= PENALTY_RANGE[1]:
+            raise ValueError(f"repetition_penalty must be in [{PENALTY_RANGE[0]:g}, {PENALTY_RANGE[1]:g}] "
+                             f"(> 0; 1 leaves scores as they are), got {self.repetition_penalty}")
         for name in ("no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "min_length", "min_new_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import Field, dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
@@ -99,7 +100,8 @@ class DecodingConfig:
     # generate()'s logits processors (core.logits_processors), every mode: lengths count the decoder
     # input as generate()'s do (the start token, then the output).
     repetition_penalty: float = field(
-        default=1.0, metadata=about("scale the scores of tokens already in the output (> 1 discourages them)"),
+        default=1.0,
+        metadata=about("scale the scores of tokens already in the output (> 1 discourages them; 1e-30 to 1e30)"),
     )
     no_repeat_ngram_size: int = field(default=0, metadata=about("never repeat an n-gram of the output this long"))
     encoder_no_repeat_ngram_size: int = field(
@@ -163,6 +165,15 @@ class DecodingLimits:
     max_beams: int = 16
     max_gamma: int = 32
     max_new_tokens: int = 256
+
+
+def layered_defaults(*layers: Mapping[str, Any]) -> DecodingConfig:
+    """DecodingConfig's own defaults under each layer in turn (later layers win): a bundle's decoding
+    defaults, then a door's configured defaults ([defaults], the Python API's)."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged.update(layer)
+    return DecodingConfig().with_overrides(merged)
 
 
 def cli_flag(f: Field) -> str:

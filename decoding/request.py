@@ -130,8 +130,9 @@ def prepare_config(overrides: Mapping[str, Any], model: ModelLimits, policy: Pol
                            f"use mode {Mode.AR.value} or {Mode.IAD.value}")
     if "seed" not in given and policy.fresh_seed:
         given["seed"] = secrets.randbits(63)  # unset seed: a fresh one per request
-    if "max_new_tokens" not in given:
-        given["max_new_tokens"] = min(policy.defaults.max_new_tokens, model.max_target_len)
+    if "max_new_tokens" not in given:  # a default never asks for more than the model and the limits allow
+        most = min(model.max_target_len, policy.limits.max_new_tokens)
+        given["max_new_tokens"] = min(policy.defaults.max_new_tokens, most)
     config = policy.defaults.with_overrides(given)
     validate(config, policy.limits, model.max_target_len, model.vocab_size)
     return config

@@ -6,7 +6,7 @@ Loading (file -> environment -> flags) and the per-key checks live in `core.conf
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from core.config import (
@@ -17,7 +17,7 @@ from core.config import (
     check_security_keys,
     parse_section,
 )
-from decoding.config import DecodingConfig, DecodingLimits
+from decoding.config import DecodingConfig, DecodingLimits, layered_defaults
 from gateway.peers.dns import parse_targets
 
 FALLBACK_POLICIES = ("ar", "fail")
@@ -89,6 +89,8 @@ class GatewayConfig:
     max_text_chars: int = 16384
     defaults: DecodingConfig = field(default_factory=DecodingConfig)
     seed_from_defaults: bool = False  # True when [defaults] sets a seed; else unset = fresh seed
+    # The keys [defaults] sets, which stay over the bundle's decoding defaults (`with_bundle_defaults`).
+    defaults_given: tuple[tuple[str, Any], ...] = ()
     limits: DecodingLimits = field(default_factory=DecodingLimits)
 
     def __post_init__(self) -> None:
@@ -151,7 +153,7 @@ def verifier_of(config: GatewayConfig) -> VerifierTarget:
 
 
 # Fields that the [gateway] table may not set: they come from [defaults] and [limits].
-FROM_OTHER_SECTIONS = {"defaults", "limits", "seed_from_defaults"}
+FROM_OTHER_SECTIONS = {"defaults", "limits", "seed_from_defaults", "defaults_given"}
 
 
 def gateway_config(sections: Mapping[str, Mapping[str, Any]]) -> GatewayConfig:
@@ -167,5 +169,15 @@ def gateway_config(sections: Mapping[str, Mapping[str, Any]]) -> GatewayConfig:
         **g,
         defaults=DecodingConfig(**defaults),
         seed_from_defaults="seed" in defaults,
+        defaults_given=tuple(defaults.items()),
         limits=DecodingLimits(**limits),
     )
+
+
+def with_bundle_defaults(config: GatewayConfig, bundle_defaults: Mapping[str, Any]) -> GatewayConfig:
+    """`config` with the bundle's decoding defaults (an imported checkpoint's generation settings)
+    under its [defaults]: a request's unset fields take [defaults], else the bundle's, else
+    DecodingConfig's own."""
+    if not bundle_defaults:
+        return config
+    return replace(config, defaults=layered_defaults(bundle_defaults, dict(config.defaults_given)))

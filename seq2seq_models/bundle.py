@@ -231,6 +231,15 @@ def load_bundle_tokenizer(path: str | Path) -> Any:
     return tokenizer
 
 
+def bundle_decoding_defaults(path: str | Path) -> dict[str, Any]:
+    """The decoding defaults a bundle carries (an imported checkpoint's generation settings,
+    `seq2seq_models.hf_import.generation`), by `decoding.config.DecodingConfig` field name; {} for none."""
+    config_path = Path(path) / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{path} is not a model bundle (no {CONFIG_FILE})")
+    return dict(json.loads(config_path.read_text()).get("metadata", {}).get("decoding_defaults", {}))
+
+
 def _load_tokenizer(path: Path, config: dict) -> Any:
     """The bundle's tokenizer: specdec's SentencePiece model, an imported checkpoint's own, or none."""
     entry = config["tokenizer"]

@@ -95,18 +95,21 @@ class Engine:
     def load(
         bundle: str | Path | None = None, *, backend: str | None = None, precision: str | None = None,
         device: str = "auto", threads: int | None = None, dtype: str = "float32", policy: Policy | None = None,
-        batch_size: int = 32, workers: int = 1,
+        batch_size: int = 32, workers: int = 1, defaults: Mapping[str, Any] | None = None,
     ) -> Engine:
         """The bundle's models in this process (default: `$SPECDEC_BUNDLE`, else the bundled UA-GEC
         models). `backend` "onnxruntime" (the default) or "torch"; `precision` "fp32" or "int8"
         (onnxruntime); `device` "auto", "cpu", "cuda" or "cuda:N"; `threads` the models' intra-op
         threads (None: chosen); `dtype` float32 or float64 (torch). `policy`: the defaults and limits
-        requests are prepared with (`decoding.request.Policy`). Many inputs decode `batch_size` at a
-        time, their steps in shared forwards, on `workers` model workers (`specdec.bulk`)."""
+        requests are prepared with (`decoding.request.Policy`); `defaults`: decoding parameters a request
+        takes when it sets none, over the bundle's own defaults (an imported checkpoint's generation
+        settings), which are over DecodingConfig's. Many inputs decode `batch_size` at a time, their steps
+        in shared forwards, on `workers` model workers (`specdec.bulk`)."""
         from specdec.local_engine import open_local_engine
 
         engine = open_local_engine(resolve_bundle(bundle), backend or DEFAULT_BACKEND,
-                                   precision or DEFAULT_PRECISION, device, threads, dtype, policy or Policy())
+                                   precision or DEFAULT_PRECISION, device, threads, dtype, policy or Policy(),
+                                   defaults or {})
         engine.batch_size, engine.workers = batch_size, workers
         return engine
 

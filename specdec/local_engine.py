@@ -17,7 +17,7 @@ from typing import Any
 from core.backends import check_precision
 from core.errors import SpecdecError
 from core.threads import usable_cpus
-from decoding.config import DecodingConfig
+from decoding.config import DecodingConfig, layered_defaults
 from decoding.decode import decode
 from decoding.report import TextStream, request_stats
 from decoding.request import ModelLimits, Policy, Prepared, Request, prepare, prepare_config
@@ -38,11 +38,12 @@ LANE_JOIN_S = 60.0
 
 
 def open_local_engine(
-    bundle_dir: Path, backend: str, precision: str, device: str, threads: int | None, dtype: str, policy: Policy
+    bundle_dir: Path, backend: str, precision: str, device: str, threads: int | None, dtype: str, policy: Policy,
+    defaults: Mapping[str, Any],
 ) -> LocalEngine:
     """Load the bundle and build its verifier and drafter (`Engine.load` says what each argument is)."""
     from drafter_service.session import make_drafter
-    from seq2seq_models.bundle import load_bundle
+    from seq2seq_models.bundle import bundle_decoding_defaults, load_bundle
     from verifier_service.session import make_verifier
 
     check_precision(backend, precision)  # before the bundle loads: one line, not a traceback
@@ -63,6 +64,8 @@ def open_local_engine(
                 make_drafter(bundle, backend, device=device, precision=precision, **options))
 
     verifier, drafter = make_models(threads)
+    # Requests take the caller's defaults, else the bundle's (an imported checkpoint's generate() settings).
+    policy = replace(policy, defaults=layered_defaults(bundle_decoding_defaults(bundle_dir), defaults))
     return LocalEngine(verifier, drafter, bundle.tokenizer, policy, bundle.path, make_models)
 
 

@@ -149,9 +149,10 @@ async def _start_roles(role: str, bundle: Path | None, config: ServeConfig, runn
         running.drafter = await DrafterServer.start(loaded or _need(bundle), d, config.drafter_limits)
         running.addresses["drafter"] = _with_port(d.address, running.drafter.host.port)
     if role in ("gateway", "all"):
-        from seq2seq_models.bundle import load_bundle_tokenizer
+        from gateway.config import with_bundle_defaults
+        from seq2seq_models.bundle import bundle_decoding_defaults, load_bundle_tokenizer
 
-        gateway = config.gateway
+        gateway = with_bundle_defaults(config.gateway, bundle_decoding_defaults(_need(bundle)))
         if role == "all":  # talk to the servers just started, on the ports they actually bound
             gateway = replace(
                 gateway,

@@ -217,3 +217,18 @@ def test_adapter_retargets_idle_sessions_instead_of_opening_more():
     assert verifier.opened == adapter.sessions_opened == 3
     adapter.close()
     assert verifier.closed == 3
+
+
+@pytest.mark.parametrize("width", [1, 3])
+@pytest.mark.parametrize("bad", [-math.inf, math.nan])
+def test_a_step_with_no_continuation_ends_with_the_running_hypothesis(width, bad):
+    """Every score of a step banned (-inf) or not a number: the search stops and answers its best
+    running hypothesis, as generate() does when a logits processor bans everything."""
+    from decoding.policies.beam import BeamSettings, _Search
+
+    search = _Search(BeamSettings(width=width), eos=2, max_new_tokens=8, vocab=10, prefix=[])
+    rows = search.advance([([5, 6, 7, 8, 9, 3], [-0.1, -0.5, -1.0, -2.0, -3.0, -4.0])])
+    assert len(rows) == width
+    assert search.advance([([5, 6, 7, 8, 9, 3], [bad] * 6)] * width) == []
+    best = search.best()
+    assert best[0].output_ids == [5] and best[0].finish_reason == "length"

@@ -6,6 +6,8 @@ Needs `ctranslate2` (the bench extra) and `transformers`; without either these t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (the bench extra: pip install -e '.[bench]')")
@@ -20,9 +22,9 @@ from bench.bench_hf_ctranslate2 import (
     random_sources,
 )
 from bench.hf_checkpoints import FAMILIES, Shape, build
-from decoding.config import DecodingConfig, Mode
+from decoding.config import DecodingConfig, layered_defaults
 from decoding.decode import decode
-from seq2seq_models.bundle import load_bundle
+from seq2seq_models.bundle import bundle_decoding_defaults, load_bundle
 from verifier_service.session import make_verifier
 
 MAX_NEW = 16
@@ -39,7 +41,7 @@ def test_ctranslate2_greedy_equals_specdec_greedy(family, backend, tmp_path):
     cfg = bundle.config("verifier")
     ct2 = Ct2Model(tmp_path / "ct2")
     verifier = make_verifier(bundle, backend, cache_root=tmp_path / "onnx")
-    config = DecodingConfig(mode=Mode.AR, max_new_tokens=MAX_NEW)
+    config = _config(tmp_path / "bundle")
     same, hf = 0, None
     for source in random_sources(bundle, len(ct2.source_vocab), SOURCES, seed=3, max_len=20):
         ours = decode(source, config, verifier).output_ids
@@ -72,7 +74,7 @@ def test_a_t5_decoder_deeper_than_its_encoder_equals_ctranslate2(backend, tmp_pa
     assert (cfg.encoder_layers, cfg.decoder_layers) == (1, 3)
     ct2 = Ct2Model(tmp_path / "ct2")
     verifier = make_verifier(bundle, backend, cache_root=tmp_path / "onnx")
-    config = DecodingConfig(mode=Mode.AR, max_new_tokens=MAX_NEW)
+    config = _config(tmp_path / "bundle")
     for source in random_sources(bundle, len(ct2.source_vocab), SOURCES, seed=3, max_len=20):
         assert decode(source, config, verifier).output_ids == ct2.greedy(source, cfg.eos_id, cfg.bos_id, MAX_NEW)
 
@@ -96,7 +98,7 @@ def test_marians_forbidden_padding_token_is_never_emitted(tmp_path):
     bundle = load_bundle(tmp_path / "bundle", roles=("verifier",))
     cfg = bundle.config("verifier")
     ct2 = Ct2Model(tmp_path / "ct2")
-    config = DecodingConfig(mode=Mode.AR, max_new_tokens=MAX_NEW)
+    config = _config(tmp_path / "bundle")
     for backend in ("torch", "onnxruntime"):
         verifier = make_verifier(bundle, backend, cache_root=tmp_path / "onnx")
         for source in random_sources(bundle, len(ct2.source_vocab), 3, seed=4, max_len=12):
@@ -107,3 +109,9 @@ def test_marians_forbidden_padding_token_is_never_emitted(tmp_path):
             want = want[: want.index(cfg.eos_id)] if cfg.eos_id in want else want
             assert pad not in ours, (backend, source, ours)
             assert ours == ct2.greedy(source, cfg.eos_id, cfg.bos_id, MAX_NEW) == want, (backend, source)
+
+
+def _config(bundle_dir: Path) -> DecodingConfig:
+    """Greedy with the checkpoint's generation settings in force (Marian's banned padding token), as
+    generate() and CTranslate2 decode it."""
+    return layered_defaults(bundle_decoding_defaults(bundle_dir), {"mode": "ar", "max_new_tokens": MAX_NEW})

@@ -18,12 +18,12 @@ import torch  # noqa: E402
 from tokenizers import ByteLevelBPETokenizer  # noqa: E402
 
 from bench.hf_checkpoints import scaled  # noqa: E402
-from decoding.config import DecodingConfig  # noqa: E402
+from decoding.config import DecodingConfig, layered_defaults  # noqa: E402
 from decoding.decode import decode  # noqa: E402
 from drafter_service.session import make_drafter  # noqa: E402
 from gateway.wire import overrides_to_wire  # noqa: E402
 from protos.specdec.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
-from seq2seq_models.bundle import load_bundle  # noqa: E402
+from seq2seq_models.bundle import bundle_decoding_defaults, load_bundle  # noqa: E402
 from specdec.cli import main as cli_main  # noqa: E402
 from specdec.serve import ServiceStack  # noqa: E402
 from verifier_service.session import make_verifier  # noqa: E402
@@ -215,7 +215,8 @@ def _check_greedy(model, bundle_dir: Path, backend: str, cache: Path, seed: int,
     bundle = load_bundle(bundle_dir)
     cfg = bundle.config("verifier")
     verifier = make_verifier(bundle, backend, cache_root=cache)
-    config = DecodingConfig().with_overrides({"mode": "ar", "max_new_tokens": MAX_NEW})
+    # The checkpoint's generation settings in force, as generate() has them (Marian's banned padding).
+    config = layered_defaults(bundle_decoding_defaults(bundle_dir), {"mode": "ar", "max_new_tokens": MAX_NEW})
     for source in _sources(bundle, seed=seed, n=sources):
         want = _hf_greedy(model, source, cfg.eos_id)
         got = decode(source, config, verifier).output_ids

@@ -138,3 +138,20 @@ def test_the_incremental_state_plans_as_a_fresh_one():
             want, got = fresh.plan(), state.plan()
             assert (set(got.penalized), set(got.banned), got.forced) == (set(want.penalized), set(want.banned),
                                                                           want.forced)
+
+
+@pytest.mark.parametrize("penalty", [0.0, -1.0, 5e-324, 1e-31, 1e31, float("nan"), float("inf")])
+def test_a_penalty_whose_scaled_scores_overflow_float32_is_refused(penalty):
+    with pytest.raises(ValueError, match="repetition_penalty must be in"):
+        Processors(repetition_penalty=penalty).check(VOCAB)
+
+
+@pytest.mark.parametrize("penalty", [1e-30, 0.5, 1.3, 1e30])
+def test_penalties_at_the_bounds_keep_scores_finite(penalty):
+    Processors(repetition_penalty=penalty).check(VOCAB)
+    rng = random.Random(penalty)
+    for _ in range(20):
+        s, decoder, encoder, scores = _case(rng, None, False)
+        s = Processors(repetition_penalty=penalty)
+        got = _ours(s, decoder, encoder, scores * 100, False)
+        assert torch.isfinite(got).all()

@@ -117,7 +117,8 @@ class _Search:
         grown = self._step(self._candidates(scored))
         rows = [BeamRow(parent=c.parent, committed_len=len(self.alive[c.parent].tokens), append_ids=[c.token])
                 for c in grown]
-        self.alive = [self._child(c) for c in grown]
+        if grown:  # none (the search is over): the running hypotheses stay, for best() if none finished
+            self.alive = [self._child(c) for c in grown]
         return rows
 
     def best(self) -> list[Hypothesis]:

@@ -16,10 +16,9 @@ from transformers.utils import logging as hf_logging
 from seq2seq_models.config import ModelConfig
 from seq2seq_models.hf_import.common import BadCheckpoint, UnsupportedModel, first, first_line
 from seq2seq_models.hf_import.files import CONFIG, check_files
+from seq2seq_models.hf_import.generation import GenerationDefaults, generation_defaults
 from seq2seq_models.hf_import.registry import converter, read_model_type
 
-# The output bias of a token `generate` never emits: far below any real logit, and finite in float16.
-SUPPRESSED_LOGIT = -1e4
 # How many names of missing or misfitting weights an error shows.
 SHOWN = 3
 
@@ -31,6 +30,8 @@ class ImportedModel:
     model_type: str
     # Decoding settings from config.json / generation_config.json (forced first token, ...).
     generation: dict[str, Any]
+    # The generation config's settings as decoding defaults, and those not taken (`generation`).
+    defaults: GenerationDefaults
 
 
 def import_checkpoint(model_dir: str | Path, mask_id: int | None = None) -> ImportedModel:
@@ -41,8 +42,8 @@ def import_checkpoint(model_dir: str | Path, mask_id: int | None = None) -> Impo
     hf = _load(model_dir, weights)
     state = {k: v.detach().float() for k, v in hf.state_dict().items()}
     config, ours = converter(model_type)(hf.config, hf.generation_config, state, mask_id)
-    _suppress_bad_words(ours, first(hf.generation_config, hf.config, "bad_words_ids"))
-    return ImportedModel(config=config, state=ours, model_type=model_type, generation=_generation(hf))
+    return ImportedModel(config=config, state=ours, model_type=model_type, generation=_generation(hf),
+                         defaults=generation_defaults(hf.generation_config))
 
 
 def build_model(imported: ImportedModel):  # -> Seq2SeqTransformer
@@ -93,15 +94,6 @@ def _load(model_dir: Path, weights: Path) -> Any:
 def _count(names: Any, kind: str) -> str:
     shown = ", ".join(sorted(names)[:SHOWN]) + (", ..." if len(names) > SHOWN else "")
     return f"{len(names)} weights {kind} ({shown})"
-
-
-def _suppress_bad_words(ours: dict, bad_words_ids: Any) -> None:
-    """Single-token `bad_words_ids` (opus-mt's padding token) folded into the output bias, so that
-    greedy, and every mode, never emits them, as `generate` and CTranslate2 do."""
-    single = [ids[0] for ids in bad_words_ids or [] if len(ids) == 1]
-    if single:
-        ours["out_bias"] = ours["out_bias"].clone()
-        ours["out_bias"][single] = SUPPRESSED_LOGIT
 
 
 def _generation(hf: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ leaves nothing half-written."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,12 @@ from seq2seq_models.hf_import.tokenizer import import_tokenizer
 
 
 def write_bundle(
-    model_dir: Path, out: Path, ar_drafter_dir: Path | None = None, name: str | None = None, force: bool = False
+    model_dir: Path, out: Path, ar_drafter_dir: Path | None = None, name: str | None = None, force: bool = False,
+    report: Callable[[str], None] | None = None,
 ) -> Path:
     """Import `model_dir` as the verifier (and `ar_drafter_dir` as the AR drafter) into bundle `out`;
-    `force`: replace a non-empty `out` whole."""
+    `force`: replace a non-empty `out` whole. `report` hears which generation settings became the
+    bundle's decoding defaults and which were not taken, and why."""
     from seq2seq_models.bundle import save_imported_bundle
 
     check_out(out, force)
@@ -29,6 +32,8 @@ def write_bundle(
         "model_type": verifier.model_type,
         "source": model_dir.name,
         "generation": verifier.generation,
+        # generate()'s settings in force for every request unless it or a door's defaults say otherwise.
+        "decoding_defaults": verifier.defaults.defaults,
     }
     if ar_drafter_dir is not None:
         drafter = import_checkpoint(ar_drafter_dir)
@@ -49,6 +54,9 @@ def write_bundle(
     if out.exists():
         shutil.rmtree(out)
     tmp.replace(out)
+    for line in verifier.defaults.lines():  # once written: a failed import says one line, its error
+        if report is not None:
+            report(line)
     return out
 
 

@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ValueError(f"import-hf needs transformers and torch: pip install -e '.[hf]' ({exc})") from None
     drafter = Path(args.ar_drafter) if args.ar_drafter else None
-    out = write_bundle(Path(args.model), Path(args.out), drafter, args.name, force=args.force)
+    out = write_bundle(Path(args.model), Path(args.out), drafter, args.name, force=args.force,
+                       report=lambda line: print(line, file=sys.stderr))
     print(f"wrote {out}", file=sys.stderr)
     return 0
