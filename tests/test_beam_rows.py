@@ -232,3 +232,18 @@ def test_a_step_with_no_continuation_ends_with_the_running_hypothesis(width, bad
     assert search.advance([([5, 6, 7, 8, 9, 3], [bad] * 6)] * width) == []
     best = search.best()
     assert best[0].output_ids == [5] and best[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("length_penalty", [-1e6, -300.0, 300.0, 1e6])
+def test_an_extreme_length_penalty_ranks_without_overflow(length_penalty):
+    """length ** length_penalty past float64's range is inf or 0, as in generate()'s tensors: the
+    search still ends with an output instead of raising."""
+    from decoding.policies.beam import BeamSettings, _Search
+
+    search = _Search(BeamSettings(width=3, length_penalty=length_penalty), eos=2, max_new_tokens=6, vocab=10,
+                     prefix=[])
+    scored = [([5, 2, 6, 7, 8, 9], [-0.1, -0.5, -1.0, -2.0, -3.0, -4.0])]
+    while rows := search.advance(scored):
+        scored = [([2, 5, 6, 7, 8, 9], [-0.3, -0.6, -1.1, -2.0, -3.0, -4.0])] * len(rows)
+    best = search.best()
+    assert best and all(not math.isnan(h.score) for h in best)

@@ -28,6 +28,8 @@ import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from core.interfaces import BeamRow, Verifier
 from core.logits_processors import Processors
 from core.multirow import open_rows
@@ -125,8 +127,8 @@ class _Search:
         """The n best finished hypotheses; none finished (every continuation banned): the best running one."""
         if not self.finished:
             hyp = self.alive[0]
-            self.finished = [Hypothesis(hyp.tokens, hyp.score / max(len(hyp.tokens), 1) ** self.s.length_penalty,
-                                        hyp.logprobs, "length")]
+            score = _normalised(hyp.score, max(len(hyp.tokens), 1), self.s.length_penalty)
+            self.finished = [Hypothesis(hyp.tokens, score, hyp.logprobs, "length")]
         return self.finished[: self.s.n_best]
 
     def _candidates(self, scored: list[tuple[list[int], list[float]]]) -> list[_Candidate]:
@@ -160,7 +162,7 @@ class _Search:
             if early == EarlyStopping.TRUE:
                 return []
             bound = self.max_new if early == EarlyStopping.NEVER and self.s.length_penalty > 0 else length
-            if not running[0].score / bound**self.s.length_penalty > self.finished[-1].score:
+            if not _normalised(running[0].score, bound, self.s.length_penalty) > self.finished[-1].score:
                 return []
         return running
 
@@ -172,7 +174,7 @@ class _Search:
         its EOS counted."""
         parent = self.alive[c.parent]
         length = len(parent.tokens) + 1
-        score = c.score / length**self.s.length_penalty
+        score = _normalised(c.score, length, self.s.length_penalty)
         if c.token == self.eos:
             return Hypothesis(list(parent.tokens), score, [*parent.logprobs, c.logprob], "eos")
         return Hypothesis([*parent.tokens, c.token], score, [*parent.logprobs, c.logprob], "length")
@@ -180,3 +182,12 @@ class _Search:
     def _child(self, c: _Candidate) -> _Hyp:
         parent = self.alive[c.parent]
         return _Hyp([*parent.tokens, c.token], c.score, [*parent.logprobs, c.logprob])
+
+
+def _normalised(score: float, length: int, length_penalty: float) -> float:
+    """`score / length**length_penalty` as generate()'s tensors compute it: a power that overflows
+    is inf and one that underflows is 0 (their quotient -inf, or 0), never an exception; not a
+    number (0 / 0) ranks last."""
+    with np.errstate(all="ignore"):
+        out = float(np.float64(score) / np.power(np.float64(length), length_penalty))
+    return -math.inf if math.isnan(out) else out
