@@ -116,6 +116,7 @@ def test_beam_equals_generate_in_process(checkpoints, cases, family, backend, tm
     _report(family, backend, results)
 
 
+@pytest.mark.slow  # in .ci/run's slow step: the default run stays a few minutes
 @pytest.mark.parametrize("family", ["bart", "t5-v1.1"])
 def test_beam_equals_generate_through_the_services(checkpoints, cases, family):
     """Every case at once through `serve all` (their rows batched together), by Generate and by the

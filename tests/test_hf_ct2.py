@@ -31,6 +31,7 @@ MAX_NEW = 16
 SOURCES = 8
 
 
+@pytest.mark.slow  # in .ci/run's slow step: the default run stays a few minutes
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_ctranslate2_greedy_equals_specdec_greedy(family, backend, tmp_path):

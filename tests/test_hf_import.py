@@ -307,6 +307,7 @@ def shaped(tmp_path_factory):
     return get
 
 
+@pytest.mark.slow  # in .ci/run's slow step: the default run stays a few minutes
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
 @pytest.mark.parametrize("name", SHAPES)
 def test_every_shape_the_configs_allow_equals_generate(shaped, name, backend, tmp_path):
@@ -375,6 +376,7 @@ def test_every_parameter_free_activation_is_transformers_own():
     assert set(ACTIVATIONS) == {activation(name) for name in ACTIVATION_NAMES}
 
 
+@pytest.mark.slow  # in .ci/run's slow step: the default run stays a few minutes
 @pytest.mark.parametrize("name", ACTIVATION_NAMES)
 def test_a_checkpoint_of_each_activation_equals_generate(name, tmp_path):
     """A one-layer BART of each activation, on both backends (the ONNX export has each op)."""

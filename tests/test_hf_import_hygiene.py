@@ -92,16 +92,33 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", list(BAD))
-def test_a_bad_checkpoint_is_one_line_and_exit_status_2(checkpoints, case, tmp_path):
-    family, spoil, file, says = BAD[case]
+def test_a_bad_checkpoint_is_one_line_and_exit_status_2(checkpoints, case, tmp_path, capsys):
+    model_dir, out = _spoiled(checkpoints, case, tmp_path)
+    capsys.readouterr()
+    code = cli_main(["import-hf", "--model", str(model_dir), "--out", str(out)])
+    _check_refusal(case, code, capsys.readouterr().err.strip(), model_dir, out, tmp_path)
+
+
+@pytest.mark.parametrize("case", ["a pickle that would run code", "tokenizer file missing"])
+def test_the_command_itself_prints_one_line(checkpoints, case, tmp_path):
+    """As a user runs it: the process's whole stderr is the one line (no warnings, no traceback)."""
+    model_dir, out = _spoiled(checkpoints, case, tmp_path)
+    run = subprocess.run([sys.executable, "-m", "specdec", "import-hf", "--model", str(model_dir), "--out", str(out)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    _check_refusal(case, run.returncode, run.stderr.strip(), model_dir, out, tmp_path)
+
+
+def _spoiled(checkpoints, case: str, tmp_path: Path) -> tuple[Path, Path]:
+    family, spoil, _, _ = BAD[case]
     model_dir = tmp_path / "checkpoint"
     shutil.copytree(checkpoints[family], model_dir)
     spoil(model_dir)
-    out = tmp_path / "bundle"
-    run = subprocess.run([sys.executable, "-m", "specdec", "import-hf", "--model", str(model_dir), "--out", str(out)],
-                         capture_output=True, text=True, cwd=ROOT, timeout=300)
-    err = run.stderr.strip()
-    assert run.returncode == 2, err
+    return model_dir, tmp_path / "bundle"
+
+
+def _check_refusal(case: str, code: int, err: str, model_dir: Path, out: Path, tmp_path: Path) -> None:
+    _, _, file, says = BAD[case]
+    assert code == 2, err
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert (str(model_dir) if file is str else str(model_dir / file)) in err and says in err, err
     assert not out.exists() and not (tmp_path / "bundle.tmp").exists()  # nothing written

@@ -25,11 +25,12 @@ from decoding.decode import decode
 from decoding.modes import MODES
 from decoding.policies.loop import DecodeResult, DecodeStats
 from drafter_service.session import LocalDrafter
+from tests.property import examples
 from tests.zoo import FIRST_WORD, MAX_LEN, VOCAB, model_pool, random_source
 from tests.zoo import sources as zoo_sources
 from verifier_service.session import LocalVerifier
 
-EXAMPLES = 200
+EXAMPLES = examples(200)
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 sources = zoo_sources()
@@ -72,7 +73,7 @@ def _greedy(trio_index: int, source: list[int], max_new: int) -> DecodeResult:
     return DecodeResult(list(ids), stats)
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(50), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trio=trios, source=sources, max_new=lengths)
 def test_greedy_reference_is_the_prefix_of_the_longest(trio, source, max_new):
     _greedy(trio, source, MAX_LEN - 1)  # the reference is then cut from the longest decode
@@ -173,7 +174,7 @@ PROCESSORS = st.fixed_dictionaries({}, optional={
 })
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trio=trios, source=sources, max_new=st.integers(1, 30), k=st.integers(1, 12), processors=PROCESSORS)
 def test_lossless_modes_equal_greedy_with_processors(trio, source, max_new, k, processors):
     """Each drafted position is verified against the processed top-1 given the prefix accepted so
@@ -191,7 +192,7 @@ def test_lossless_modes_equal_greedy_with_processors(trio, source, max_new, k, p
         assert result.stats.finish_reason == greedy.stats.finish_reason, mode
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     trio=trios,
     source=sources,

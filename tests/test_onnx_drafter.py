@@ -18,6 +18,7 @@ from drafter_service.session import LocalDrafter, make_drafter
 from seq2seq_models.bundle import load_bundle
 from seq2seq_models.onnx_export import ensure_export
 from tests.checks import assert_gad_equals_greedy_on_random_sources, bundle_and_drafters_fixtures, status_code
+from tests.property import examples
 from tests.zoo import FIRST_WORD, MAX_LEN, model_pool, random_source
 from tests.zoo import sources as zoo_sources
 from verifier_service.session import LocalVerifier
@@ -67,7 +68,7 @@ def test_gad_through_the_onnx_drafter_equals_greedy_on_the_bundle(bundle, drafte
     assert_gad_equals_greedy_on_random_sources(LocalVerifier(bundle.verifier), onnx_drafter, seed=2, ks=(1, 5, 12))
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trio=st.integers(0, 3), source=zoo_sources(), max_new=st.integers(1, MAX_LEN - 1), k=st.integers(1, 25))
 def test_gad_through_the_onnx_drafter_equals_greedy(zoo_nar, trio, source, max_new, k):
     models = model_pool()[trio]

@@ -24,6 +24,7 @@ from decoding.policies.adaptive import LoadModel
 from decoding.policies.loop import DecodeResult
 from decoding.policies.overlap import PREDRAFT_THREADS
 from gateway.wire import stats_from_wire, stats_to_wire
+from tests.property import examples
 from tests.recording import (
     Record,
     RecordingDrafter,
@@ -38,7 +39,7 @@ from tests.zoo import MAX_LEN, model_pool, random_source
 from tests.zoo import sources as zoo_sources
 from verifier_service.session import LocalVerifier
 
-PROPERTY = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 def _configs() -> st.SearchStrategy[dict]:
     mjsd = st.fixed_dictionaries({

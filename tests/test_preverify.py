@@ -21,6 +21,7 @@ from decoding.decode import decode
 from decoding.policies.adaptive import load_model
 from decoding.policies.loop import DecodeResult
 from tests import recording
+from tests.property import examples
 from tests.recording import (
     Record,
     RecordingDrafter,
@@ -34,7 +35,7 @@ from tests.zoo import MAX_LEN, model_pool, random_source
 from tests.zoo import sources as zoo_sources
 from verifier_service.session import LocalVerifier
 
-PROPERTY = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _pair(

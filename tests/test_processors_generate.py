@@ -102,6 +102,7 @@ def _config(**overrides) -> DecodingConfig:
     return DecodingConfig().with_overrides({"max_new_tokens": MAX_NEW, **overrides})
 
 
+@pytest.mark.slow  # in .ci/run's slow step: the default run stays a few minutes
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_and_the_lossless_modes_equal_generate_with_processors(checkpoints, family, backend, tmp_path):
@@ -120,6 +121,7 @@ def test_greedy_and_the_lossless_modes_equal_generate_with_processors(checkpoint
     assert all(changed.values()), f"settings that changed no output: {changed}"
 
 
+@pytest.mark.slow  # in .ci/run's slow step: the default run stays a few minutes
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_beam_with_processors_equals_generate(checkpoints, family, backend, tmp_path):

@@ -28,12 +28,13 @@ from drafter_service.session import make_drafter
 from evaluation.loadtest import ua_gec_texts
 from seq2seq_models.bundle import load_bundle
 from specdec.api import DEFAULT_BUNDLE_DIR
+from tests.property import examples
 from tests.recording import RecordingDrafter, local_drafter, local_verifier
 from tests.zoo import MAX_LEN, random_source
 from tests.zoo import sources as zoo_sources
 from verifier_service.session import make_verifier
 
-PROPERTY = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 OUTPUTS = [[9, 10, 11, *range(4, 4 + n)] for n in range(8)]  # the output at each call: one token more each

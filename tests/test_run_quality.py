@@ -72,6 +72,7 @@ def test_evaluate_scores_the_verifiers_greedy_outputs_against_every_reference(ru
     assert len(report["examples"]) == min(report["degenerate"], 5)
 
 
+@pytest.mark.slow  # in .ci/run's slow step: the default run stays a few minutes
 def test_evaluate_scores_a_training_checkpoint_and_says_what_is_wrong(run_dir, tmp_path):
     # Mid-run, the weights the training is at: the model part of checkpoint.pt.
     proc = evaluate("--out", str(run_dir), "--preset", "smoke", "--weights", "verifier/checkpoint.pt", "--groups", "3")

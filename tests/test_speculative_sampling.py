@@ -134,11 +134,13 @@ def _chi_square_p_value(counts: np.ndarray, expected_probs: np.ndarray) -> float
     return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2)))
 
 
+# The default run checks the plain warp and the one combining all three; the others run in .ci/run's slow step.
+_SLOW = pytest.mark.slow
 WARPS = [
     SamplingParams(),
-    SamplingParams(temperature=0.6),
-    SamplingParams(temperature=1.5, top_k=3),
-    SamplingParams(top_p=0.7),
+    pytest.param(SamplingParams(temperature=0.6), marks=_SLOW),
+    pytest.param(SamplingParams(temperature=1.5, top_k=3), marks=_SLOW),
+    pytest.param(SamplingParams(top_p=0.7), marks=_SLOW),
     SamplingParams(temperature=0.8, top_k=5, top_p=0.9),
 ]
 

@@ -323,6 +323,7 @@ def test_checkpoint_averaging_averages_the_last_checkpoint_steps_and_keeps_the_b
     assert plain["valid_loss"] == result["valid_loss"] and plain["average"] is None
 
 
+@pytest.mark.slow  # in .ci/run's slow step: the default run stays a few minutes
 def test_continuation_trains_a_bundles_verifier_on_and_keeps_its_drafters_byte_for_byte(tmp_path):
     from training.continuation import continue_verifier
 
@@ -365,6 +366,7 @@ def test_continuation_trains_a_bundles_verifier_on_and_keeps_its_drafters_byte_f
 
 
 
+@pytest.mark.slow  # in .ci/run's slow step: the default run stays a few minutes
 def test_redistill_trains_the_drafters_on_from_their_weights_on_the_verifiers_outputs(tmp_path):
     from training.continuation import _leg_paragraph, continue_verifier
     from training.redistill import final_lr, main, redistill_drafters
