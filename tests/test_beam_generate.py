@@ -5,9 +5,8 @@ value and a few length penalties, on the torch and ONNX Runtime backends, in pro
 `serve all` (requests in flight together, so their rows share forwards).
 
 The checkpoints are `bench.hf_checkpoints`' (the shapes the hub's have), without Marian's
-`bad_words_ids`: the import folds a banned token into the output bias, which renormalises its
-log-probs where `generate` bans it after the log-softmax, so the scores would differ by the token's
-probability mass."""
+`bad_words_ids`: the search runs here with the settings each case names, not with a bundle's
+decoding defaults (tests/test_generation_defaults.py checks that beam follows those)."""
 
 from __future__ import annotations
 
