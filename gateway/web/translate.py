@@ -6,7 +6,10 @@ and tools (Weblate) that speak it.
 text is a request of the gateway's own (`GatewayServer.answer`) in its default decoding mode (the
 [defaults] section), with the target language as its `target_lang`. Errors are LibreTranslate's:
 `{"error": "..."}`, 400 for a bad request, 403 for a wrong API key, 429 when the client has too many
-requests in the gateway. An API key is the gateway's bearer token, sent as `Authorization: Bearer`
+requests in the gateway. `alternatives` N asks for N other translations besides the best: the text
+is decoded by beam search with N + 1 beams (its N + 1 best hypotheses: the first is
+`translatedText`, the others `alternatives`, best first), as LibreTranslate asks its engine for
+N + 1 hypotheses. An API key is the gateway's bearer token, sent as `Authorization: Bearer`
 or as LibreTranslate sends it, the `api_key` field or query parameter.
 """
 
@@ -65,22 +68,33 @@ class Translate:
         source, target = _required(fields, "source"), _required(fields, "target")
         if fields.get("format", "text") != "text":
             raise HttpError(400, f"format {fields['format']!r} is not supported: only \"text\"")
-        if fields.get("alternatives") not in (None, 0, "0"):
-            raise HttpError(400, "alternatives are not supported")
+        alternatives = _alternatives(fields.get("alternatives"))
         try:
             self.model_languages.check_source(source)
             target_lang = self.model_languages.target(target)
         except ValueError as exc:
             raise HttpError(400, str(exc)) from None
-        translated = await run_all([self._translate(text, target_lang, context) for text in texts])
-        return json_response({"translatedText": translated if many else translated[0]})
+        translated = await run_all([self._translate(text, target_lang, alternatives, context) for text in texts])
+        body: dict[str, Any] = {"translatedText": [t[0] for t in translated] if many else translated[0][0]}
+        if alternatives:
+            body["alternatives"] = [t[1:] for t in translated] if many else translated[0][1:]
+        return json_response(body)
 
-    async def _translate(self, text: str, target_lang: str, context: HttpContext) -> str:
+    async def _translate(self, text: str, target_lang: str, alternatives: int, context: HttpContext) -> list[str]:
+        """The translation, then its alternatives (best first)."""
         if not text:  # as LibreTranslate: nothing to translate is an empty translation, not an error
-            return ""
-        answer = await self.gateway.answer(gateway_pb2.GenerateRequest(text=text, target_lang=target_lang), context)
+            return [""]
+        request = gateway_pb2.GenerateRequest(text=text, target_lang=target_lang)
+        if alternatives:
+            n = alternatives + 1
+            request.config.CopyFrom(gateway_pb2.DecodingConfig(mode=gateway_pb2.MODE_AR_BEAM, num_beams=n,
+                                                               num_return_sequences=n))
+        answer = await self.gateway.answer(request, context)
         self.gateway.metrics.latency.observe(answer.total_s, mode=answer.mode.value, rpc="Translate")
-        return self.gateway.tokenizer.decode(answer.result.output_ids)
+        decode = self.gateway.tokenizer.decode
+        if not alternatives:
+            return [decode(answer.result.output_ids)]
+        return [decode(h.output_ids) for h in answer.result.hypotheses] or [decode(answer.result.output_ids)]
 
 
 async def _fields(request: web.Request) -> dict[str, Any]:
@@ -101,6 +115,17 @@ def _texts(q: Any) -> tuple[list[str], bool]:
         return list(q), True
     raise HttpError(400, "Invalid request: missing q parameter" if q is None else "q must be a string or a list "
                     "of strings")
+
+
+def _alternatives(value: Any) -> int:
+    """`alternatives` as a count (absent: 0); LibreTranslate's forms send it as text."""
+    if value is None:
+        return 0
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise HttpError(400, f"alternatives must be a whole number of 0 or more, got {value!r}")
+    return value
 
 
 def _required(fields: dict[str, Any], name: str) -> str:

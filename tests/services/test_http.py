@@ -378,7 +378,24 @@ def test_libretranslate_translate_and_languages(guarded, bundle):
     status, answer, _ = call(address, "POST", "/translate", raw=form,
                              headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert (status, answer) == (200, {"translatedText": expected[1]})
+    # alternatives: beam search's other hypotheses, as gRPC's n-best list gives them.
+    beam = gateway_pb2.DecodingConfig(mode=gateway_pb2.MODE_AR_BEAM, num_beams=3, num_return_sequences=3)
+    with grpc.insecure_channel(guarded.running.addresses["gateway"]) as channel:
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        nbest = [[h.text for h in stub.Generate(gateway_pb2.GenerateRequest(text=t, config=beam), timeout=60,
+                                                metadata=(("authorization", f"Bearer {TOKEN}"),)).hypotheses]
+                 for t in TEXTS[:2]]
+    assert all(len(n) == 3 for n in nbest)
+    status, answer, _ = call(address, "POST", "/translate", {"q": TEXTS[0], "source": "uk", "target": "uk",
+                                                              "alternatives": 2, "api_key": TOKEN})
+    assert (status, answer) == (200, {"translatedText": nbest[0][0], "alternatives": nbest[0][1:]})
+    status, answer, _ = call(address, "POST", "/translate", {"q": TEXTS[:2], "source": "uk", "target": "uk",
+                                                              "alternatives": "2", "api_key": TOKEN})
+    assert (status, answer) == (200, {"translatedText": [n[0] for n in nbest], "alternatives": [n[1:] for n in nbest]})
     for fields, status, part in (
+        ({"q": "a", "source": "uk", "target": "uk", "alternatives": -1, "api_key": TOKEN}, 400, "alternatives"),
+        ({"q": "a", "source": "uk", "target": "uk", "alternatives": "two", "api_key": TOKEN}, 400, "alternatives"),
+        ({"q": "a", "source": "uk", "target": "uk", "alternatives": 100000, "api_key": TOKEN}, 400, "num_beams"),
         ({"q": "a", "source": "uk", "target": "fr", "api_key": TOKEN}, 400, "target 'fr' is not supported"),
         ({"q": "a", "source": "en", "target": "uk", "api_key": TOKEN}, 400, "source 'en' is not supported"),
         ({"q": "a", "source": "uk", "target": "uk", "format": "html", "api_key": TOKEN}, 400, "format"),
