@@ -57,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         note = (f"Bundle: {Path(args.bundle).name}; greedy (mode ar), one sentence at a time in-process, one "
                 f"intra-op thread; the first {len(texts)} UA-GEC test sentences; ms per verifier step (a "
                 f"request's total time over its steps, summed), the best of {args.rounds} interleaved rounds. "
-                f"With: {_shown(processors)}.\n\n"
-                f"Command: `python bench/bench_processors.py --write`.")
+                f"With: {_shown(processors)}.")
         write_section(args.output, SECTION, f"{machine_stamp()}\n\n{note}\n\n{table}")
     return 0
 
