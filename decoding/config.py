@@ -167,6 +167,12 @@ class DecodingLimits:
     max_new_tokens: int = 256
 
 
+def changed_fields(config: DecodingConfig) -> dict[str, Any]:
+    """The fields of `config` that differ from DecodingConfig's own defaults."""
+    base = DecodingConfig()
+    return {f.name: getattr(config, f.name) for f in fields(config) if getattr(config, f.name) != getattr(base, f.name)}
+
+
 def layered_defaults(*layers: Mapping[str, Any]) -> DecodingConfig:
     """DecodingConfig's own defaults under each layer in turn (later layers win): a bundle's decoding
     defaults, then a door's configured defaults ([defaults], the Python API's)."""

@@ -17,7 +17,7 @@ from typing import Any
 from core.backends import check_precision
 from core.errors import SpecdecError
 from core.threads import usable_cpus
-from decoding.config import DecodingConfig, layered_defaults
+from decoding.config import DecodingConfig, changed_fields, layered_defaults
 from decoding.decode import decode
 from decoding.report import TextStream, request_stats
 from decoding.request import ModelLimits, Policy, Prepared, Request, prepare, prepare_config
@@ -64,8 +64,10 @@ def open_local_engine(
                 make_drafter(bundle, backend, device=device, precision=precision, **options))
 
     verifier, drafter = make_models(threads)
-    # Requests take the caller's defaults, else the bundle's (an imported checkpoint's generate() settings).
-    policy = replace(policy, defaults=layered_defaults(bundle_decoding_defaults(bundle_dir), defaults))
+    # Requests take the caller's defaults (`defaults`, then what `policy` changed), else the bundle's
+    # (an imported checkpoint's generate() settings).
+    policy = replace(policy, defaults=layered_defaults(bundle_decoding_defaults(bundle_dir),
+                                                       changed_fields(policy.defaults), defaults))
     return LocalEngine(verifier, drafter, bundle.tokenizer, policy, bundle.path, make_models)
 
 

@@ -93,6 +93,21 @@ def test_greedy_and_beam_follow_the_generation_config_and_a_request_overrides_it
                                       repetition_penalty=1.0, min_new_tokens=0).output_ids for s in sources)
 
 
+def test_a_policys_defaults_stay_over_the_bundles(imported):
+    """What a caller's `Policy` changes (here the mode and min_new_tokens) stays; the bundle's other
+    settings stay in force under it."""
+    from decoding.config import DecodingConfig, Mode
+    from decoding.request import Policy
+
+    model, bundle_dir, _ = imported
+    source = random_sources(load_bundle(bundle_dir).config("verifier"), seed=5, count=1)[0]
+    policy = Policy(defaults=DecodingConfig(mode=Mode.IAD, min_new_tokens=1))
+    with specdec.Engine.load(bundle_dir, backend="torch", policy=policy) as engine:
+        out = engine.generate(source, max_new_tokens=MAX_NEW)
+    assert out.stats.mode == "iad"
+    assert out.output_ids == _generate(model, source, num_beams=1, min_new_tokens=1)
+
+
 def test_the_gateway_applies_the_bundles_defaults_under_its_own(imported):
     model, bundle_dir, _ = imported
     config = load_bundle(bundle_dir).config("verifier")
