@@ -54,8 +54,8 @@ def write_bundle(
     if out.exists():
         shutil.rmtree(out)
     tmp.replace(out)
-    for line in verifier.defaults.lines():  # once written: a failed import says one line, its error
-        if report is not None:
+    if report is not None:  # once written: a failed import says one line, its error
+        for line in verifier.defaults.lines():
             report(line)
     return out
 
