@@ -16,8 +16,9 @@ timed again in `--rounds` interleaved rounds (every row in turn, so drift of the
 alike) and the best round is kept; ratios are
 against CTranslate2's best. Checked: every lossless row's outputs equal specdec's greedy of the same
 precision, and its greedy equals itself at batch 1 (batch invariance). With `--services`, 32
-closed-loop clients (`evaluation.loadtest`) against `specdec serve all --processes` per mode, against
-the in-process best of that mode. With `--marian`, the Marian-base-sized checkpoint of
+closed-loop clients (`evaluation.loadtest`) against `specdec serve all --processes` per mode and
+verifier model workers (`--verifier-model-workers`, 1 or 2: the services' own grid), against the
+in-process best of that mode. With `--marian`, the Marian-base-sized checkpoint of
 bench/bench_hf_ctranslate2.py (random weights: every output runs to `MARIAN_STEPS` tokens) imported with
 `specdec import-hf` and converted with CTranslate2's own converter, AR greedy only.
 
@@ -386,33 +387,37 @@ def _same(a: list[list[int]] | None, b: list[list[int]] | None) -> int:
     return sum(x == y for x, y in zip(a or [], b or [], strict=False))
 
 
-def _services_rows(args: argparse.Namespace, texts: list[str], rows: list[Cell]) -> list[tuple[str, float, float]]:
-    """(mode, tokens/s through `serve all --processes` at CLIENTS clients, the in-process best)."""
+def _services_rows(
+    args: argparse.Namespace, texts: list[str], rows: list[Cell]
+) -> list[tuple[str, str, float, float]]:
+    """(mode, best setting, tokens/s through `serve all --processes` at CLIENTS clients, the
+    in-process best), the services' own grid being the verifier's model workers (`WORKERS`)."""
     from evaluation.bench_report import start_services
     from evaluation.loadtest import LoadSpec, run_load
 
-    out = []
+    best: dict[str, tuple[float, str]] = {}
     config = Path(tempfile.mkdtemp()) / "bulk.toml"
     config.write_text(_services_toml(args.precision))
-    proc, address = start_services(Path(args.bundle), "onnxruntime", extra_args=("--config", str(config),
-                                                                               "--processes"))
-    try:
-        for cell in rows:
-            if cell.engine != "specdec" or cell.row == "AR greedy, batch 1":
-                continue
-            params = next(p for label, p, _ in MODES if label == cell.row)
-            spec = LoadSpec(address=address, inputs=texts, overrides={**params, "max_new_tokens": MAX_NEW_TOKENS},
-                            concurrency=CLIENTS, requests=len(texts), warmup=CLIENTS, timeout=600.0)
-            best = 0.0
-            for _ in range(args.rounds):
-                report = run_load(spec)
-                best = max(best, report.output_tokens / report.wall_s)
-                _progress(f"services {cell.row}: {report.output_tokens / report.wall_s:.0f} tok/s")
-            out.append((cell.row, best, cell.best))
-    finally:
-        proc.terminate()
-        proc.wait(60)
-    return out
+    cells = [cell for cell in rows if cell.engine == "specdec" and cell.row != "AR greedy, batch 1"]
+    for workers in WORKERS:
+        setting = f"serve all --processes, {workers} verifier model worker{'s' if workers > 1 else ''}"
+        proc, address = start_services(Path(args.bundle), "onnxruntime", extra_args=(
+            "--config", str(config), "--processes", "--verifier-model-workers", str(workers)))
+        try:
+            for cell in cells:
+                params = next(p for label, p, _ in MODES if label == cell.row)
+                spec = LoadSpec(address=address, inputs=texts,
+                                overrides={**params, "max_new_tokens": MAX_NEW_TOKENS},
+                                concurrency=CLIENTS, requests=len(texts), warmup=CLIENTS, timeout=600.0)
+                for _ in range(args.rounds):
+                    report = run_load(spec)
+                    rate = report.output_tokens / report.wall_s
+                    best[cell.row] = max(best.get(cell.row, (0.0, "")), (rate, setting))
+                    _progress(f"services {cell.row}, {setting}: {rate:.0f} tok/s")
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    return [(cell.row, best[cell.row][1], best[cell.row][0], cell.best) for cell in cells]
 
 
 def _services_toml(precision: str) -> str:
@@ -430,13 +435,13 @@ def _services_toml(precision: str) -> str:
 # ---- report ---------------------------------------------------------------------------------------
 
 
-def _table(rows: list[Cell], services: list[tuple[str, float, float]], reference: float) -> str:
+def _table(rows: list[Cell], services: list[tuple[str, str, float, float]], reference: float) -> str:
     lines = ["| engine | row | best setting | output tokens/s | vs CTranslate2's best |", "|---|---|---|---:|---:|"]
     for cell in rows:
         ratio = cell.best / reference
         lines.append(f"| {cell.engine} | {cell.row} | {cell.setting} | {cell.best:.0f} | {ratio:.2f}x |")
-    for mode, rate, in_process in services:
-        lines.append(f"| specdec services, {CLIENTS} clients | {mode} | serve all --processes | {rate:.0f} | "
+    for mode, setting, rate, in_process in services:
+        lines.append(f"| specdec services, {CLIENTS} clients | {mode} | {setting} | {rate:.0f} | "
                      f"{rate / reference:.2f}x ({rate / in_process:.2f}x in-process) |")
     return "\n".join(lines)
 

@@ -82,7 +82,8 @@ class Processors:
 @dataclass(frozen=True)
 class RowPlan:
     """What the processors do to one head row: scale `penalized` by the repetition penalty, set
-    `banned` to -inf, and force `forced` (NONE: nothing)."""
+    `banned` to -inf (no id is both), and force `forced` (NONE: nothing; a forced row has no
+    penalised or banned ids: every id but the forced one is -inf)."""
 
     penalized: tuple[int, ...] = ()
     banned: tuple[int, ...] = ()
@@ -202,8 +203,14 @@ class RowState:
         banned += s.suppress_tokens
         if length == s.begin_index:
             banned += s.begin_suppress_tokens
-        if forced != NONE:
+        if forced != NONE:  # every other id -inf, the forced one 0: neither penalised nor banned
             banned = [t for t in banned if t != forced]
+            penalized = ()
+        if penalized and any(t in self._seen for t in banned):
+            # A banned id is not also penalised: the ONNX head writes both in one scatter, where two
+            # writes to one place have no defined order (-inf, the ban's, is the result either way).
+            unwanted = set(banned)
+            penalized = tuple(t for t in penalized if t not in unwanted)
         return RowPlan(penalized, tuple(dict.fromkeys(banned)), forced)
 
 
@@ -242,19 +249,22 @@ class Processing:
 # The in-graph head's inputs (the verifier's decoder_batch.onnx), named as Processing's arrays.
 PROCESSING_INPUTS = ("logprob_rows", "penalty_rows", "penalty_ids", "penalty_factors", "ban_rows", "ban_ids",
                      "forced_rows", "forced_ids")
+# Those of a head whose rows are all in logit space (the one-row decoder.onnx): no logprob_rows.
+LOGIT_PROCESSING_INPUTS = PROCESSING_INPUTS[1:]
 
 
-def processing_feeds(p: Processing | None, rows: int) -> dict[str, Any]:
-    """A forward's processing as the in-graph head's inputs (float32 factors): nothing to do for
-    `rows` head rows when `p` is None."""
+def processing_feeds(p: Processing | None, rows: int, names: Sequence[str] = PROCESSING_INPUTS) -> dict[str, Any]:
+    """A forward's processing as the in-graph head's inputs `names` (float32 factors): nothing to do
+    for `rows` head rows when `p` is None."""
     import numpy as np
 
     if p is None:
         none = np.zeros(0, np.int64)
-        return {"logprob_rows": np.zeros(rows, bool), "penalty_rows": none, "penalty_ids": none,
-                "penalty_factors": np.zeros(0, np.float32), "ban_rows": none, "ban_ids": none, "forced_rows": none,
-                "forced_ids": none}
-    feeds = {name: getattr(p, name) for name in PROCESSING_INPUTS}
+        feeds = {"logprob_rows": np.zeros(rows, bool), "penalty_rows": none, "penalty_ids": none,
+                 "penalty_factors": np.zeros(0, np.float32), "ban_rows": none, "ban_ids": none, "forced_rows": none,
+                 "forced_ids": none}
+        return {name: feeds[name] for name in names}
+    feeds = {name: getattr(p, name) for name in names}
     feeds["penalty_factors"] = feeds["penalty_factors"].astype(np.float32)
     return feeds
 
@@ -266,6 +276,15 @@ def processing(plans: Sequence[RowPlan | None], settings: Sequence[Processors | 
 
     if all(p is None for p in plans):
         return None
+    ints = lambda values: np.array(values, dtype=np.int64)  # noqa: E731
+    if len(plans) == 1:  # a lone greedy row, the most common forward: no lists to gather
+        plan, s = plans[0], settings[0]
+        assert plan is not None and s is not None
+        pen, ban, forced = len(plan.penalized), len(plan.banned), plan.forced != NONE
+        return Processing(np.array([s.logprob_space]), np.zeros(pen, np.int64), ints(plan.penalized),
+                          np.full(pen, s.repetition_penalty), np.zeros(ban, np.int64), ints(plan.banned),
+                          ints([0] if forced else []), ints([plan.forced] if forced else []), s.logprob_space,
+                          bool(pen or ban or forced))
     logprob = np.array([s is not None and s.logprob_space for s in settings], dtype=bool)
     pen_rows, pen_ids, factors, ban_rows, ban_ids, forced_rows, forced_ids = [], [], [], [], [], [], []
     for r, (plan, s) in enumerate(zip(plans, settings, strict=True)):
@@ -280,7 +299,6 @@ def processing(plans: Sequence[RowPlan | None], settings: Sequence[Processors | 
             forced_rows.append(r)
             forced_ids.append(plan.forced)
     acts = bool(pen_rows or ban_rows or forced_rows)
-    ints = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
     return Processing(logprob, ints(pen_rows), ints(pen_ids), np.asarray(factors, dtype=np.float64), ints(ban_rows),
                       ints(ban_ids), ints(forced_rows), ints(forced_ids), bool(logprob.any()), acts)
 

@@ -10,6 +10,7 @@ it does not clip `k` to the vocabulary (the graph's callers check `k` first).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -23,38 +24,108 @@ __all__ = ["output_head_graph"]
 
 def output_head_graph(
     hidden: Tensor, weight: Tensor, bias: Tensor | None, k: int | Tensor, targets: Tensor,
-    processing: Sequence[Tensor] | None = None,
+    processing: Sequence[Tensor] | None = None, logit_space_only: bool = False,
 ) -> HeadOutput:
     """hidden [R, D], weight [V, D], bias [V] | None, targets [R] (-1 = none) -> top-k and target log-probs.
     `processing`: the rows' logits processors as the tensors `core.logits_processors.PROCESSING_INPUTS`
-    name (empty index arrays: none), applied as `kernels.reference` applies them."""
+    name (empty index arrays: none), applied as `kernels.reference` applies them; an ONNX If skips
+    them where no plan changes a score (a subgraph's run has a fixed cost of its own).
+    `logit_space_only`: the caller never sends rows in log-prob space (beam search's) and
+    `processing` is LOGIT_PROCESSING_INPUTS' tensors (no logprob_rows): the processors run without
+    a branch (`_processed_logits`), a few cheap passes whether or not any plan changes a score."""
     logits = F.linear(hidden, weight, bias)
-    logprobs = F.log_softmax(logits, dim=-1)
-    if processing is not None:
-        logprobs = _processed(logits, logprobs, *processing)
+    if processing is None:
+        logprobs = F.log_softmax(logits, dim=-1)
+    elif logit_space_only:  # `processing` without logprob_rows (LOGIT_PROCESSING_INPUTS)
+        logprobs = _processed_logits(logits, *processing)
+    else:
+        logprobs = _processed_if_any(logits, *processing)
     topk_lp, topk_ids = torch.topk(logprobs, k, dim=-1)
     gathered = logprobs.gather(1, targets.clamp(min=0)[:, None])[:, 0]
     target_lp = torch.where(targets >= 0, gathered, torch.full_like(gathered, float("nan")))
     return HeadOutput(topk_ids=topk_ids, topk_logprobs=topk_lp, target_logprobs=target_lp)
 
 
-def _processed(
-    logits: Tensor, logprobs: Tensor, logprob_rows: Tensor, penalty_rows: Tensor, penalty_ids: Tensor,
-    penalty_factors: Tensor, ban_rows: Tensor, ban_ids: Tensor, forced_rows: Tensor, forced_ids: Tensor,
+def _processed_logits(
+    logits: Tensor, penalty_rows: Tensor, penalty_ids: Tensor, penalty_factors: Tensor, ban_rows: Tensor,
+    ban_ids: Tensor, forced_rows: Tensor, forced_ids: Tensor,
 ) -> Tensor:
-    """`core.logits_processors.apply_processing` in standard ops (Where, Gather, ScatterElements on
-    the flattened scores: row * V + id), then the logit-space rows normalised."""
+    """`_processed` (below) where every row is in logit space (greedy search and the lossless modes:
+    the common case), without a branch: a forced row is its logits plus -inf (one broadcast Add over
+    the scores, 0 for the other rows), then the penalty, the bans and each forced id's 0 are one
+    ScatterElements (`core.logits_processors.RowPlan`: no id is both penalised and banned, and a
+    forced row has neither at its forced id), then one LogSoftmax."""
     rows, vocab = logits.shape[0], logits.shape[1]
-    in_logprobs = logprob_rows[:, None]
-    flat = torch.where(in_logprobs, logprobs, logits).reshape(-1)
+    column = logits[:, 0]
+    minus_inf = torch.full_like(forced_rows, float("-inf"), dtype=logits.dtype)
+    flat = (logits + torch.zeros_like(column).scatter(0, forced_rows, minus_inf)[:, None]).reshape(-1)
     at = penalty_rows * vocab + penalty_ids
     values = flat.index_select(0, at)
-    flat = flat.scatter(0, at, torch.where(values < 0, values * penalty_factors, values / penalty_factors))
-    flat = flat.scatter(0, ban_rows * vocab + ban_ids, torch.full_like(ban_rows, float("-inf"), dtype=flat.dtype))
-    forced = torch.zeros_like(logprob_rows, dtype=flat.dtype).scatter(
-        0, forced_rows, torch.ones_like(forced_rows, dtype=flat.dtype)) > 0
-    scores = torch.where(forced[:, None], torch.full_like(logits, float("-inf")), flat.reshape(rows, vocab))
+    scaled = torch.where(values < 0, values * penalty_factors, values / penalty_factors)
+    banned = torch.full_like(ban_rows, float("-inf"), dtype=flat.dtype)
+    forced = torch.zeros_like(forced_rows, dtype=flat.dtype)
+    writes = torch.cat([at, ban_rows * vocab + ban_ids, forced_rows * vocab + forced_ids])
+    flat = flat.scatter(0, writes, torch.cat([scaled, banned, forced]))
+    return F.log_softmax(flat.reshape(rows, vocab), dim=-1)
+
+
+def _processed(
+    logits: Tensor, logprob_rows: Tensor, penalty_rows: Tensor, penalty_ids: Tensor,
+    penalty_factors: Tensor, ban_rows: Tensor, ban_ids: Tensor, forced_rows: Tensor, forced_ids: Tensor,
+) -> Tensor:
+    """`core.logits_processors.apply_processing` in standard ops, then the logit-space rows
+    normalised, in few cheap passes over the [R, V] scores (a broadcast Where over them costs several
+    Subs, so there is none unless rows are in log-prob space or forced). The penalty and the bans
+    are one ScatterElements on the flattened scores (row * V + id; `core.logits_processors.processing`
+    leaves no id both penalised and banned, so no two writes meet); the rare cases (beam search's
+    log-prob rows, forced rows) run only where there are some."""
+    rows, vocab = logits.shape[0], logits.shape[1]
+    any_logprob_rows = bool(logprob_rows.any())
+    scores = logits
+    if any_logprob_rows:
+        scores = torch.where(logprob_rows[:, None], F.log_softmax(logits, dim=-1), logits)
+    flat = scores.reshape(-1)
+    at = penalty_rows * vocab + penalty_ids
+    values = flat.index_select(0, at)
+    scaled = torch.where(values < 0, values * penalty_factors, values / penalty_factors)
+    banned = torch.full_like(ban_rows, float("-inf"), dtype=flat.dtype)
+    scores = flat.scatter(0, torch.cat([at, ban_rows * vocab + ban_ids]), torch.cat([scaled, banned])).reshape(
+        rows, vocab)
+    if forced_rows.numel() > 0:
+        scores = _forced(scores, forced_rows, forced_ids)
+    if any_logprob_rows:
+        return torch.where(logprob_rows[:, None], scores, F.log_softmax(scores, dim=-1))
+    return F.log_softmax(scores, dim=-1)
+
+
+def _forced(scores: Tensor, forced_rows: Tensor, forced_ids: Tensor) -> Tensor:
+    """Each forced row -inf but its forced id, which is 0."""
+    rows, vocab = scores.shape[0], scores.shape[1]
+    column = scores[:, 0]
+    forced = torch.zeros_like(column).scatter(0, forced_rows, torch.ones_like(forced_rows, dtype=column.dtype)) > 0
+    scores = torch.where(forced[:, None], torch.full_like(scores, float("-inf")), scores)
     flat = scores.reshape(-1).scatter(0, forced_rows * vocab + forced_ids, torch.zeros_like(forced_rows,
-                                                                                           dtype=flat.dtype))
-    scores = flat.reshape(rows, vocab)
-    return torch.where(in_logprobs, scores, F.log_softmax(scores, dim=-1))
+                                                                                          dtype=scores.dtype))
+    return flat.reshape(rows, vocab)
+
+
+def _processed_if_any(
+    logits: Tensor, logprob_rows: Tensor, penalty_rows: Tensor, penalty_ids: Tensor,
+    penalty_factors: Tensor, ban_rows: Tensor, ban_ids: Tensor, forced_rows: Tensor, forced_ids: Tensor,
+) -> Tensor:
+    """The log-probs of `logits`, through `_processed` (above) where a plan changes a score.
+    Scripted (below), so that the traced graph keeps the branch as an ONNX If: a forward without
+    processors skips their ops."""
+    if penalty_rows.numel() + ban_rows.numel() + forced_rows.numel() > 0:
+        if bool(logprob_rows.any()):
+            return _processed(logits, logprob_rows, penalty_rows, penalty_ids, penalty_factors, ban_rows,
+                              ban_ids, forced_rows, forced_ids)
+        return _processed_logits(logits, penalty_rows, penalty_ids, penalty_factors, ban_rows, ban_ids,
+                                 forced_rows, forced_ids)
+    return F.log_softmax(logits, dim=-1)
+
+
+with warnings.catch_warnings():
+    # TorchScript is deprecated, but the exporter this graph is traced by (dynamo=False) is TorchScript too.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    _processed_if_any = torch.jit.script(_processed_if_any)

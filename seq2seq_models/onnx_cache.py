@@ -12,11 +12,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.logits_processors import PROCESSING_INPUTS
+from core.logits_processors import LOGIT_PROCESSING_INPUTS, PROCESSING_INPUTS
 from seq2seq_models.row_cache import BATCH_INPUTS
 
 OPSET = 17
-EXPORT_FORMAT = 7  # bump when the graphs' interface changes, so stale caches are not reused
+EXPORT_FORMAT = 8  # bump when the graphs' interface changes, so stale caches are not reused
 CACHE_ENV = "SPECDEC_ONNX_CACHE"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
@@ -26,9 +26,11 @@ USER_CACHE = Path.home() / ".cache" / "specdec" / "onnx"
 
 ENCODER_INPUTS = ["src", "src_mask"]
 ENCODER_OUTPUTS = ["cross_k", "cross_v"]
-DECODER_INPUTS = ["tokens", "past_len", "past_k", "past_v", "cross_k", "cross_v", "head_from", "targets", "top_k"]
+# The verifier's decoders also take each forward's logits processors: the batched one all of them
+# (PROCESSING_INPUTS), the one-row one those of logit-space rows (LOGIT_PROCESSING_INPUTS).
+DECODER_INPUTS = ["tokens", "past_len", "past_k", "past_v", "cross_k", "cross_v", "head_from", "targets", "top_k",
+                  *LOGIT_PROCESSING_INPUTS]
 DECODER_OUTPUTS = ["present_k", "present_v", "topk_logprobs", "topk_ids", "target_logprobs"]
-# The verifier's batched decoder also takes each forward's logits processors (PROCESSING_INPUTS).
 BATCH_DECODER_INPUTS = [*BATCH_INPUTS, "targets", "top_k", *PROCESSING_INPUTS]
 BATCH_DECODER_OUTPUTS = ["block_k", "block_v", "topk_logprobs", "topk_ids", "target_logprobs"]
 NAR_DECODER_INPUTS = ["tokens", "past_len", "past_k", "past_v", "cross_k", "cross_v", "mask_from"]

@@ -13,7 +13,9 @@ Where exports live and how one is found is `seq2seq_models.onnx_cache`, which im
 * `decoder.onnx` (decoder-with-past, with the fused output head):
   tokens [1, T], past_len [] (the block's start position), past_k/past_v [L, 1, H, P, hd] with
   P >= past_len, cross_k/cross_v, head_from [] (first block row whose head outputs are wanted),
-  targets [R] (drafted token per head row, -1 = none), top_k [1]
+  targets [R] (drafted token per head row, -1 = none), top_k [1], and the rows' logits processors
+  as the batched decoder takes them (below; logit-space rows only: a row of beam search's runs in
+  the batched graph)
   -> present_k/present_v [L, 1, H, past_len + T, hd], topk_logprobs [R, k], topk_ids [R, k],
   target_logprobs [R].
   The graph slices the past to `past_len` itself, so rolling back is only a smaller `past_len`
@@ -156,14 +158,34 @@ def export_verifier(model: Seq2SeqTransformer, out: Path) -> None:
         torch.tensor(1),  # head_from
         torch.tensor([8, -1]),  # targets
         torch.tensor([2]),  # top_k
+        *_example_processing(cfg.vocab_size, rows=2)[1:],  # logit-space rows: no logprob_rows
     )
     _export_decoder(_DecoderStep(model32), example, out, DECODER_INPUTS, DECODER_OUTPUTS, {
         "targets": {0: "rows"},
         "topk_logprobs": {0: "rows", 1: "k"},
         "topk_ids": {0: "rows", 1: "k"},
         "target_logprobs": {0: "rows"},
+        **_PROCESSING_AXES,
     })
     _export_batch_decoder(model32, out)
+
+
+# The logits processors' inputs (PROCESSING_INPUTS): each sized by its own axis.
+_PROCESSING_AXES = {
+    "logprob_rows": {0: "rows"}, "penalty_rows": {0: "penalized"}, "penalty_ids": {0: "penalized"},
+    "penalty_factors": {0: "penalized"}, "ban_rows": {0: "banned"}, "ban_ids": {0: "banned"},
+    "forced_rows": {0: "forced"}, "forced_ids": {0: "forced"},
+}
+
+
+def _example_processing(vocab: int, rows: int) -> tuple[Tensor, ...]:
+    """Example processors for `rows` head rows (rows >= 2), each size distinct from the others
+    (P 3, Q 2, F 1) so that none is traced as another."""
+    return (
+        torch.arange(rows) % 2 == 0, torch.tensor([0, 1, 1]), torch.tensor([7, 8, 9]) % vocab,
+        torch.tensor([1.5, 1.5, 2.0]), torch.tensor([1, 0]), torch.tensor([5, 6]) % vocab,
+        torch.tensor([rows - 1]), torch.tensor([4]) % vocab,
+    )
 
 
 def _export_batch_decoder(model32: Seq2SeqTransformer, out: Path, role: str = "verifier") -> None:
@@ -200,17 +222,10 @@ def _export_batch_decoder(model32: Seq2SeqTransformer, out: Path, role: str = "v
     else:
         module = _BatchedVerifierStep(model32)
         example = (*example, torch.tensor([8, 9, -1, -1]), torch.tensor([2]))  # targets, top_k
-        v = cfg.vocab_size
-        example = (  # logits processors, each size distinct: P 3, Q 2, F 1
-            *example, torch.tensor([True, False, False, True]), torch.tensor([0, 1, 1]), torch.tensor([7, 8, 9]) % v,
-            torch.tensor([1.5, 1.5, 2.0]), torch.tensor([2, 3]), torch.tensor([5, 6]) % v, torch.tensor([1]),
-            torch.tensor([4]) % v,
-        )
+        example = (*example, *_example_processing(cfg.vocab_size, rows=4))
         inputs, outputs = BATCH_DECODER_INPUTS, BATCH_DECODER_OUTPUTS
         axes |= {"targets": {0: "rows"}, "topk_logprobs": {0: "rows", 1: "k"}, "topk_ids": {0: "rows", 1: "k"},
-                 "target_logprobs": {0: "rows"}, "logprob_rows": {0: "rows"}, "penalty_rows": {0: "penalized"},
-                 "penalty_ids": {0: "penalized"}, "penalty_factors": {0: "penalized"}, "ban_rows": {0: "banned"},
-                 "ban_ids": {0: "banned"}, "forced_rows": {0: "forced"}, "forced_ids": {0: "forced"}}
+                 "target_logprobs": {0: "rows"}, **_PROCESSING_AXES}
     inputs = layer_inputs(inputs, layers)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer warnings about shape arithmetic are expected
@@ -329,12 +344,13 @@ class _Encoder(_ModelGraph):
 class _DecoderStep(_ModelGraph):
     def forward(
         self, tokens: Tensor, past_len: Tensor, past_k: Tensor, past_v: Tensor, cross_k: Tensor,
-        cross_v: Tensor, head_from: Tensor, targets: Tensor, top_k: Tensor,
+        cross_v: Tensor, head_from: Tensor, targets: Tensor, top_k: Tensor, *processing: Tensor,
     ) -> tuple[Tensor, ...]:
         m = self.model
         hidden, present_k, present_v = _decode_block(m, tokens, past_len, past_k, past_v, cross_k, cross_v)
         rows = hidden.index_select(0, torch.arange(head_from, tokens.shape[1]))
-        head = output_head_graph(rows, m.head_weight, m.out_bias, top_k, targets)
+        # A lone row with log-prob space processors (beam search) runs in the batched graph.
+        head = output_head_graph(rows, m.head_weight, m.out_bias, top_k, targets, processing, logit_space_only=True)
         return present_k, present_v, head.topk_logprobs, head.topk_ids, head.target_logprobs
 
 

@@ -102,9 +102,10 @@ class OrtRunner:
         return int(t.nbytes)
 
     def decode(self, past: tuple[Any, Any], cross: tuple[Any, Any], **feeds: Any) -> tuple[Any, ...]:
-        """One decoder call: `past`/`cross` K and V plus the graph's other inputs by name (ints,
-        lists or arrays, all int64); the outputs in the graph's order, K/V runner-native."""
-        inputs = {**_kv_feeds(past, cross), **{name: np.asarray(value, np.int64) for name, value in feeds.items()}}
+        """One decoder call: `past`/`cross` K and V plus the graph's other inputs by name (ints and
+        lists become int64; numpy arrays keep their dtype); the outputs in the graph's order, K/V
+        runner-native."""
+        inputs = {**_kv_feeds(past, cross), **{name: _feed(value) for name, value in feeds.items()}}
         return tuple(self.decoder.run(None, inputs))
 
 
@@ -160,7 +161,7 @@ class CudaOrtRunner(OrtRunner):
             else:
                 binding.bind_ortvalue_input(name, value)
         for name, value in feeds.items():
-            binding.bind_cpu_input(name, np.asarray(value, np.int64))
+            binding.bind_cpu_input(name, np.ascontiguousarray(_feed(value)))
         names = [o.name for o in self.decoder.get_outputs()]
         for name in names:
             # The present K/V stay on the device for the next step; only the rest crosses to the host.
@@ -171,6 +172,11 @@ class CudaOrtRunner(OrtRunner):
         self.decoder.run_with_iobinding(binding)
         outputs = binding.get_outputs()
         return tuple(o if n.startswith("present_") else o.numpy() for n, o in zip(names, outputs, strict=True))
+
+
+def _feed(value: Any) -> np.ndarray:
+    """A decoder input: a numpy array as it is (the processors' bool and float inputs), else int64."""
+    return value if isinstance(value, np.ndarray) else np.asarray(value, np.int64)
 
 
 def inference_session(path: Path, intra_op_threads: int | None, providers: list[str]) -> Any:

@@ -111,10 +111,12 @@ class ModelService:
 
         return counted
 
-    def make_scheduler(self, run_batch: RunBatch, limits: SessionLimits) -> BatchScheduler:
-        """The batching scheduler of this service's steps, on its worker, with the limits' batch keys;
-        every forward it runs is observed by `observe_batch`."""
-        return BatchScheduler(self.executor, run_batch, BatchLimits.of(limits), on_batch=self.observe_batch)
+    def make_scheduler(
+        self, run_batch: RunBatch, limits: SessionLimits, executor: StepExecutor | None = None
+    ) -> BatchScheduler:
+        """The batching scheduler of this service's steps, on its worker (or `executor`), with the
+        limits' batch keys; every forward it runs is observed by `observe_batch`."""
+        return BatchScheduler(executor or self.executor, run_batch, BatchLimits.of(limits), on_batch=self.observe_batch)
 
     def observe_batch(self, stats: BatchStats) -> None:
         """Worker thread, after each forward: the load metrics. Subclasses add their own."""
@@ -177,10 +179,14 @@ class ModelService:
         source = list(request.source_ids)
         info = self.model_info
         check_source_ids(source, source_vocab_from_wire(info.source_vocab_size, info.vocab_size), self.max_source_len)
-        # A stream cancelled while its session is being made must not leak it: close it once made.
-        session = await self.executor.run_owned(self.open_session, _close, source, request)
+        session = await self.open_on_worker(source, request)
         opened = self._opened(source_len=len(source), max_output_len=self.max_output_len)
         return session, self._response(opened=opened)
+
+    async def open_on_worker(self, source: list[int], request) -> Any:
+        """`open_session` on the model worker (a service with several picks one)."""
+        # A stream cancelled while its session is being made must not leak it: close it once made.
+        return await self.executor.run_owned(self.open_session, close, source, request)
 
     def open_session(self, source: list[int], request) -> Any:
         """Worker thread: a session over a checked source; `request` is the `open` message."""
@@ -266,5 +272,6 @@ class SessionLimits:
             )
 
 
-def _close(session: Any) -> None:
+def close(session: Any) -> None:
+    """A made session released (`StepExecutor.run_owned`'s release)."""
     session.close()

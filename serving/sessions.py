@@ -4,6 +4,8 @@ service's `StepExecutor` (serving/batching.py: one worker thread and its batchin
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -39,6 +41,8 @@ class SessionStreams:
     ) -> None:
         self.host = host
         self.executor = executor
+        # Closes a session on the worker that owns it (a service with several model workers says which).
+        self.close_soon: Callable[[Any], None] = lambda session: executor.submit(session.close)
         self.rpc = rpc
         self.max_sessions = max_sessions
         self.idle_s = idle_s  # 0: no idle timeout
@@ -121,4 +125,4 @@ class SessionStreams:
                 self.sessions.discard(session)
                 self.m_active.set(len(self.sessions))
                 # Close on the worker so a step still running for a cancelled stream finishes first.
-                self.executor.submit(session.close)
+                self.close_soon(session)

@@ -297,6 +297,40 @@ def test_onnx_batches_agree_with_torch_one_row_steps(bundle, tmp_path, seed):
             _same(_fresh_row(torch_v, srcs[0], toks, 3), got, 1e-4, (seed, step, "beam"))
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_onnx_one_row_and_batched_graphs_apply_processors_as_torch(bundle, tmp_path, seed):
+    """With logits processors on, a lone row (ONNX Runtime's one-row graph) and the same rows in a
+    batch (the batched graph) give what torch's head gives: drafts included, so the head rows'
+    plans follow the drafted prefix."""
+    from core.logits_processors import Processors
+
+    rng = random.Random(seed)
+    onnx = make_verifier(bundle, "onnxruntime", cache_root=tmp_path)
+    torch_v = LocalVerifier(bundle.verifier)
+    vocab = onnx.vocab_size
+    for _ in range(3):
+        src = [rng.randrange(W, vocab) for _ in range(rng.randint(2, 12))]
+        settings = Processors(
+            repetition_penalty=rng.choice([1.5, 0.6]), no_repeat_ngram_size=2, encoder_no_repeat_ngram_size=2,
+            bad_words_ids=((rng.randrange(W, vocab), rng.randrange(W, vocab)), (rng.randrange(W, vocab),)),
+            min_new_tokens=3, suppress_tokens=(rng.randrange(W, vocab),), forced_eos_token_id=onnx.eos_id,
+            max_length=8,
+        )
+        lone, twin, ref = onnx.open(src, settings), onnx.open(src, settings), torch_v.open(src, settings)
+        other = onnx.open(src[::-1])
+        committed: list[int] = []
+        while len(committed) < 7:
+            draft = [rng.randrange(W, vocab) for _ in range(min(7 - len(committed), rng.randint(0, 3)))]
+            keep = max(0, len(committed) - 1)
+            call = StepCall(keep, committed[keep:], draft, 3)
+            want = ref.step(call.committed_len, call.append_ids, call.draft_ids, call.top_k)
+            _same(want, lone.step(call.committed_len, call.append_ids, call.draft_ids, call.top_k), 1e-4, seed)
+            got = onnx.step_batch([(twin, call), (other, StepCall(0, [], [], 1))])[0]
+            assert isinstance(got, VerifyResult) and got.batch_rows == 2
+            _same(want, got, 1e-4, (seed, "batched"))
+            committed += [*draft[: rng.randint(0, len(draft))], want.top1[0]][: 7 - len(committed)]
+
+
 def test_a_batch_splits_by_block_length_only_where_the_padding_outweighs_a_forward() -> None:
     from core.batch_slots import split_by_length
 

@@ -70,12 +70,14 @@ def test_serve_all_processes_passes_the_split_to_its_children() -> None:
 
     args = argparse.Namespace(config=None, backend="onnxruntime", device="cpu", precision=None, verifier_addr=None,
                               drafter_addr=None, verifier_metrics_addr=None, drafter_metrics_addr=None,
-                              max_batch_rows=None, max_batch_tokens=None, batch_wait_ms=None)
+                              max_batch_rows=None, max_batch_tokens=None, batch_wait_ms=None,
+                              verifier_model_workers=2)
     cpu = {"device": "cpu", "backend": "onnxruntime"}
     sections = load_sections(None, environ={}, overrides={"verifier": {**cpu, "intra_op_threads": 3}, "drafter": cpu})
     child = serve_child_args(args, Path("b"), sections)
     flags = dict(zip(child[::2], child[1::2], strict=True))
     assert flags["--verifier-threads"] == "3"
+    assert flags["--verifier-model-workers"] == "2"
     assert flags["--drafter-threads"] == str(split_threads(3, AUTO)[1])
 
 

@@ -49,9 +49,9 @@ StepOutcome = VerifyResult | list[VerifyResult] | BaseException
 class Engine(Protocol):
     """One backend's forward: encoding a source, zero arrays, and the batched decoder with the head.
 
-    An engine may also have `forward_one(block, cross, top_k)`, the same forward for a batch of one
-    row without padding and without logits processors (ONNX Runtime's one-row graph); `step_batch`
-    uses it for lone rows that have none."""
+    An engine may also have `forward_one(block, cross, top_k, processing=None)`, the same forward for
+    a batch of one row without padding (ONNX Runtime's one-row graph), whose processors act on
+    logits only; `step_batch` uses it for lone rows but beam search's (log-prob space)."""
 
     zeros: Zeros
     device: str  # "cpu" or "cuda:N"
@@ -318,7 +318,8 @@ class BatchVerifier(ModelVerifier):
                 distinct.append(c)
         one = getattr(self.engine, "forward_one", None)
         extra = () if processing is None else (processing,)  # engines without processors take none
-        if len(blocks) == 1 and one is not None and processing is None:  # a lone row: the engine's unpadded path
+        if len(blocks) == 1 and one is not None and not (processing is not None and processing.any_logprob_space):
+            # A lone row: the engine's unpadded path.
             block_k, block_v, topk_lp, topk_ids, target_lp = one(blocks[0], distinct[0], top_k, *extra)
         else:
             while len(self._crosses) <= group:  # one stack per group: both stay valid from step to step

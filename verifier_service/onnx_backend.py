@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from core.logits_processors import Processing, processing_feeds
+from core.logits_processors import LOGIT_PROCESSING_INPUTS, Processing, processing_feeds
 from seq2seq_models.onnx_model import OnnxModel
 from seq2seq_models.ort_engine import OrtBatchEngine
 from seq2seq_models.row_cache import Cross, RowBlock
@@ -32,7 +32,7 @@ OnnxVerifierSession = BatchSession  # the session type both backends hand out
 
 class OrtEngine(OrtBatchEngine):
     """The verifier's graphs: the batched decoder with the fused head, and the one-row graph for a lone
-    row (without logits processors: a lone row with some runs in the batched graph)."""
+    row; both heads apply the rows' logits processors (the one-row graph's, logit-space rows only)."""
 
     processes_logits = True  # the batched graph's head applies them (kernels.graph_head)
 
@@ -41,9 +41,12 @@ class OrtEngine(OrtBatchEngine):
         return self.runner.decode_batch({**feeds, "top_k": np.array([top_k], np.int64),
                                          **processing_feeds(processing, rows)})
 
-    def forward_one(self, block: RowBlock, cross: Cross, top_k: int) -> tuple[Any, ...]:
+    def forward_one(
+        self, block: RowBlock, cross: Cross, top_k: int, processing: Processing | None = None
+    ) -> tuple[Any, ...]:
         """`forward` for a batch of one row, unpadded (`OrtBatchEngine.decode_one`)."""
-        return self.decode_one(block, cross, head_from=block.head_from, targets=block.targets, top_k=[top_k])
+        return self.decode_one(block, cross, head_from=block.head_from, targets=block.targets, top_k=[top_k],
+                               **processing_feeds(processing, len(block.targets), LOGIT_PROCESSING_INPUTS))
 
 
 class OnnxVerifier(OnnxModel, BatchVerifier):

@@ -3,6 +3,12 @@
 Model work runs on `StepExecutor` (a worker thread), never on the event loop. Steps go through its
 batching scheduler (serving/batching.py, ARCHITECTURE.md, "Performance design"): the steps of concurrent
 sessions run as one forward (`step_batch`), up to [verifier] max_batch_rows / max_batch_tokens.
+
+With [verifier] model_workers = N the service holds N copies of the model, each on a worker thread of
+its own with its share of the intra-op threads: a session is opened on the worker with the fewest
+sessions and stays there, and the workers' forwards run side by side. On a CPU, N one-thread
+forwards outrun one N-thread forward under load (BENCHMARKS.md, "Bulk decoding"), as they do in
+process (`specdec decode --workers`).
 """
 
 from __future__ import annotations
@@ -10,18 +16,21 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from core.backends import DEFAULT_PRECISION, backend_label
 from core.checks import check_draft_len, check_ids, check_length, check_wire_top_k
 from core.errors import invalid, out_of_range, out_of_step
 from core.greedy import check_greedy_steps, greedy_next
 from core.interfaces import BeamRow, StepCall, VerifyResult
+from core.threads import usable_cpus
 from core.wire import sends_candidates, session_top_k
 from protos.specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, load_bundle
-from serving.batching import BatchLimits, BatchScheduler, BatchStats, one_by_one, with_batch_load
-from serving.model_service import ModelService, SessionLimits, make_model_info
+from serving.batching import BatchLimits, BatchScheduler, BatchStats, StepExecutor, one_by_one, with_batch_load
+from serving.model_service import ModelService, SessionLimits, close, make_model_info
 from serving.processors_wire import processors_from_wire
 from verifier_service.session import VerifierSession, make_verifier
 
@@ -43,6 +52,25 @@ class VerifierLimits(SessionLimits):
     section = "verifier"
     max_draft_len: int = 128  # draft_ids per step; more is OUT_OF_RANGE
     max_source_len: int | None = None  # None: the model's own limit
+    # Copies of the model, each on its own worker thread with intra_op_threads / model_workers threads.
+    model_workers: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.model_workers < 1:
+            raise ValueError(f"[verifier] model_workers: must be at least 1; got {self.model_workers}")
+
+
+@dataclass
+class _Lane:
+    """One model worker: a copy of the verifier, the thread it runs on, and the batching schedulers of
+    its sessions' steps and new sources."""
+
+    verifier: Any
+    executor: StepExecutor
+    scheduler: BatchScheduler | None = None
+    encoder: BatchScheduler | None = None
+    sessions: int = 0  # open sessions placed here
 
 
 class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
@@ -60,9 +88,18 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
             "verifier", SERVICE, bundle, limits, verifier_pb2_grpc.add_VerifierServiceServicer_to_server,
             metric_help=("time the model worker spent in verify forwards", "draft tokens scored"),
         )
-        self.verifier = make_verifier(
-            bundle, backend, device=device, precision=precision, intra_op_threads=intra_op_threads or None
-        )
+        workers = limits.model_workers
+        threads = intra_op_threads or None
+        if workers > 1:  # the threads shared out: each worker's forwards get their own cores
+            threads = max(1, (intra_op_threads or usable_cpus()) // workers)
+        self.lanes = [
+            _Lane(make_verifier(bundle, backend, device=device, precision=precision, intra_op_threads=threads),
+                  self.executor if i == 0 else StepExecutor(f"verifier-{i}"))
+            for i in range(workers)
+        ]
+        self._lane_of: dict[int, _Lane] = {}  # id(session) -> its worker, while it is open
+        self.streams.close_soon = self._close_soon
+        self.verifier = self.lanes[0].verifier
         cfg = bundle.config("verifier")  # from the bundle config: no torch model is loaded for ONNX Runtime
         self.max_source_len = min(limits.max_source_len or self.verifier.max_source_len, self.verifier.max_source_len)
         self.max_output_len = self.verifier.max_target_len
@@ -70,14 +107,17 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         self.m_steps = r.counter("verifier_steps", "verify steps (several share a forward when batched)")
         self.m_scored = r.counter("verifier_scored_tokens", "tokens scored (append + draft)")
         self.m_queue_s = r.counter("verifier_queue_seconds", "time steps waited for the model worker")
-        # Steps of concurrent sessions gathered into one forward (serving/batching.py).
-        self.scheduler = self.make_scheduler(self._run_batch, limits)
-        # The sources of sessions opened meanwhile, encoded in one run (`_encode_soon`).
-        if hasattr(self.verifier, "on_encode"):
-            self.verifier.on_encode = self.encoder_metrics()
-        self.encoder = BatchScheduler(
-            self.executor, self._encode_batch, BatchLimits(max_rows=limits.max_batch_rows, max_tokens=ENCODE_TOKENS),
-        )
+        on_encode = self.encoder_metrics() if hasattr(self.verifier, "on_encode") else None
+        for lane in self.lanes:
+            # Steps of a worker's concurrent sessions gathered into one forward (serving/batching.py).
+            lane.scheduler = self.make_scheduler(partial(_run_batch, lane.verifier), limits, lane.executor)
+            # The sources of sessions opened meanwhile, encoded in one run (`_encode_soon`).
+            if on_encode is not None:
+                lane.verifier.on_encode = on_encode
+            lane.encoder = BatchScheduler(
+                lane.executor, partial(_encode_batch, lane.verifier),
+                BatchLimits(max_rows=limits.max_batch_rows, max_tokens=ENCODE_TOKENS),
+            )
         self.model_info = make_model_info(
             cfg,
             tokenizer_fingerprint=bundle.tokenizer.fingerprint,
@@ -94,33 +134,65 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         )
 
     async def warm_up(self) -> None:
+        for lane in self.lanes:
+            await lane.executor.run(self._warm_up, lane.verifier)
+
+    async def stop(self, grace: float = 10.0) -> None:
+        await super().stop(grace)
+        for lane in self.lanes[1:]:
+            lane.executor.shutdown()
+
+    def _warm_up(self, verifier: Any) -> None:
+        """Worker thread: one step through the batch path the steps take (step_batch when the backend has it)."""
         eos = self.model_info.eos_id
-
-        def run() -> None:  # through the batch path the steps take (step_batch when the backend has it)
-            session = self.verifier.open([eos])
-            for result in self._run_batch([(session, StepCall(0, [], [eos], 1))]):
-                if isinstance(result, BaseException):
-                    raise result
-            session.close()
-            # The most head rows one forward can hold: a full batch, or one step of the longest draft.
-            warm_head = getattr(self.verifier, "warm_up_head", None)
-            if warm_head is not None:
-                t0 = time.perf_counter()
-                launches = warm_head(max(self.limits.max_batch_tokens, self.limits.max_draft_len + 1))
-                if launches:
-                    self.host.log.info("head_kernels_compiled", launches=launches,
-                                       seconds=round(time.perf_counter() - t0, 2))
-
-        await self.executor.run(run)
+        session = verifier.open([eos])
+        for result in _run_batch(verifier, [(session, StepCall(0, [], [eos], 1))]):
+            if isinstance(result, BaseException):
+                raise result
+        session.close()
+        # The most head rows one forward can hold: a full batch, or one step of the longest draft.
+        warm_head = getattr(verifier, "warm_up_head", None)
+        if warm_head is not None:
+            t0 = time.perf_counter()
+            launches = warm_head(max(self.limits.max_batch_tokens, self.limits.max_draft_len + 1))
+            if launches:
+                self.host.log.info("head_kernels_compiled", launches=launches,
+                                   seconds=round(time.perf_counter() - t0, 2))
 
     # ---- RPCs ----------------------------------------------------------------------------------
 
     Verify = ModelService.serve_sessions
 
-    def open_session(self, source: list[int], request: verifier_pb2.VerifyOpen) -> VerifierSession:
+    async def open_on_worker(self, source: list[int], request: verifier_pb2.VerifyOpen) -> VerifierSession:
+        lane = min(self.lanes, key=lambda lane: lane.sessions)  # the worker with the fewest sessions
+        lane.sessions += 1
+        try:
+            session = await lane.executor.run_owned(self.open_session, close, source, request, lane)
+        except BaseException:
+            lane.sessions -= 1
+            raise
+        self._lane_of[id(session)] = lane
+        return session
+
+    def open_session(
+        self, source: list[int], request: verifier_pb2.VerifyOpen, lane: _Lane | None = None
+    ) -> VerifierSession:
+        verifier = (lane or self.lanes[0]).verifier
         if request.HasField("processors"):
-            return self.verifier.open(source, processors_from_wire(request.processors))
-        return self.verifier.open(source)
+            return verifier.open(source, processors_from_wire(request.processors))
+        return verifier.open(source)
+
+    def _close_soon(self, session: VerifierSession) -> None:
+        """Close `session` on its worker (after any step of it queued there)."""
+        lane = self._lane_of.pop(id(session), None)
+        if lane is None:
+            self.executor.submit(session.close)
+            return
+        lane.sessions -= 1
+        lane.executor.submit(session.close)
+
+    def _lane(self, session: VerifierSession) -> _Lane:
+        return self._lane_of.get(id(session)) or self.lanes[0]
 
     async def _open(self, request):
         session, response = await super()._open(request)
@@ -135,23 +207,20 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         so the first step finds it encoded; a first step that comes sooner encodes it in its own
         forward (the sessions' sources are encoded lazily too), and a session closed first never."""
         # Queued now, before the client hears `opened` (and can send a first step behind it).
-        self.encoder.queue(session, _Encode(len(session.source.ids))).add_done_callback(self._encoded)
+        encoder = self._lane(session).encoder
+        assert encoder is not None
+        encoder.queue(session, _Encode(len(session.source.ids))).add_done_callback(self._encoded)
 
     def _encoded(self, encoding: asyncio.Future) -> None:
         if not encoding.cancelled() and encoding.exception() is not None:  # the first step will retry and say
             self.host.log.warning("encoder_failed", error=repr(encoding.exception()))
-
-    def _encode_batch(self, items: list[tuple[VerifierSession, _Encode]]) -> list[None]:
-        """Worker thread: the items' sessions' sources in one encoder run (on a CPU, one per group of lengths)."""
-        self.verifier.encode([session for session, _ in items])
-        return [None] * len(items)
 
     async def _step(self, session: VerifierSession, step: verifier_pb2.VerifyStep) -> verifier_pb2.VerifyResponse:
         call = self._checked_call(session, step)
         candidates = sends_candidates(step.top_k)
         if step.greedy_steps > 1:
             return await self._greedy(session, call, step.greedy_steps, candidates)
-        result = await self.scheduler.submit(session, call)
+        result = await self._scheduler(session).submit(session, call)
         self.m_steps.inc()
         appended = sum(len(r.append_ids) for r in call.rows) if call.rows else len(call.append_ids)
         self.m_scored.inc(appended + len(call.draft_ids))
@@ -184,7 +253,7 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         def then(done: StepCall, result: VerifyResult, steps_run: int) -> StepCall | None:
             return greedy_next(done, result, steps_run, steps, eos, room)
 
-        results = await self.scheduler.submit(session, call, then)
+        results = await self._scheduler(session).submit(session, call, then)
         self.m_steps.inc(len(results))
         self.m_scored.inc(len(call.append_ids) + len(results) - 1)
         last = results[-1]  # the load figures: the run's last forward
@@ -235,21 +304,33 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
             raise invalid(f"the {self.model_info.backend} verifier has no multi-row steps")
         return rows
 
-    def _run_batch(self, items: list[tuple[VerifierSession, StepCall]]) -> list:
-        """Worker thread: the scheduler's batch as one forward (the backend's `step_batch`), or, on a
-        backend without one, each step in turn, stamped with the batch they ran in together."""
-        step_batch = getattr(self.verifier, "step_batch", None)
-        if step_batch is not None:
-            return step_batch(items)
-        started = time.perf_counter()
-        results = one_by_one(items, _step_one)
-        rows, tokens = sum(c.n_rows for _, c in items), sum(c.n_tokens for _, c in items)
-        return with_batch_load(results, rows, tokens, time.perf_counter() - started)
+    def _scheduler(self, session: VerifierSession) -> BatchScheduler:
+        scheduler = self._lane(session).scheduler
+        assert scheduler is not None
+        return scheduler
 
     def observe_batch(self, stats: BatchStats) -> None:
         super().observe_batch(stats)
         self.m_queue_s.inc(sum(stats.waits_s))
         self.m_step_s.inc(stats.forward_s)
+
+
+def _run_batch(verifier: Any, items: list[tuple[VerifierSession, StepCall]]) -> list:
+    """Worker thread: a scheduler's batch as one forward (the backend's `step_batch`), or, on a
+    backend without one, each step in turn, stamped with the batch they ran in together."""
+    step_batch = getattr(verifier, "step_batch", None)
+    if step_batch is not None:
+        return step_batch(items)
+    started = time.perf_counter()
+    results = one_by_one(items, _step_one)
+    rows, tokens = sum(c.n_rows for _, c in items), sum(c.n_tokens for _, c in items)
+    return with_batch_load(results, rows, tokens, time.perf_counter() - started)
+
+
+def _encode_batch(verifier: Any, items: list[tuple[VerifierSession, _Encode]]) -> list[None]:
+    """Worker thread: the items' sessions' sources in one encoder run (on a CPU, one per group of lengths)."""
+    verifier.encode([session for session, _ in items])
+    return [None] * len(items)
 
 
 def _step_one(session: VerifierSession, call: StepCall):

@@ -55,6 +55,11 @@ def register(sub) -> None:
                        help=f"the {role}'s intra-op threads (ONNX Runtime; torch on the torch backend); 0: chosen "
                        f"(all usable CPUs, at most 8; split with the other model under `all`) (default: [{role}] "
                        "intra_op_threads of the config, else 0)")
+    p.add_argument("--verifier-model-workers", type=int, default=None, metavar="N",
+                   help="copies of the verifier's model, each on its own worker thread with its share of "
+                        "--verifier-threads; a session stays on one. On a CPU under load N one-thread workers "
+                        "outrun one N-thread worker (docs/performance.md) (default: [verifier] model_workers of "
+                        "the config, else 1)")
     add_batch_flags(p)
     p.add_argument("--processes", action="store_true",
                    help="with `all`: the verifier and the drafter in their own processes (one GIL each)")
@@ -72,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
                     "http_address": "" if args.no_http else args.http_addr},
         "verifier": {"address": args.verifier_addr, "backend": args.backend, "device": args.device,
                      "precision": args.precision, "intra_op_threads": args.verifier_threads,
-                     "metrics_address": metrics["verifier"], **batch_overrides(args)},
+                     "metrics_address": metrics["verifier"], "model_workers": args.verifier_model_workers,
+                     **batch_overrides(args)},
         "drafter": {"address": args.drafter_addr, "backend": args.backend, "device": args.device,
                     "precision": args.precision, "intra_op_threads": args.drafter_threads,
                     "metrics_address": metrics["drafter"], **batch_overrides(args)},
@@ -117,7 +123,7 @@ def serve_child_args(args: argparse.Namespace, bundle: Path, sections) -> list[s
     out = ["--bundle", str(bundle), "--verifier-threads", str(shared.verifier.intra_op_threads),
            "--drafter-threads", str(shared.drafter.intra_op_threads)]
     for flag, value in (("--config", args.config), ("--backend", args.backend), ("--device", args.device),
-                        ("--precision", args.precision),
+                        ("--precision", args.precision), ("--verifier-model-workers", args.verifier_model_workers),
                         ("--verifier-addr", args.verifier_addr), ("--drafter-addr", args.drafter_addr),
                         ("--verifier-metrics-addr", args.verifier_metrics_addr),
                         ("--drafter-metrics-addr", args.drafter_metrics_addr),

@@ -152,6 +152,42 @@ def test_sessions_opened_while_the_worker_is_busy_are_encoded_in_one_run(bundle_
     assert [[p.top1 for p in step.positions] for step in first] == [want["top1s"][0][:1] for want in alone]
 
 
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_model_workers_share_the_sessions_out_and_answer_as_one_worker(bundle_dir, bundle, backend):
+    """[verifier] model_workers = 2: sessions open on the worker with fewer, each worker's steps
+    batch among its own sessions, answers equal one worker's, and every session is freed."""
+    sources = _sources(bundle.verifier.config.vocab_size)
+    with _serve("verifier", bundle_dir, backend=backend) as stack:
+        alone = [_verify_loop(stack.running.addresses["verifier"], s) for s in sources]
+    with _serve("verifier", bundle_dir, backend=backend, batch_wait_ms=WAIT_MS, model_workers=2,
+                intra_op_threads=2) as stack:
+        address = stack.running.addresses["verifier"]
+        server = stack.running.verifier
+        assert len(server.lanes) == 2 and server.lanes[0].verifier is not server.lanes[1].verifier
+        with grpc.insecure_channel(address) as channel:
+            stub = verifier_pb2_grpc.VerifierServiceStub(channel)
+            streams = [Stream(stub.Verify) for _ in range(4)]
+            for stream, source in zip(streams, sources[:4], strict=True):
+                assert stream.send(verifier_pb2.VerifyRequest(open=verifier_pb2.VerifyOpen(source_ids=source)))
+            assert [lane.sessions for lane in server.lanes] == [2, 2]
+            for stream in streams:
+                stream.close()
+        assert wait_until(lambda: server.active_sessions == 0 and not server._lane_of)
+        assert [lane.sessions for lane in server.lanes] == [0, 0]
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            together = list(pool.map(lambda s: _verify_loop(address, s), sources))
+        samples = scrape(server.host.metrics_port)
+        assert wait_until(lambda: server.active_sessions == 0 and not server._lane_of)
+    for got, want in zip(together, alone, strict=True):
+        assert got["out"] == want["out"] and got["top1s"] == want["top1s"]
+    assert samples["specdec_verifier_steps_total"] == CLIENTS * STEPS
+
+
+def test_model_workers_below_one_are_refused(bundle_dir):
+    with pytest.raises(ValueError, match=r"\[verifier\] model_workers: must be at least 1; got 0"):
+        serve_config(load_sections(None, environ={}, overrides={"verifier": {"model_workers": 0}}))
+
+
 def _queued_opens(server) -> int:
     """The opens queued on a model service's worker (a close of an earlier stream may be among them)."""
     with server.executor._cond:
