@@ -16,20 +16,22 @@ from core.logits_processors import LOGIT_PROCESSING_INPUTS, PROCESSING_INPUTS
 from seq2seq_models.row_cache import BATCH_INPUTS
 
 OPSET = 17
-EXPORT_FORMAT = 8  # bump when the graphs' interface changes, so stale caches are not reused
+EXPORT_FORMAT = 9  # bump when the graphs' interface changes, so stale caches are not reused
 CACHE_ENV = "SPECDEC_ONNX_CACHE"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
 BATCH_DECODER_FILE = "decoder_batch.onnx"
+PROCESSING_DECODER_FILE = "decoder_processing.onnx"
 MANIFEST_FILE = "manifest.json"
 USER_CACHE = Path.home() / ".cache" / "specdec" / "onnx"
 
 ENCODER_INPUTS = ["src", "src_mask"]
 ENCODER_OUTPUTS = ["cross_k", "cross_v"]
-# The verifier's decoders also take each forward's logits processors: the batched one all of them
-# (PROCESSING_INPUTS), the one-row one those of logit-space rows (LOGIT_PROCESSING_INPUTS).
-DECODER_INPUTS = ["tokens", "past_len", "past_k", "past_v", "cross_k", "cross_v", "head_from", "targets", "top_k",
-                  *LOGIT_PROCESSING_INPUTS]
+DECODER_INPUTS = ["tokens", "past_len", "past_k", "past_v", "cross_k", "cross_v", "head_from", "targets", "top_k"]
+# The verifier's decoders with logits processors: the batched one takes all of them (PROCESSING_INPUTS,
+# skipped by an If where none acts); a lone row has a graph of its own for them, taking those of
+# logit-space rows (LOGIT_PROCESSING_INPUTS), so that its plain graph has not a node more.
+PROCESSING_DECODER_INPUTS = [*DECODER_INPUTS, *LOGIT_PROCESSING_INPUTS]
 DECODER_OUTPUTS = ["present_k", "present_v", "topk_logprobs", "topk_ids", "target_logprobs"]
 BATCH_DECODER_INPUTS = [*BATCH_INPUTS, "targets", "top_k", *PROCESSING_INPUTS]
 BATCH_DECODER_OUTPUTS = ["block_k", "block_v", "topk_logprobs", "topk_ids", "target_logprobs"]
@@ -56,6 +58,12 @@ class OnnxExport:
     @property
     def decoder(self) -> Path:
         return self.directory / DECODER_FILE
+
+    @property
+    def processing_decoder(self) -> Path | None:
+        """The verifier's one-row decoder with logits processors."""
+        path = self.directory / PROCESSING_DECODER_FILE
+        return path if path.is_file() else None
 
     @property
     def batch_decoder(self) -> Path | None:

@@ -13,13 +13,15 @@ Where exports live and how one is found is `seq2seq_models.onnx_cache`, which im
 * `decoder.onnx` (decoder-with-past, with the fused output head):
   tokens [1, T], past_len [] (the block's start position), past_k/past_v [L, 1, H, P, hd] with
   P >= past_len, cross_k/cross_v, head_from [] (first block row whose head outputs are wanted),
-  targets [R] (drafted token per head row, -1 = none), top_k [1], and the rows' logits processors
-  as the batched decoder takes them (below; logit-space rows only: a row of beam search's runs in
-  the batched graph)
+  targets [R] (drafted token per head row, -1 = none), top_k [1]
   -> present_k/present_v [L, 1, H, past_len + T, hd], topk_logprobs [R, k], topk_ids [R, k],
   target_logprobs [R].
   The graph slices the past to `past_len` itself, so rolling back is only a smaller `past_len`
   and the cache never has to leave the device (CUDA + I/O binding) to be cut.
+* `decoder_processing.onnx` of the verifier: `decoder.onnx` with the rows' logits processors as the
+  batched decoder takes them (below), but for logprob_rows: a lone row's processors in logit space
+  (a beam search row runs in the batched graph). A graph of its own, so that the plain one, every
+  request's without processors, has not a node more.
 * `decoder_batch.onnx` of the verifier: the ragged batched decoder of `batch_graph` (B rows, each
   with its own past length, block length and source) with the fused head over the wanted rows:
   `batch_graph.BATCH_INPUTS` + targets [R], top_k [1], and the rows' logits processors
@@ -80,6 +82,8 @@ from seq2seq_models.onnx_cache import (  # re-exported: the cache side imports n
     NAR_DECODER_INPUTS,
     NAR_DECODER_OUTPUTS,
     OPSET,
+    PROCESSING_DECODER_FILE,
+    PROCESSING_DECODER_INPUTS,
     ROLES,
     USER_CACHE,
     OnnxExport,
@@ -94,7 +98,8 @@ from seq2seq_models.row_cache import layer_inputs
 from seq2seq_models.transformer import Seq2SeqTransformer
 
 __all__ = [
-    "BATCH_DECODER_FILE", "CACHE_ENV", "DECODER_FILE", "ENCODER_FILE", "EXPORT_FORMAT", "MANIFEST_FILE", "ROLES",
+    "BATCH_DECODER_FILE", "CACHE_ENV", "DECODER_FILE", "ENCODER_FILE", "EXPORT_FORMAT", "MANIFEST_FILE",
+    "PROCESSING_DECODER_FILE", "ROLES",
     "USER_CACHE", "OnnxExport", "bundle_cache_root", "cached_export", "default_cache_root", "ensure_export",
     "export_ar_drafter", "export_dir", "export_model", "export_nar_drafter", "export_verifier", "find_export",
     "loose_cache_root", "model_fingerprint",
@@ -158,15 +163,17 @@ def export_verifier(model: Seq2SeqTransformer, out: Path) -> None:
         torch.tensor(1),  # head_from
         torch.tensor([8, -1]),  # targets
         torch.tensor([2]),  # top_k
-        *_example_processing(cfg.vocab_size, rows=2)[1:],  # logit-space rows: no logprob_rows
     )
-    _export_decoder(_DecoderStep(model32), example, out, DECODER_INPUTS, DECODER_OUTPUTS, {
+    axes = {
         "targets": {0: "rows"},
         "topk_logprobs": {0: "rows", 1: "k"},
         "topk_ids": {0: "rows", 1: "k"},
         "target_logprobs": {0: "rows"},
-        **_PROCESSING_AXES,
-    })
+    }
+    _export_decoder(_DecoderStep(model32), example, out, DECODER_INPUTS, DECODER_OUTPUTS, axes)
+    processing = _example_processing(cfg.vocab_size, rows=2)[1:]  # logit-space rows: no logprob_rows
+    _export_decoder(_DecoderStep(model32), (*example, *processing), out, PROCESSING_DECODER_INPUTS, DECODER_OUTPUTS,
+                    {**axes, **_PROCESSING_AXES}, PROCESSING_DECODER_FILE)
     _export_batch_decoder(model32, out)
 
 
@@ -283,12 +290,13 @@ _DECODER_AXES = {
 
 
 def _export_decoder(
-    module: nn.Module, example: tuple, out: Path, inputs: list[str], outputs: list[str], axes: dict
+    module: nn.Module, example: tuple, out: Path, inputs: list[str], outputs: list[str], axes: dict,
+    file: str = DECODER_FILE,
 ) -> None:
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer warnings about shape arithmetic are expected
         torch.onnx.export(
-            module, example, str(out / DECODER_FILE), dynamo=False, opset_version=OPSET,
+            module, example, str(out / file), dynamo=False, opset_version=OPSET,
             input_names=inputs, output_names=outputs, dynamic_axes={**_DECODER_AXES, **axes},
         )
 
@@ -346,11 +354,13 @@ class _DecoderStep(_ModelGraph):
         self, tokens: Tensor, past_len: Tensor, past_k: Tensor, past_v: Tensor, cross_k: Tensor,
         cross_v: Tensor, head_from: Tensor, targets: Tensor, top_k: Tensor, *processing: Tensor,
     ) -> tuple[Tensor, ...]:
+        """`processing`: none (decoder.onnx), or LOGIT_PROCESSING_INPUTS' (decoder_processing.onnx; a
+        lone row with log-prob space processors, beam search's, runs in the batched graph)."""
         m = self.model
         hidden, present_k, present_v = _decode_block(m, tokens, past_len, past_k, past_v, cross_k, cross_v)
         rows = hidden.index_select(0, torch.arange(head_from, tokens.shape[1]))
-        # A lone row with log-prob space processors (beam search) runs in the batched graph.
-        head = output_head_graph(rows, m.head_weight, m.out_bias, top_k, targets, processing, logit_space_only=True)
+        head = output_head_graph(rows, m.head_weight, m.out_bias, top_k, targets, processing or None,
+                                 logit_space_only=True)
         return present_k, present_v, head.topk_logprobs, head.topk_ids, head.target_logprobs
 
 

@@ -36,6 +36,7 @@ from seq2seq_models.onnx_cache import (
     ENCODER_FILE,
     EXPORT_FORMAT,
     MANIFEST_FILE,
+    PROCESSING_DECODER_FILE,
     OnnxExport,
     export_dir,
 )
@@ -60,7 +61,7 @@ def ensure_int8(export: OnnxExport, role: str, force: bool = False) -> OnnxExpor
             return OnnxExport(directory, export.fingerprint, reused=True)
     tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    for name in (ENCODER_FILE, DECODER_FILE, BATCH_DECODER_FILE):
+    for name in (ENCODER_FILE, DECODER_FILE, PROCESSING_DECODER_FILE, BATCH_DECODER_FILE):
         if (export.directory / name).is_file():
             quantize_graph(export.directory / name, tmp / name)
     import onnxruntime

@@ -33,16 +33,17 @@ class OrtBatchEngine:
         k, v = self.runner.encode_batch(sources, self.eos_id)
         return split_sources(k, v, sources, np.ascontiguousarray)
 
-    def decode_one(self, block: RowBlock, cross: Cross, **feeds: Any) -> tuple[Any, ...]:
+    def decode_one(self, block: RowBlock, cross: Cross, processing: bool = False, **feeds: Any) -> tuple[Any, ...]:
         """One row through the one-row graph (`decoder.onnx`): no padding, masks or gather; its past
         is the row's capacity buffer itself (the graph slices it to `past_len`). A lone request is
         the most common batch, and the batched graph's masking and gathers would slow it
         (BENCHMARKS.md, "Model backends: notes"). Returns the block's K/V [L, 1, H, T, hd] and the graph's
-        other outputs, as host arrays."""
+        other outputs, as host arrays. `processing`: through the graph with logits processors (the
+        verifier's), `feeds` holding them."""
         kv = block.kv
         past = (kv.k[:, None], kv.v[:, None])  # views: [L, 1, H, capacity, hd]
         present_k, present_v, *rest = self.runner.decode(
-            past, (cross.k, cross.v), tokens=[block.fed], past_len=block.past_len, **feeds
+            past, (cross.k, cross.v), processing, tokens=[block.fed], past_len=block.past_len, **feeds
         )
         start = block.past_len
         return host(present_k)[:, :, :, start:], host(present_v)[:, :, :, start:], *(host(r) for r in rest)

@@ -80,6 +80,18 @@ class OrtRunner:
         self.decoder = inference_session(export.decoder, intra_op_threads, providers)
         batch = export.batch_decoder
         self.batch_decoder = None if batch is None else inference_session(batch, intra_op_threads, providers)
+        # Opened at the first lone row with logits processors: a server whose requests have none
+        # never holds a second copy of the decoder.
+        self._processing_decoder: Any = None
+        self._open_processing = lambda: inference_session(export.processing_decoder, intra_op_threads, providers)
+
+    def one_row_decoder(self, processing: bool) -> Any:
+        """The one-row decoder's session: `decoder.onnx`, or with logits processors `decoder_processing.onnx`."""
+        if not processing:
+            return self.decoder
+        if self._processing_decoder is None:
+            self._processing_decoder = self._open_processing()
+        return self._processing_decoder
 
     def encode(self, source_ids: list[int], eos_id: int) -> tuple[Any, Any]:
         """Cross-attention K and V [L, 1, H, S, hd] of one source (EOS appended here)."""
@@ -101,12 +113,14 @@ class OrtRunner:
     def nbytes(self, t: Any) -> int:
         return int(t.nbytes)
 
-    def decode(self, past: tuple[Any, Any], cross: tuple[Any, Any], **feeds: Any) -> tuple[Any, ...]:
-        """One decoder call: `past`/`cross` K and V plus the graph's other inputs by name (ints and
-        lists become int64; numpy arrays keep their dtype); the outputs in the graph's order, K/V
-        runner-native."""
+    def decode(
+        self, past: tuple[Any, Any], cross: tuple[Any, Any], processing: bool = False, **feeds: Any
+    ) -> tuple[Any, ...]:
+        """One decoder call (`processing`: of the graph with logits processors): `past`/`cross` K and
+        V plus the graph's other inputs by name (ints and lists become int64; numpy arrays keep their
+        dtype); the outputs in the graph's order, K/V runner-native."""
         inputs = {**_kv_feeds(past, cross), **{name: _feed(value) for name, value in feeds.items()}}
-        return tuple(self.decoder.run(None, inputs))
+        return tuple(self.one_row_decoder(processing).run(None, inputs))
 
 
     def decode_batch(self, feeds: dict[str, Any]) -> tuple[Any, ...]:
@@ -152,8 +166,11 @@ class CudaOrtRunner(OrtRunner):
     def nbytes(self, t: Any) -> int:
         return int(np.prod(t.shape())) * 4
 
-    def decode(self, past: tuple[Any, Any], cross: tuple[Any, Any], **feeds: Any) -> tuple[Any, ...]:
-        binding = self.decoder.io_binding()
+    def decode(
+        self, past: tuple[Any, Any], cross: tuple[Any, Any], processing: bool = False, **feeds: Any
+    ) -> tuple[Any, ...]:
+        decoder = self.one_row_decoder(processing)
+        binding = decoder.io_binding()
         for name, value in _kv_feeds(past, cross).items():
             # Host arrays (the batched sessions' capacity buffers) are copied in; device OrtValues are bound.
             if isinstance(value, np.ndarray):
@@ -162,14 +179,14 @@ class CudaOrtRunner(OrtRunner):
                 binding.bind_ortvalue_input(name, value)
         for name, value in feeds.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(_feed(value)))
-        names = [o.name for o in self.decoder.get_outputs()]
+        names = [o.name for o in decoder.get_outputs()]
         for name in names:
             # The present K/V stay on the device for the next step; only the rest crosses to the host.
             if name.startswith("present_"):
                 binding.bind_output(name, "cuda", self.index)
             else:
                 binding.bind_output(name, "cpu")
-        self.decoder.run_with_iobinding(binding)
+        decoder.run_with_iobinding(binding)
         outputs = binding.get_outputs()
         return tuple(o if n.startswith("present_") else o.numpy() for n, o in zip(names, outputs, strict=True))
 

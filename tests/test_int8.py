@@ -20,7 +20,13 @@ from decoding.decode import decode
 from drafter_service.server import DrafterLimits, DrafterServer
 from drafter_service.session import make_drafter
 from seq2seq_models.bundle import load_bundle, make_tiny_bundle
-from seq2seq_models.onnx_export import BATCH_DECODER_FILE, DECODER_FILE, ENCODER_FILE, ensure_export
+from seq2seq_models.onnx_export import (
+    BATCH_DECODER_FILE,
+    DECODER_FILE,
+    ENCODER_FILE,
+    PROCESSING_DECODER_FILE,
+    ensure_export,
+)
 from seq2seq_models.onnx_quantize import ensure_int8
 from specdec.cli import main as cli_main
 from specdec.serve import serve_config
@@ -64,7 +70,8 @@ def test_int8_graphs_keep_every_input_and_output(bundle, cache, role):
     int8 = ensure_int8(fp32, role)
     assert int8.directory.parent == fp32.directory.parent and f"-{role}-int8-" in int8.directory.name
     assert ensure_int8(fp32, role).reused  # made once, cached
-    for name in (ENCODER_FILE, DECODER_FILE, BATCH_DECODER_FILE):
+    files = [ENCODER_FILE, DECODER_FILE, BATCH_DECODER_FILE, *([PROCESSING_DECODER_FILE] if role == "verifier" else [])]
+    for name in files:
         a, b = onnx.load(str(fp32.directory / name)).graph, onnx.load(str(int8.directory / name)).graph
         assert [(i.name, i.type) for i in a.input] == [(i.name, i.type) for i in b.input], name
         assert [(o.name, o.type.tensor_type.elem_type) for o in a.output] == [

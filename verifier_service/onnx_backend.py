@@ -44,9 +44,11 @@ class OrtEngine(OrtBatchEngine):
     def forward_one(
         self, block: RowBlock, cross: Cross, top_k: int, processing: Processing | None = None
     ) -> tuple[Any, ...]:
-        """`forward` for a batch of one row, unpadded (`OrtBatchEngine.decode_one`)."""
-        return self.decode_one(block, cross, head_from=block.head_from, targets=block.targets, top_k=[top_k],
-                               **processing_feeds(processing, len(block.targets), LOGIT_PROCESSING_INPUTS))
+        """`forward` for a batch of one row, unpadded (`OrtBatchEngine.decode_one`): with logits
+        processors through the one-row graph that takes them."""
+        feeds = {} if processing is None else processing_feeds(processing, len(block.targets), LOGIT_PROCESSING_INPUTS)
+        return self.decode_one(block, cross, processing is not None, head_from=block.head_from, targets=block.targets,
+                               top_k=[top_k], **feeds)
 
 
 class OnnxVerifier(OnnxModel, BatchVerifier):
