@@ -276,15 +276,6 @@ def processing(plans: Sequence[RowPlan | None], settings: Sequence[Processors | 
 
     if all(p is None for p in plans):
         return None
-    ints = lambda values: np.array(values, dtype=np.int64)  # noqa: E731
-    if len(plans) == 1:  # a lone greedy row, the most common forward: no lists to gather
-        plan, s = plans[0], settings[0]
-        assert plan is not None and s is not None
-        pen, ban, forced = len(plan.penalized), len(plan.banned), plan.forced != NONE
-        return Processing(np.array([s.logprob_space]), np.zeros(pen, np.int64), ints(plan.penalized),
-                          np.full(pen, s.repetition_penalty), np.zeros(ban, np.int64), ints(plan.banned),
-                          ints([0] if forced else []), ints([plan.forced] if forced else []), s.logprob_space,
-                          bool(pen or ban or forced))
     logprob = np.array([s is not None and s.logprob_space for s in settings], dtype=bool)
     pen_rows, pen_ids, factors, ban_rows, ban_ids, forced_rows, forced_ids = [], [], [], [], [], [], []
     for r, (plan, s) in enumerate(zip(plans, settings, strict=True)):
@@ -299,6 +290,7 @@ def processing(plans: Sequence[RowPlan | None], settings: Sequence[Processors | 
             forced_rows.append(r)
             forced_ids.append(plan.forced)
     acts = bool(pen_rows or ban_rows or forced_rows)
+    ints = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
     return Processing(logprob, ints(pen_rows), ints(pen_ids), np.asarray(factors, dtype=np.float64), ints(ban_rows),
                       ints(ban_ids), ints(forced_rows), ints(forced_ids), bool(logprob.any()), acts)
 

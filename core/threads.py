@@ -39,3 +39,10 @@ def split_threads(verifier: int, drafter: int, cpus: int | None = None) -> tuple
     (BENCHMARKS.md, "Intra-op threads (CPU)")."""
     cpus = cpus or usable_cpus()
     return verifier or alone_threads(cpus), drafter or alone_threads(max(1, cpus // 2))
+
+
+def worker_threads(total: int, workers: int) -> int:
+    """Each of `workers` model workers' threads when they share `total` (AUTO: the usable CPUs), at
+    least one: N one-thread forwards side by side outrun one N-thread forward under load
+    (BENCHMARKS.md, "Bulk decoding")."""
+    return max(1, (total or usable_cpus()) // workers)

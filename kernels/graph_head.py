@@ -51,69 +51,53 @@ def _processed_logits(
     ban_ids: Tensor, forced_rows: Tensor, forced_ids: Tensor,
 ) -> Tensor:
     """`_processed` (below) where every row is in logit space (greedy search and the lossless modes:
-    the common case), without a branch: a forced row is its logits plus -inf (one broadcast Add over
-    the scores, 0 for the other rows), then the penalty, the bans and each forced id's 0 are one
-    ScatterElements (`core.logits_processors.RowPlan`: no id is both penalised and banned, and a
-    forced row has neither at its forced id), then one LogSoftmax."""
-    rows, vocab = logits.shape[0], logits.shape[1]
-    column = logits[:, 0]
-    minus_inf = torch.full_like(forced_rows, float("-inf"), dtype=logits.dtype)
-    flat = (logits + torch.zeros_like(column).scatter(0, forced_rows, minus_inf)[:, None]).reshape(-1)
-    at = penalty_rows * vocab + penalty_ids
-    values = flat.index_select(0, at)
-    scaled = torch.where(values < 0, values * penalty_factors, values / penalty_factors)
-    banned = torch.full_like(ban_rows, float("-inf"), dtype=flat.dtype)
-    forced = torch.zeros_like(forced_rows, dtype=flat.dtype)
-    writes = torch.cat([at, ban_rows * vocab + ban_ids, forced_rows * vocab + forced_ids])
-    flat = flat.scatter(0, writes, torch.cat([scaled, banned, forced]))
-    return F.log_softmax(flat.reshape(rows, vocab), dim=-1)
+    the common case), without a branch: `_applied`, then one LogSoftmax."""
+    return F.log_softmax(
+        _applied(logits, penalty_rows, penalty_ids, penalty_factors, ban_rows, ban_ids, forced_rows, forced_ids),
+        dim=-1)
 
 
 def _processed(
     logits: Tensor, logprob_rows: Tensor, penalty_rows: Tensor, penalty_ids: Tensor,
     penalty_factors: Tensor, ban_rows: Tensor, ban_ids: Tensor, forced_rows: Tensor, forced_ids: Tensor,
 ) -> Tensor:
-    """`core.logits_processors.apply_processing` in standard ops, then the logit-space rows
-    normalised, in few cheap passes over the [R, V] scores (a broadcast Where over them costs several
-    Subs, so there is none unless rows are in log-prob space or forced). The penalty and the bans
-    are one ScatterElements on the flattened scores (row * V + id; `core.logits_processors.processing`
-    leaves no id both penalised and banned, so no two writes meet); the rare cases (beam search's
-    log-prob rows, forced rows) run only where there are some."""
-    rows, vocab = logits.shape[0], logits.shape[1]
-    any_logprob_rows = bool(logprob_rows.any())
-    scores = logits
-    if any_logprob_rows:
-        scores = torch.where(logprob_rows[:, None], F.log_softmax(logits, dim=-1), logits)
-    flat = scores.reshape(-1)
+    """`core.logits_processors.apply_processing` where some rows are in log-prob space (beam
+    search's): those rows' scores are their log-probs, processed and left unnormalised; the
+    logit-space rows' are normalised after `_applied`."""
+    in_logprobs = logprob_rows[:, None]
+    scores = _applied(torch.where(in_logprobs, F.log_softmax(logits, dim=-1), logits), penalty_rows, penalty_ids,
+                      penalty_factors, ban_rows, ban_ids, forced_rows, forced_ids)
+    return torch.where(in_logprobs, scores, F.log_softmax(scores, dim=-1))
+
+
+def _applied(
+    scores: Tensor, penalty_rows: Tensor, penalty_ids: Tensor, penalty_factors: Tensor, ban_rows: Tensor,
+    ban_ids: Tensor, forced_rows: Tensor, forced_ids: Tensor,
+) -> Tensor:
+    """The plans applied to `scores` [R, V] in few cheap passes (a broadcast Where over them costs
+    several Subs): a forced row is its scores plus -inf (one broadcast Add, 0 for the other rows),
+    then the penalty, the bans and each forced id's 0 are one ScatterElements on the flattened
+    scores (row * V + id; `core.logits_processors.RowPlan`: no id is both penalised and banned, and a
+    forced row has neither, so no two writes meet)."""
+    rows, vocab = scores.shape[0], scores.shape[1]
+    column = scores[:, 0]
+    minus_inf = torch.full_like(forced_rows, float("-inf"), dtype=scores.dtype)
+    flat = (scores + torch.zeros_like(column).scatter(0, forced_rows, minus_inf)[:, None]).reshape(-1)
     at = penalty_rows * vocab + penalty_ids
     values = flat.index_select(0, at)
     scaled = torch.where(values < 0, values * penalty_factors, values / penalty_factors)
     banned = torch.full_like(ban_rows, float("-inf"), dtype=flat.dtype)
-    scores = flat.scatter(0, torch.cat([at, ban_rows * vocab + ban_ids]), torch.cat([scaled, banned])).reshape(
-        rows, vocab)
-    if forced_rows.numel() > 0:
-        scores = _forced(scores, forced_rows, forced_ids)
-    if any_logprob_rows:
-        return torch.where(logprob_rows[:, None], scores, F.log_softmax(scores, dim=-1))
-    return F.log_softmax(scores, dim=-1)
-
-
-def _forced(scores: Tensor, forced_rows: Tensor, forced_ids: Tensor) -> Tensor:
-    """Each forced row -inf but its forced id, which is 0."""
-    rows, vocab = scores.shape[0], scores.shape[1]
-    column = scores[:, 0]
-    forced = torch.zeros_like(column).scatter(0, forced_rows, torch.ones_like(forced_rows, dtype=column.dtype)) > 0
-    scores = torch.where(forced[:, None], torch.full_like(scores, float("-inf")), scores)
-    flat = scores.reshape(-1).scatter(0, forced_rows * vocab + forced_ids, torch.zeros_like(forced_rows,
-                                                                                          dtype=scores.dtype))
-    return flat.reshape(rows, vocab)
+    forced = torch.zeros_like(forced_rows, dtype=flat.dtype)
+    writes = torch.cat([at, ban_rows * vocab + ban_ids, forced_rows * vocab + forced_ids])
+    return flat.scatter(0, writes, torch.cat([scaled, banned, forced])).reshape(rows, vocab)
 
 
 def _processed_if_any(
     logits: Tensor, logprob_rows: Tensor, penalty_rows: Tensor, penalty_ids: Tensor,
     penalty_factors: Tensor, ban_rows: Tensor, ban_ids: Tensor, forced_rows: Tensor, forced_ids: Tensor,
 ) -> Tensor:
-    """The log-probs of `logits`, through `_processed` (above) where a plan changes a score.
+    """The log-probs of `logits`, through `_processed` / `_processed_logits` (above) where a plan
+    changes a score.
     Scripted (below), so that the traced graph keeps the branch as an ONNX If: a forward without
     processors skips their ops."""
     if penalty_rows.numel() + ban_rows.numel() + forced_rows.numel() > 0:

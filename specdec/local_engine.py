@@ -16,7 +16,7 @@ from typing import Any
 
 from core.backends import check_precision
 from core.errors import SpecdecError
-from core.threads import usable_cpus
+from core.threads import AUTO, worker_threads
 from decoding.config import DecodingConfig, changed_fields, layered_defaults
 from decoding.decode import decode
 from decoding.report import TextStream, request_stats
@@ -160,7 +160,7 @@ class LocalEngine(Engine):
         elif self._make_models is None:
             raise ValueError("this engine cannot make more model workers (it was not opened by Engine.load)")
         else:
-            per_lane = threads or max(1, usable_cpus() // workers)
+            per_lane = threads or worker_threads(AUTO, workers)
             key = (workers, per_lane)
             if key not in self._lane_models:  # made once per layout: opening ONNX sessions takes seconds
                 self._lane_models[key] = [self._make_models(per_lane) for _ in range(workers)]

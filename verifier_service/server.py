@@ -25,7 +25,7 @@ from core.checks import check_draft_len, check_ids, check_length, check_wire_top
 from core.errors import invalid, out_of_range, out_of_step
 from core.greedy import check_greedy_steps, greedy_next
 from core.interfaces import BeamRow, StepCall, VerifyResult
-from core.threads import usable_cpus
+from core.threads import worker_threads
 from core.wire import sends_candidates, session_top_k
 from protos.specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, load_bundle
@@ -91,7 +91,7 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         workers = limits.model_workers
         threads = intra_op_threads or None
         if workers > 1:  # the threads shared out: each worker's forwards get their own cores
-            threads = max(1, (intra_op_threads or usable_cpus()) // workers)
+            threads = worker_threads(intra_op_threads, workers)
         self.lanes = [
             _Lane(make_verifier(bundle, backend, device=device, precision=precision, intra_op_threads=threads),
                   self.executor if i == 0 else StepExecutor(f"verifier-{i}"))
