@@ -23,7 +23,7 @@ import numpy as np
 from core.checks import check_session_step
 from core.sampling import SamplingParams, sample_index, warp
 from seq2seq_models.onnx_model import OnnxModel
-from seq2seq_models.ort_engine import host
+from seq2seq_models.ort_runner import host
 
 if TYPE_CHECKING:
     from seq2seq_models.transformer import Seq2SeqTransformer
@@ -52,7 +52,9 @@ class OnnxArDrafter(OnnxModel):
         if gamma > 1 and not finished.all():
             past_k = np.repeat(host(row.k), width, axis=1)  # every beam starts from the row's prefix
             past_v = np.repeat(host(row.v), width, axis=1)
-            cross_k, cross_v = host(row.cross[0]), host(row.cross[1])
+            # Every beam reads the row's source (the batched decoder takes a source per row).
+            cross_k = np.repeat(host(row.cross[0]), width, axis=1)
+            cross_v = np.repeat(host(row.cross[1]), width, axis=1)
             for _ in range(gamma - 1):
                 if finished.all():
                     break
@@ -61,8 +63,7 @@ class OnnxArDrafter(OnnxModel):
                     "block_lens": np.ones(width, np.int64),
                     "past_lens": np.full(width, past_k.shape[3], np.int64),
                     "past_k": past_k, "past_v": past_v, "cross_k": cross_k, "cross_v": cross_v,
-                    "src_lens": np.array([cross_k.shape[3]], np.int64),
-                    "row_src": np.zeros(width, np.int64),
+                    "src_lens": np.full(width, cross_k.shape[3], np.int64),
                     "head_rows": np.arange(width, dtype=np.int64),
                 })
                 cand_scores, parent, token = expand_beams(scores, log_softmax(logits), finished, width, cfg.pad_id)

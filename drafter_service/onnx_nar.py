@@ -5,9 +5,9 @@ bundle fingerprint). A draft feeds the committed tokens the cache does not hold 
 k [MASK]s, in one call: the committed tokens attend causally, the masks see everything, and the
 graph returns the masks' argmax ids. The drafts of concurrent sessions run as one call of the
 ragged batched graph (`decoder_batch.onnx`, per-row `mask_from`); a lone draft runs through the
-unpadded one-row graph (`decoder.onnx`), whose past is the row's capacity buffer itself (the graph
-slices it to `past_len`). Rows, their caches and `draft_rows` are `nar_batch`'s, shared with the
-torch backend.
+unpadded one-row graph (`decoder.onnx`), whose past and source are the row's slot of the drafter's
+pool as it is (the graph masks them to `past_len` and `src_len`). Rows, their caches and
+`draft_rows` are `nar_batch`'s, shared with the torch backend.
 
 The graphs run through `seq2seq_models.ort_runner`, the verifier's runner; rows' K/V are host
 arrays (on the CUDA provider they cross to the device on every call, as the verifier's do).
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from drafter_service.nar_batch import BatchNarDrafter, NarRow
 from seq2seq_models.onnx_model import OnnxModel
 from seq2seq_models.ort_engine import OrtBatchEngine
-from seq2seq_models.row_cache import Cross, RowBlock
+from seq2seq_models.row_cache import RowBlock
 
 if TYPE_CHECKING:
     from seq2seq_models.transformer import Seq2SeqTransformer
@@ -35,9 +35,9 @@ class OrtNarEngine(OrtBatchEngine):
         feeds = {name: value for name, value in feeds.items() if name != "targets"}
         return self.runner.decode_batch(feeds)
 
-    def forward_one(self, block: RowBlock, cross: Cross, mask_from: int) -> tuple[Any, ...]:
+    def forward_one(self, block: RowBlock, mask_from: int) -> tuple[Any, ...]:
         """`forward` for a batch of one row, unpadded (`OrtBatchEngine.decode_one`)."""
-        return self.decode_one(block, cross, mask_from=mask_from)
+        return self.decode_one(block, mask_from=mask_from)
 
 
 class OnnxNarDrafter(OnnxModel, BatchNarDrafter):

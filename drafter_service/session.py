@@ -14,6 +14,7 @@ on an install without it (the runtime image).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -201,6 +202,21 @@ class LocalDrafter:
             from drafter_service.torch_ar import TorchArDrafter
 
             self.ar = TorchArDrafter(models["ar_drafter"])
+
+    def twin(self) -> LocalDrafter:
+        """A drafter over the same models with NAR rows of its own (`BatchNarDrafter.twin`); the AR
+        drafter's sessions keep their own state, so it is shared as it is."""
+        other = copy.copy(self)
+        if self.nar is not None:
+            other.nar = self.nar.twin()
+            if self.onnx_nar is not None:
+                other.onnx_nar = other.nar  # type: ignore[assignment]
+        return other
+
+    def reserve_rows(self, rows: int) -> None:
+        """Room for `rows` NAR rows at once (`BatchNarDrafter.reserve_rows`)."""
+        if self.nar is not None:
+            self.nar.reserve_rows(rows)
 
     def draft_batch(self, items: list[tuple[DrafterSession, BlockCall]]) -> list[Draft | BaseException]:
         """NAR block drafts of many sessions in one forward (`draft_blocks`), one outcome per item;

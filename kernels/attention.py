@@ -6,23 +6,29 @@ the scaled dot-product attention itself, and merging the heads back. The layers
 eager model and the exported graphs share every other op.
 
 * `EAGER`: `view` with the batch's own sizes and `F.scaled_dot_product_attention` (fused, with
-  attention dropout while training).
+  attention dropout while training); each projection its own linear.
 * `GRAPH`: for tracing one sequence (batch 1): `reshape(1, -1, ...)`, so the traced length stays
   symbolic where `view(b, t, ...)` would freeze it as a constant, and plain matmul-softmax, which
   exports to standard ops that ONNX Runtime fuses on its own.
 * `BATCHED`: `GRAPH` for tracing a ragged batch (`seq2seq_models.batch_graph`): the batch and the
   block length both stay symbolic (the head split reshapes with the traced sizes of the input,
   the merge flattens the last two axes), with the same matmul-softmax.
+
+The graph kernels also project the input of several linears in one matmul (`project`: self-attention's
+Q, K and V; every decoder layer's cross-attention K and V of the encoder output), so an int8 export
+quantizes that input once and runs one wide GEMM (`seq2seq_models.onnx_quantize`); the weights are
+joined while tracing, so the exported graph holds them as one matrix.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 __all__ = [
     "BATCHED", "EAGER", "GRAPH", "AttentionKernel", "BatchedGraphAttention", "EagerAttention", "GraphAttention",
@@ -44,6 +50,10 @@ class Parts(NamedTuple):
 
 
 class AttentionKernel(Protocol):
+    def project(self, x: Tensor, linears: Sequence[nn.Linear]) -> list[Tensor]:
+        """Each linear applied to `x`, in order."""
+        ...
+
     def split_heads(self, x: Tensor, n_heads: int, head_dim: int) -> Tensor:
         """[B, T, H * hd] -> [B, H, T, hd]."""
         ...
@@ -62,6 +72,9 @@ class AttentionKernel(Protocol):
 
 
 class EagerAttention:
+    def project(self, x: Tensor, linears: Sequence[nn.Linear]) -> list[Tensor]:
+        return [linear(x) for linear in linears]
+
     def split_heads(self, x: Tensor, n_heads: int, head_dim: int) -> Tensor:
         b, t, _ = x.shape
         return x.view(b, t, n_heads, head_dim).transpose(1, 2)
@@ -79,6 +92,17 @@ class EagerAttention:
 
 
 class GraphAttention:
+    def project(self, x: Tensor, linears: Sequence[nn.Linear]) -> list[Tensor]:
+        if len(linears) == 1:
+            return [linears[0](x)]
+        weight = torch.cat([linear.weight for linear in linears])
+        biases = [linear.bias for linear in linears]
+        bias = None if any(b is None for b in biases) else torch.cat(biases)
+        if bias is None and any(b is not None for b in biases):  # some have one: the others' are zero
+            bias = torch.cat([b if b is not None else linear.weight.new_zeros(linear.out_features)
+                              for b, linear in zip(biases, linears, strict=True)])
+        return list(F.linear(x, weight, bias).split([linear.out_features for linear in linears], dim=-1))
+
     def split_heads(self, x: Tensor, n_heads: int, head_dim: int) -> Tensor:
         return x.reshape(1, -1, n_heads, head_dim).transpose(1, 2)
 

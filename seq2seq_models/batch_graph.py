@@ -16,9 +16,8 @@ Inputs (int tensors are int64):
   `past_lens[b] + t`;
 * `past_k` / `past_v`, one [B, H, P, hd] per layer: each row's cached K/V, right-padded to
   P = max past_lens (the padding must be finite: zeros);
-* `cross_k` / `cross_v`, one [N, H, S, hd] per layer: the cross-attention K/V of the N distinct
-  sources in the batch, right-padded to S; `src_lens` [N] their lengths (EOS included) and `row_src`
-  [B] the source of every row (rows of one multi-row session share one source);
+* `cross_k` / `cross_v`, one [B, H, S, hd] per layer: each row's source's cross-attention K/V,
+  right-padded to S (finite padding); `src_lens` [B] their lengths (EOS included);
 * `head_rows` [R]: flat indices `b * T + t` of the block positions whose final states are wanted;
 * `mask_from` [B] (the NAR drafter's variant only, `NAR_BATCH_INPUTS`): where each row's [MASK]s
   start inside its block. Block positions before it are committed tokens (causal, as above); a mask
@@ -65,7 +64,7 @@ class BatchedDecoder(nn.Module):
     def forward(
         self, tokens: Tensor, block_lens: Tensor, past_lens: Tensor, past_k: Sequence[Tensor],
         past_v: Sequence[Tensor], cross_k: Sequence[Tensor], cross_v: Sequence[Tensor], src_lens: Tensor,
-        row_src: Tensor, head_rows: Tensor, mask_from: Tensor | None = None,
+        head_rows: Tensor, mask_from: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         m = self.model
         device = tokens.device
@@ -86,11 +85,8 @@ class BatchedDecoder(nn.Module):
         key_positions = torch.cat([past_keys[0].expand(positions.shape[0], -1), positions], dim=1)  # [B, P + T]
         self_mask = m.self_attention_mask(self_mask, positions, key_positions, decoder=True)
 
-        row_src_lens = src_lens.index_select(0, row_src)
         src_keys = torch.arange(cross_k[0].shape[2], device=device)[None, :]
-        cross_mask = (src_keys < row_src_lens[:, None])[:, None, None, :]  # [B, 1, 1, S]
-        row_cross_k = [k.index_select(0, row_src) for k in cross_k]
-        row_cross_v = [v.index_select(0, row_src) for v in cross_v]
+        cross_mask = (src_keys < src_lens[:, None])[:, None, None, :]  # [B, 1, 1, S]
 
         block_k: list[Tensor] = []
         block_v: list[Tensor] = []
@@ -101,6 +97,6 @@ class BatchedDecoder(nn.Module):
             return Parts(past_k[i], k), Parts(past_v[i], v)
 
         x = m.embed_target(tokens, positions)
-        hidden = m.run_decoder(x, self_mask, row_cross_k, row_cross_v, cross_mask, self.kernel, join_past)
+        hidden = m.run_decoder(x, self_mask, list(cross_k), list(cross_v), cross_mask, self.kernel, join_past)
         rows = hidden.flatten(0, 1).index_select(0, head_rows)
         return rows, torch.stack(block_k), torch.stack(block_v)

@@ -32,8 +32,8 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None, kernel: AttentionKernel = EAGER) -> Tensor:
         def attend(h: Tensor) -> Tensor:
-            k, v = self.attn.project_kv(h, kernel)
-            return self.attn.attend(h, k, v, mask, kernel)
+            q, k, v = self.attn.project_qkv(h, kernel)
+            return self.attn.attend_heads(q, k, v, mask, kernel)
 
         x = _residual(x, attend, self.attn_norm, self.dropout, self.post_norm)
         return _residual(x, self.ffn, self.ffn_norm, self.dropout, self.post_norm)
@@ -58,10 +58,10 @@ class DecoderLayer(nn.Module):
         itself) turns the block's self-attention K/V into the keys and values it attends over."""
 
         def self_attend(h: Tensor) -> Tensor:
-            k, v = self.self_attn.project_kv(h, kernel)
+            q, k, v = self.self_attn.project_qkv(h, kernel)
             if join_past is not None:
                 k, v = join_past(k, v)
-            return self.self_attn.attend(h, k, v, self_mask, kernel)
+            return self.self_attn.attend_heads(q, k, v, self_mask, kernel)
 
         def cross_attend(h: Tensor) -> Tensor:
             return self.cross_attn.attend(h, cross_k, cross_v, cross_mask, kernel)
@@ -85,17 +85,30 @@ class Attention(nn.Module):
 
     def project_kv(self, x: Tensor, kernel: AttentionKernel = EAGER) -> tuple[Tensor, Tensor]:
         """K and V [B, H, T, hd] of the states `x` [B, T, D]."""
-        return self._split(self.k_proj(x), kernel), self._split(self.v_proj(x), kernel)
+        k, v = kernel.project(x, (self.k_proj, self.v_proj))
+        return self.split(k, kernel), self.split(v, kernel)
+
+    def project_qkv(self, x: Tensor, kernel: AttentionKernel = EAGER) -> tuple[Tensor, Tensor, Tensor]:
+        """Q, K and V [B, H, T, hd] of the states `x` [B, T, D] (self-attention)."""
+        q, k, v = kernel.project(x, (self.q_proj, self.k_proj, self.v_proj))
+        return self.split(q, kernel), self.split(k, kernel), self.split(v, kernel)
 
     def attend(
         self, x: Tensor, k: Tensor | Parts, v: Tensor | Parts, mask: Tensor | None, kernel: AttentionKernel = EAGER
     ) -> Tensor:
-        q = self._split(self.q_proj(x), kernel)
+        """The attention of the states `x` [B, T, D] over keys `k` and values `v` (cross-attention)."""
+        return self.attend_heads(self.split(self.q_proj(x), kernel), k, v, mask, kernel)
+
+    def attend_heads(
+        self, q: Tensor, k: Tensor | Parts, v: Tensor | Parts, mask: Tensor | None, kernel: AttentionKernel = EAGER
+    ) -> Tensor:
+        """`attend` for queries already projected and split into heads [B, H, T, hd]."""
         p = self.dropout_p if self.training else 0.0
         out = kernel.attend(q, k, v, mask, self.head_dim, p)
         return self.out_proj(kernel.merge_heads(out, self.n_heads, self.head_dim))
 
-    def _split(self, x: Tensor, kernel: AttentionKernel) -> Tensor:
+    def split(self, x: Tensor, kernel: AttentionKernel) -> Tensor:
+        """[B, T, H * hd] -> [B, H, T, hd] with this attention's heads."""
         return kernel.split_heads(x, self.n_heads, self.head_dim)
 
 

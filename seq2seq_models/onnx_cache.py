@@ -16,7 +16,7 @@ from core.logits_processors import LOGIT_PROCESSING_INPUTS, PROCESSING_INPUTS
 from seq2seq_models.row_cache import BATCH_INPUTS
 
 OPSET = 17
-EXPORT_FORMAT = 9  # bump when the graphs' interface changes, so stale caches are not reused
+EXPORT_FORMAT = 10  # bump when the graphs' interface changes, so stale caches are not reused
 CACHE_ENV = "SPECDEC_ONNX_CACHE"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
@@ -27,18 +27,23 @@ USER_CACHE = Path.home() / ".cache" / "specdec" / "onnx"
 
 ENCODER_INPUTS = ["src", "src_mask"]
 ENCODER_OUTPUTS = ["cross_k", "cross_v"]
-DECODER_INPUTS = ["tokens", "past_len", "past_k", "past_v", "cross_k", "cross_v", "head_from", "targets", "top_k"]
+# The one-row decoders of the verifier and the NAR drafter read a row's slot of a pool
+# (`row_cache.KVPool`): one K/V input per layer (`row_cache.layer_inputs`), past and source masked
+# to `past_len` and `src_len`; they return the block's own K/V.
+ROW_INPUTS = ["tokens", "past_len", "past_k", "past_v", "cross_k", "cross_v", "src_len"]
+DECODER_INPUTS = [*ROW_INPUTS, "head_from", "targets", "top_k"]
 # The verifier's decoders with logits processors: the batched one takes all of them (PROCESSING_INPUTS,
 # skipped by an If where none acts); a lone row has a graph of its own for them, taking those of
 # logit-space rows (LOGIT_PROCESSING_INPUTS), so that its plain graph has not a node more.
 PROCESSING_DECODER_INPUTS = [*DECODER_INPUTS, *LOGIT_PROCESSING_INPUTS]
-DECODER_OUTPUTS = ["present_k", "present_v", "topk_logprobs", "topk_ids", "target_logprobs"]
+DECODER_OUTPUTS = ["block_k", "block_v", "topk_logprobs", "topk_ids", "target_logprobs"]
 BATCH_DECODER_INPUTS = [*BATCH_INPUTS, "targets", "top_k", *PROCESSING_INPUTS]
 BATCH_DECODER_OUTPUTS = ["block_k", "block_v", "topk_logprobs", "topk_ids", "target_logprobs"]
-NAR_DECODER_INPUTS = ["tokens", "past_len", "past_k", "past_v", "cross_k", "cross_v", "mask_from"]
-NAR_DECODER_OUTPUTS = ["present_k", "present_v", "draft_ids"]
+NAR_DECODER_INPUTS = [*ROW_INPUTS, "mask_from"]
+NAR_DECODER_OUTPUTS = ["block_k", "block_v", "draft_ids"]
 NAR_BATCH_DECODER_OUTPUTS = ["block_k", "block_v", "draft_ids"]
-# Every role has an export: the AR drafter's decoders end in the logits of the wanted rows.
+# Every role has an export: the AR drafter's decoders end in the logits of the wanted rows; its
+# one-row decoder takes the past stacked over the layers and returns the present (past and block).
 ROLES = ("verifier", "nar_drafter", "ar_drafter")
 AR_DECODER_INPUTS = ["tokens", "past_len", "past_k", "past_v", "cross_k", "cross_v"]
 AR_DECODER_OUTPUTS = ["present_k", "present_v", "logits"]

@@ -10,31 +10,35 @@ Where exports live and how one is found is `seq2seq_models.onnx_cache`, which im
   position) -> cross-attention K and V of every decoder layer, stacked as [L, B, H, S, hd] (the
   encoder runs once per session, the new sessions of one forward together; the decoder never sees
   memory). A row's positions past its own length are padding, cut off by the caller.
-* `decoder.onnx` (decoder-with-past, with the fused output head):
-  tokens [1, T], past_len [] (the block's start position), past_k/past_v [L, 1, H, P, hd] with
-  P >= past_len, cross_k/cross_v, head_from [] (first block row whose head outputs are wanted),
-  targets [R] (drafted token per head row, -1 = none), top_k [1]
-  -> present_k/present_v [L, 1, H, past_len + T, hd], topk_logprobs [R, k], topk_ids [R, k],
-  target_logprobs [R].
-  The graph slices the past to `past_len` itself, so rolling back is only a smaller `past_len`
-  and the cache never has to leave the device (CUDA + I/O binding) to be cut.
+* `decoder.onnx` (one row with its past, with the fused output head): tokens [1, T], past_len []
+  (the block's start position), past_k_i/past_v_i [1, H, P, hd] per layer with P >= past_len,
+  cross_k_i/cross_v_i [1, H, S, hd] per layer with S >= src_len, src_len [], head_from [] (first
+  block row whose head outputs are wanted), targets [R] (drafted token per head row, -1 = none),
+  top_k [1] -> block_k/block_v [L, 1, H, T, hd] (the block's own K/V), topk_logprobs [R, k],
+  topk_ids [R, k], target_logprobs [R]. The K/V inputs are a row's slot of a `row_cache.KVPool`
+  as it is: the graph masks the past to `past_len` and the source to `src_len`, so rolling back
+  is only a smaller `past_len` and nothing is copied to make the inputs.
 * `decoder_processing.onnx` of the verifier: `decoder.onnx` with the rows' logits processors as the
   batched decoder takes them (below), but for logprob_rows: a lone row's processors in logit space
   (a beam search row runs in the batched graph). A graph of its own, so that the plain one, every
   request's without processors, has not a node more.
 * `decoder_batch.onnx` of the verifier: the ragged batched decoder of `batch_graph` (B rows, each
-  with its own past length, block length and source) with the fused head over the wanted rows:
+  with its own past length, block length and source's K/V) with the fused head over the wanted rows:
   `batch_graph.BATCH_INPUTS` + targets [R], top_k [1], and the rows' logits processors
   (`core.logits_processors.PROCESSING_INPUTS`: logprob_rows [R], the penalty's rows, ids and factors
   [P], the bans' rows and ids [Q], the forced rows and ids [F]; empty: none) -> block_k/block_v
   [L, B, H, T, hd] (the block's own K/V only; the host keeps each row's cache), topk_logprobs
   [R, k], topk_ids [R, k], target_logprobs [R]. B, T, P, N, S, R and the processors' sizes are all
   dynamic.
-* `decoder.onnx` of the NAR drafter: tokens [1, T], past_len, past_k/past_v, cross_k/cross_v,
-  mask_from [] -> present_k/present_v, draft_ids [T - mask_from]. Block rows before `mask_from`
+* `decoder.onnx` of the NAR drafter: the verifier's one-row inputs up to src_len, then mask_from []
+  -> block_k/block_v, draft_ids [T - mask_from]. Block rows before `mask_from`
   are committed tokens appended causally; rows from `mask_from` on are the k [MASK]s, which see the
   whole prefix and the whole block. So catching up on the committed tokens and drafting is one
   call.
+* `decoder.onnx` of the small AR drafter: tokens [1, T], past_len [], past_k/past_v
+  [L, 1, H, P, hd] stacked, cross_k/cross_v likewise -> present_k/present_v [L, 1, H, past_len + T,
+  hd] (the past cut to `past_len`, then the block) and the logits of the block's last position (its
+  sessions keep their own K/V, `drafter_service.onnx_ar`).
 * `decoder_batch.onnx` of the NAR drafter: the ragged batched decoder with per-row `mask_from`
   (`batch_graph.NAR_BATCH_INPUTS`) -> block_k/block_v [L, B, H, T, hd], draft_ids [R] (the argmax
   of the `head_rows`, the rows' mask positions; ties to the lowest id).
@@ -59,7 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels.attention import BATCHED, GRAPH
+from kernels.attention import BATCHED, GRAPH, Parts
 from kernels.graph_head import output_head_graph
 from seq2seq_models.batch_graph import BATCH_INPUTS, NAR_BATCH_INPUTS, BatchedDecoder
 from seq2seq_models.onnx_cache import (  # re-exported: the cache side imports no torch
@@ -155,11 +159,8 @@ def export_verifier(model: Seq2SeqTransformer, out: Path) -> None:
     """Write encoder.onnx and the verifier's decoder.onnx for `model` (exported in float32) into `out`."""
     model32 = _export_encoder(model, out)
     cfg = model32.config
-    cross_k, past = _example_cache(cfg)
     example = (
-        torch.tensor([[7, 8, 9]]) % cfg.vocab_size,  # tokens
-        torch.tensor(3),  # past_len (< P on purpose: the slice must stay in the graph)
-        past, past.clone(), cross_k, cross_k.clone(),
+        *_example_row(cfg, [7, 8, 9]),
         torch.tensor(1),  # head_from
         torch.tensor([8, -1]),  # targets
         torch.tensor([2]),  # top_k
@@ -170,10 +171,13 @@ def export_verifier(model: Seq2SeqTransformer, out: Path) -> None:
         "topk_ids": {0: "rows", 1: "k"},
         "target_logprobs": {0: "rows"},
     }
-    _export_decoder(_DecoderStep(model32), example, out, DECODER_INPUTS, DECODER_OUTPUTS, axes)
+    layers = cfg.decoder_layers
+    _export_decoder(_DecoderStep(model32), example, out, layer_inputs(DECODER_INPUTS, layers), DECODER_OUTPUTS,
+                    {**_row_axes(layers), **axes})
     processing = _example_processing(cfg.vocab_size, rows=2)[1:]  # logit-space rows: no logprob_rows
-    _export_decoder(_DecoderStep(model32), (*example, *processing), out, PROCESSING_DECODER_INPUTS, DECODER_OUTPUTS,
-                    {**axes, **_PROCESSING_AXES}, PROCESSING_DECODER_FILE)
+    _export_decoder(_DecoderStep(model32), (*example, *processing), out,
+                    layer_inputs(PROCESSING_DECODER_INPUTS, layers), DECODER_OUTPUTS,
+                    {**_row_axes(layers), **axes, **_PROCESSING_AXES}, PROCESSING_DECODER_FILE)
     _export_batch_decoder(model32, out)
 
 
@@ -201,20 +205,20 @@ def _export_batch_decoder(model32: Seq2SeqTransformer, out: Path, role: str = "v
     rows' logits (the AR drafter)."""
     cfg = model32.config
     layers, heads, hd = cfg.decoder_layers, cfg.decoder_shape.heads, cfg.decoder_shape.head_dim
-    # Every traced size distinct (B 2, T 3, P 5, N 2, S 4, R 4), so none is mistaken for another.
+    # Every traced size distinct (B 2, T 3, P 5, S 4, R 4), so none is mistaken for another.
     example: tuple = (
         torch.tensor([[7, 8, 9], [7, 0, 0]]) % cfg.vocab_size,  # tokens
         torch.tensor([3, 1]), torch.tensor([5, 2]),  # block_lens, past_lens
         *(torch.zeros(2, heads, 5, hd) for _ in range(2 * layers)),  # past_k_i, past_v_i
         *(torch.zeros(2, heads, 4, hd) for _ in range(2 * layers)),  # cross_k_i, cross_v_i
-        torch.tensor([4, 3]), torch.tensor([1, 0]),  # src_lens, row_src
+        torch.tensor([4, 3]),  # src_lens
         torch.tensor([0, 1, 2, 3]),  # head_rows
     )
     axes = {
         "tokens": {0: "batch", 1: "block"}, "block_lens": {0: "batch"}, "past_lens": {0: "batch"},
         **{name: {0: "batch", 2: "past"} for name in layer_inputs(["past_k", "past_v"], layers)},
-        **{name: {0: "sources", 2: "src_len"} for name in layer_inputs(["cross_k", "cross_v"], layers)},
-        "src_lens": {0: "sources"}, "row_src": {0: "batch"}, "head_rows": {0: "rows"},
+        **{name: {0: "batch", 2: "src_len"} for name in layer_inputs(["cross_k", "cross_v"], layers)},
+        "src_lens": {0: "batch"}, "head_rows": {0: "rows"},
         "block_k": {1: "batch", 3: "block"}, "block_v": {1: "batch", 3: "block"},
     }
     if role == "nar_drafter":
@@ -246,15 +250,10 @@ def export_nar_drafter(model: Seq2SeqTransformer, out: Path) -> None:
     """Write encoder.onnx and the NAR drafter's decoder.onnx for `model` (float32) into `out`."""
     model32 = _export_encoder(model, out)
     cfg = model32.config
-    cross_k, past = _example_cache(cfg)
-    example = (
-        torch.tensor([[7, 8, cfg.mask_id, cfg.mask_id]]) % cfg.vocab_size,  # tokens
-        torch.tensor(3),  # past_len (< P on purpose, as for the verifier)
-        past, past.clone(), cross_k, cross_k.clone(),
-        torch.tensor(2),  # mask_from
-    )
-    _export_decoder(_NarDecoderStep(model32), example, out, NAR_DECODER_INPUTS, NAR_DECODER_OUTPUTS,
-                    {"draft_ids": {0: "k"}})
+    example = (*_example_row(cfg, [7, 8, cfg.mask_id, cfg.mask_id]), torch.tensor(2))  # ..., mask_from
+    layers = cfg.decoder_layers
+    _export_decoder(_NarDecoderStep(model32), example, out, layer_inputs(NAR_DECODER_INPUTS, layers),
+                    NAR_DECODER_OUTPUTS, {**_row_axes(layers), "draft_ids": {0: "k"}})
     _export_batch_decoder(model32, out, role="nar_drafter")
 
 
@@ -270,15 +269,15 @@ def export_ar_drafter(model: Seq2SeqTransformer, out: Path) -> None:
         torch.tensor(3),  # past_len (< P on purpose, as for the verifier)
         past, past.clone(), cross_k, cross_k.clone(),
     )
-    _export_decoder(_ArDecoderStep(model32), example, out, AR_DECODER_INPUTS, AR_DECODER_OUTPUTS, {})
+    _export_decoder(_ArDecoderStep(model32), example, out, AR_DECODER_INPUTS, AR_DECODER_OUTPUTS, _AR_DECODER_AXES)
     _export_batch_decoder(model32, out, role="ar_drafter")
 
 
 _EXPORTERS = {"verifier": export_verifier, "nar_drafter": export_nar_drafter, "ar_drafter": export_ar_drafter}
 
 
-# Dynamic axes every decoder-with-past has: the block, the cache capacities, the source length.
-_DECODER_AXES = {
+# The AR drafter's one-row decoder's dynamic axes: the block, the past's capacity, the source length.
+_AR_DECODER_AXES = {
     "tokens": {1: "block"},
     "past_k": {3: "past_cap"},
     "past_v": {3: "past_cap"},
@@ -289,6 +288,28 @@ _DECODER_AXES = {
 }
 
 
+def _row_axes(layers: int) -> dict[str, dict[int, str]]:
+    """The dynamic axes of a one-row decoder over a pool slot: the block, the capacities."""
+    return {
+        "tokens": {1: "block"},
+        **{name: {2: "past_cap"} for name in layer_inputs(["past_k", "past_v"], layers)},
+        **{name: {2: "src_cap"} for name in layer_inputs(["cross_k", "cross_v"], layers)},
+        "block_k": {3: "block"}, "block_v": {3: "block"},
+    }
+
+
+def _example_row(cfg, tokens: list[int]) -> tuple:
+    """Example one-row inputs up to src_len: `tokens` after a past of 3 in a capacity of 5 (the mask
+    must stay in the graph), a source of 3 in a capacity of 4."""
+    layers, heads, hd = cfg.decoder_layers, cfg.decoder_shape.heads, cfg.decoder_shape.head_dim
+    return (
+        torch.tensor([tokens]) % cfg.vocab_size, torch.tensor(3),  # tokens, past_len
+        *(torch.zeros(1, heads, 5, hd) for _ in range(2 * layers)),  # past_k_i, past_v_i
+        *(torch.zeros(1, heads, 4, hd) for _ in range(2 * layers)),  # cross_k_i, cross_v_i
+        torch.tensor(3),  # src_len
+    )
+
+
 def _export_decoder(
     module: nn.Module, example: tuple, out: Path, inputs: list[str], outputs: list[str], axes: dict,
     file: str = DECODER_FILE,
@@ -297,7 +318,7 @@ def _export_decoder(
         warnings.simplefilter("ignore")  # tracer warnings about shape arithmetic are expected
         torch.onnx.export(
             module, example, str(out / file), dynamo=False, opset_version=OPSET,
-            input_names=inputs, output_names=outputs, dynamic_axes={**_DECODER_AXES, **axes},
+            input_names=inputs, output_names=outputs, dynamic_axes=axes,
         )
 
 
@@ -321,7 +342,8 @@ def _export_encoder(model: Seq2SeqTransformer, out: Path) -> Seq2SeqTransformer:
 
 
 def _example_cache(cfg) -> tuple[Tensor, Tensor]:
-    """Example cross-attention K (source of 4) and past K (capacity 5) for tracing a decoder."""
+    """Example cross-attention K (source of 4) and past K (capacity 5) for tracing the AR drafter's
+    one-row decoder."""
     layers, heads, hd = cfg.decoder_layers, cfg.decoder_shape.heads, cfg.decoder_shape.head_dim
     return torch.zeros(layers, 1, heads, 4, hd), torch.zeros(layers, 1, heads, 5, hd)
 
@@ -350,18 +372,16 @@ class _Encoder(_ModelGraph):
 
 
 class _DecoderStep(_ModelGraph):
-    def forward(
-        self, tokens: Tensor, past_len: Tensor, past_k: Tensor, past_v: Tensor, cross_k: Tensor,
-        cross_v: Tensor, head_from: Tensor, targets: Tensor, top_k: Tensor, *processing: Tensor,
-    ) -> tuple[Tensor, ...]:
-        """`processing`: none (decoder.onnx), or LOGIT_PROCESSING_INPUTS' (decoder_processing.onnx; a
-        lone row with log-prob space processors, beam search's, runs in the batched graph)."""
+    def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        """`ROW_INPUTS` (one K/V per layer), head_from, targets, top_k, then `processing`: none
+        (decoder.onnx), or LOGIT_PROCESSING_INPUTS' (decoder_processing.onnx; a lone row with log-prob
+        space processors, beam search's, runs in the batched graph)."""
         m = self.model
-        hidden, present_k, present_v = _decode_block(m, tokens, past_len, past_k, past_v, cross_k, cross_v)
-        rows = hidden.index_select(0, torch.arange(head_from, tokens.shape[1]))
+        (hidden, block_k, block_v), (head_from, targets, top_k, *processing) = _decode_row(m, inputs)
+        rows = hidden.index_select(0, torch.arange(head_from, hidden.shape[0]))
         head = output_head_graph(rows, m.head_weight, m.out_bias, top_k, targets, processing or None,
                                  logit_space_only=True)
-        return present_k, present_v, head.topk_logprobs, head.topk_ids, head.target_logprobs
+        return block_k, block_v, head.topk_logprobs, head.topk_ids, head.target_logprobs
 
 
 class _BatchedStep(_ModelGraph):
@@ -378,9 +398,9 @@ class _BatchedStep(_ModelGraph):
         layers = self.model.config.decoder_layers
         tokens, block_lens, past_lens, *rest = inputs
         kv = [tuple(rest[i * layers : (i + 1) * layers]) for i in range(4)]  # past_k, past_v, cross_k, cross_v
-        src_lens, row_src, head_rows, *after = rest[4 * layers :]
+        src_lens, head_rows, *after = rest[4 * layers :]
         mask_from = after.pop(0) if isinstance(self, _BatchedNarStep) else None
-        out = self.decoder(tokens, block_lens, past_lens, *kv, src_lens, row_src, head_rows, mask_from)
+        out = self.decoder(tokens, block_lens, past_lens, *kv, src_lens, head_rows, mask_from)
         return out, after
 
 
@@ -418,17 +438,54 @@ class _ArDecoderStep(_ModelGraph):
 
 
 class _NarDecoderStep(_ModelGraph):
-    def forward(
-        self, tokens: Tensor, past_len: Tensor, past_k: Tensor, past_v: Tensor, cross_k: Tensor,
-        cross_v: Tensor, mask_from: Tensor,
-    ) -> tuple[Tensor, ...]:
+    def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        """`ROW_INPUTS` (one K/V per layer), then mask_from."""
         m = self.model
-        hidden, present_k, present_v = _decode_block(
-            m, tokens, past_len, past_k, past_v, cross_k, cross_v, mask_from=mask_from
-        )
-        rows = hidden.index_select(0, torch.arange(mask_from, tokens.shape[1]))
+        layers = m.config.decoder_layers
+        mask_from = inputs[3 + 4 * layers]
+        (hidden, block_k, block_v), _ = _decode_row(m, inputs, mask_from)
+        rows = hidden.index_select(0, torch.arange(mask_from, hidden.shape[0]))
         draft_ids = F.linear(rows, m.head_weight, m.out_bias).argmax(-1)  # ties: lowest id, as torch
-        return present_k, present_v, draft_ids
+        return block_k, block_v, draft_ids
+
+
+def _decode_row(
+    m: Seq2SeqTransformer, inputs: Sequence[Tensor], mask_from: Tensor | None = None
+) -> tuple[tuple[Tensor, Tensor, Tensor], Sequence[Tensor]]:
+    """Final-layer states [T, D] of one row's block and the block's own K/V [L, 1, H, T, hd], for the
+    first inputs `ROW_INPUTS` name (one K/V per layer), and the inputs after them. The past is the
+    first `past_len` positions of the given K/V and the source the first `src_len` of its; the
+    block's tokens attend causally, and with `mask_from`, the block's positions from there on ([MASK]s)
+    see every key (the prefix and the whole block)."""
+    layers = m.config.decoder_layers
+    tokens, past_len, *rest = inputs
+    past_k, past_v, cross_k, cross_v = (list(rest[i * layers : (i + 1) * layers]) for i in range(4))
+    src_len, *after = rest[4 * layers :]
+    t = tokens.shape[1]
+    offsets = torch.arange(t)
+    positions = past_len + offsets  # [T]
+    query = offsets[:, None]  # [T, 1]
+    past_keys = torch.arange(past_k[0].shape[2])  # [P]
+    # `query >= 0` only broadcasts the past mask over the block's queries ([T, P]).
+    past_visible = (past_keys[None, :] < past_len) & (query >= 0)
+    block_visible = offsets[None, :] <= query  # causal [T, T]
+    if mask_from is not None:
+        block_visible = block_visible | (query >= mask_from)
+    self_mask = torch.cat([past_visible, block_visible], dim=1)[None, None]  # [1, 1, T, P + T]
+    key_positions = torch.cat([past_keys, positions])[None]
+    self_mask = m.self_attention_mask(self_mask, positions[None], key_positions, decoder=True)
+    cross_mask = (torch.arange(cross_k[0].shape[2]) < src_len)[None, None, None, :]  # [1, 1, 1, S]
+    block_k: list[Tensor] = []
+    block_v: list[Tensor] = []
+
+    def join_past(i: int, k: Tensor, v: Tensor) -> tuple[Parts, Parts]:
+        block_k.append(k)
+        block_v.append(v)
+        return Parts(past_k[i], k), Parts(past_v[i], v)
+
+    x = m.embed_target(tokens, positions[None])
+    hidden = m.run_decoder(x, self_mask, cross_k, cross_v, cross_mask, GRAPH, join_past)
+    return (hidden[0], torch.stack(block_k), torch.stack(block_v)), after
 
 
 def _decode_block(
@@ -436,9 +493,9 @@ def _decode_block(
     cross_k: Tensor, cross_v: Tensor, mask_from: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Final-layer states [T, D] of a block after the first `past_len` cached positions, and
-    the present K/V (the kept past plus the block's own) of every layer, stacked. The block's
-    tokens attend causally; with `mask_from`, the block's positions from there on ([MASK]s) see
-    every key (the prefix and the whole block)."""
+    the present K/V (the kept past plus the block's own) of every layer, stacked (the small AR
+    drafter's one-row decoder). The block's tokens attend causally; with `mask_from`, the block's
+    positions from there on ([MASK]s) see every key (the prefix and the whole block)."""
     t = tokens.shape[1]
     offsets = torch.arange(t)
     positions = past_len + offsets  # [T]

@@ -2,9 +2,12 @@
 matrices in int8, made once and cached beside the fp32 export (`<fingerprint>-<role>-int8-v<format>`).
 
 Dynamic int8 with a scale per activation ROW: every MatMul/Gemm by a float weight initializer
-(projections, feed-forward layers, the output head) becomes U8S8 `MatMulInteger` on weights
-quantized per output column (symmetric int8) and activations quantized at run time per row (per
-token: symmetric, scale max|x|/127, stored as uint8 with zero point 128), then rescaled to float.
+(projections, feed-forward layers, the output head) becomes U8S8 `MatMulIntegerToFloat` (ONNX
+Runtime's contrib op: the int8 GEMM and the rescaling by the row's and the column's scale in one
+kernel) on weights quantized per output column (symmetric int8) and activations quantized at run
+time per row (per token: symmetric, scale max|x|/127, `QuantizeLinear` along the rows to uint8 with
+zero point 128). A Gemm's bias stays an Add after it: the op scales its own bias input by the row
+scales too when those are per row.
 The attention's activation-by-activation products, softmax, layer norms, the embedding lookup and
 the fused head's log-softmax / TopK / gathers stay float32; every graph keeps its inputs and
 outputs exactly (names and dtypes: `topk_ids`, `draft_ids` int64; K/V float32), so the backends run
@@ -42,7 +45,7 @@ from seq2seq_models.onnx_cache import (
 )
 
 INT8_OP_TYPES = ("MatMul", "Gemm")
-QUANT_FORMAT = 2  # bump when the quantization recipe changes, so stale int8 caches are not reused
+QUANT_FORMAT = 4  # bump when the quantization recipe changes, so stale int8 caches are not reused
 
 
 def int8_role(role: str) -> str:
@@ -92,7 +95,7 @@ def quantize_graph(source: Path, out: Path) -> int:
     docstring), written to `out`; returns how many nodes were quantized."""
     import numpy as np
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     model = onnx.load(str(source))
     graph = model.graph
@@ -113,33 +116,43 @@ def quantize_graph(source: Path, out: Path) -> int:
         graph.initializer.extend([
             numpy_helper.from_array(w_q, f"{p}_w"), numpy_helper.from_array(w_scale.astype(np.float32), f"{p}_ws"),
         ])
-        x = node.input[0]
-        c = {name: f"{p}_{name}" for name in ("abs", "amax", "s", "sx", "xs", "r", "sh", "q", "acc", "accf", "y1", "y")}
+        names = ("x2", "abs", "amax", "s", "sx", "sflat", "zp", "q", "y2", "shape", "lead", "yshape", "yb")
+        c = {name: f"{p}_{name}" for name in names}
+        bias = node.input[2] if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2] else ""
+        y = c["yb"] if bias else node.output[0]
         nodes += [
-            helper.make_node("Abs", [x], [c["abs"]]),
+            # Rows of the input, whatever its leading axes (a [B, T, K] block is B * T rows).
+            helper.make_node("Reshape", [node.input[0], f"{p}_rows"], [c["x2"]]),
+            helper.make_node("Abs", [c["x2"]], [c["abs"]]),
             helper.make_node("ReduceMax", [c["abs"]], [c["amax"]], axes=[-1], keepdims=1),
             helper.make_node("Mul", [c["amax"], "int8_inv127"], [c["s"]]),
             helper.make_node("Max", [c["s"], "int8_eps"], [c["sx"]]),  # an all-zero row: any scale
-            helper.make_node("Div", [x, c["sx"]], [c["xs"]]),  # in [-127, 127] by construction
-            helper.make_node("Round", [c["xs"]], [c["r"]]),
-            helper.make_node("Add", [c["r"], "int8_128"], [c["sh"]]),  # uint8 with zero point 128: U8S8
-            helper.make_node("Cast", [c["sh"]], [c["q"]], to=TensorProto.UINT8),
-            helper.make_node("MatMulInteger", [c["q"], f"{p}_w", "int8_zp128", "int8_zp0"], [c["acc"]]),
-            helper.make_node("Cast", [c["acc"]], [c["accf"]], to=TensorProto.FLOAT),
-            helper.make_node("Mul", [c["accf"], c["sx"]], [c["y1"]]),
+            helper.make_node("Reshape", [c["sx"], "int8_flat"], [c["sflat"]]),
+            # QuantizeLinear along the rows takes a zero point per row: 128 each (uint8, U8S8).
+            helper.make_node("Shape", [c["sflat"]], [c["shape"]]),
+            helper.make_node("ConstantOfShape", [c["shape"]], [c["zp"]],
+                             value=numpy_helper.from_array(np.array([128], np.uint8))),
+            helper.make_node("QuantizeLinear", [c["x2"], c["sflat"], c["zp"]], [c["q"]], axis=0),
+            helper.make_node("MatMulIntegerToFloat", [c["q"], f"{p}_w", c["sx"], f"{p}_ws", "int8_zp128", "int8_zp0"],
+                             [c["y2"]], domain="com.microsoft"),
         ]
-        has_bias = node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]
-        y = c["y"] if has_bias else node.output[0]
-        nodes.append(helper.make_node("Mul", [c["y1"], f"{p}_ws"], [y]))
-        if has_bias:
-            nodes.append(helper.make_node("Add", [y, node.input[2]], [node.output[0]]))
+        # Back to the input's leading axes with the weight's columns.
+        nodes += [
+            helper.make_node("Shape", [node.input[0]], [c["lead"]], end=-1),
+            helper.make_node("Concat", [c["lead"], f"{p}_n"], [c["yshape"]], axis=0),
+            helper.make_node("Reshape", [c["y2"], c["yshape"]], [y]),
+        ]
+        if bias:
+            nodes.append(helper.make_node("Add", [y, bias], [node.output[0]]))
+        graph.initializer.extend([numpy_helper.from_array(np.array([w.shape[1]], np.int64), f"{p}_n"),
+                                  numpy_helper.from_array(np.array([-1, w.shape[0]], np.int64), f"{p}_rows")])
         done += 1
     graph.initializer.extend([
         numpy_helper.from_array(np.array(1 / 127.0, np.float32), "int8_inv127"),
         numpy_helper.from_array(np.array(1e-30, np.float32), "int8_eps"),
-        numpy_helper.from_array(np.array(128.0, np.float32), "int8_128"),
         numpy_helper.from_array(np.array(128, np.uint8), "int8_zp128"),
         numpy_helper.from_array(np.array(0, np.int8), "int8_zp0"),
+        numpy_helper.from_array(np.array([-1], np.int64), "int8_flat"),
     ])
     del graph.node[:]
     graph.node.extend(nodes)
@@ -147,6 +160,8 @@ def quantize_graph(source: Path, out: Path) -> int:
     keep = [t for t in graph.initializer if t.name in used]  # fp32 weights no node reads any more
     del graph.initializer[:]
     graph.initializer.extend(keep)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     onnx.save(model, str(out))
     return done
 

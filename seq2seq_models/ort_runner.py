@@ -1,15 +1,18 @@
 """ONNX Runtime as every backend of this project runs an export (verifier and NAR drafter alike).
 
 A runner holds the encoder and decoder sessions of one role's export (`onnx_export.OnnxExport`)
-and calls them: `encode` a source into cross-attention K/V, `empty_past` for a fresh session,
-`decode` with named feeds. K/V tensors are the runner's own type (numpy arrays on CPU, device
-OrtValues on CUDA), so callers only pass them back in; `nbytes` sizes them. For the verifier and
-the NAR drafter, `decode_batch` calls the ragged batched decoder, whose K/V inputs and outputs are host numpy
-arrays on every provider (the rows' caches live on the host).
+and calls them. For the verifier and the NAR drafter, whose rows' K/V live in a host pool
+(`row_cache.KVPool`) on every provider: `encode_batch` sources into cross-attention K/V,
+`decode_row` one row through the one-row decoder and `decode_batch` many through the ragged batched
+decoder, with named feeds (each K/V stacked over the layers, fed one view per layer). For the small
+AR drafter, which keeps its sessions' K/V itself: `encode` a source, `empty_past` for a fresh
+session and `decode` with its past and cross K/V; those tensors are the runner's own type (numpy
+arrays on CPU, device OrtValues on CUDA), so callers only pass them back in; `nbytes` sizes them.
 
 `OrtRunner` uses the CPU execution provider. `CudaOrtRunner` uses the CUDA provider (on the GPU
-`device_id` a "cuda:N" device names) with I/O binding: past and cross-attention K/V stay on the
-device between steps and only the decoder's other outputs come back to the host.
+`device_id` a "cuda:N" device names); for the AR drafter with I/O binding: its past and
+cross-attention K/V stay on the device between steps and only the decoder's other outputs come back
+to the host.
 """
 
 from __future__ import annotations
@@ -100,8 +103,8 @@ class OrtRunner:
 
     def encode_batch(self, sources: list[list[int]], eos_id: int) -> tuple[np.ndarray, np.ndarray]:
         """Cross-attention K and V [L, B, H, S, hd] of several sources in one encoder run, as host
-        arrays (EOS appended here; right-padded to the longest: row i's first len(sources[i]) + 1
-        positions are its own)."""
+        arrays on every provider (EOS appended here; right-padded to the longest: row i's first
+        len(sources[i]) + 1 positions are its own)."""
         k, v = self.encoder.run(None, source_feeds(sources, eos_id))
         return k, v
 
@@ -113,15 +116,21 @@ class OrtRunner:
     def nbytes(self, t: Any) -> int:
         return int(t.nbytes)
 
-    def decode(
-        self, past: tuple[Any, Any], cross: tuple[Any, Any], processing: bool = False, **feeds: Any
-    ) -> tuple[Any, ...]:
-        """One decoder call (`processing`: of the graph with logits processors): `past`/`cross` K and
-        V plus the graph's other inputs by name (ints and lists become int64; numpy arrays keep their
-        dtype); the outputs in the graph's order, K/V runner-native."""
+    def decode(self, past: tuple[Any, Any], cross: tuple[Any, Any], **feeds: Any) -> tuple[Any, ...]:
+        """One call of the small AR drafter's one-row decoder: `past`/`cross` K and V plus the graph's
+        other inputs by name (ints and lists become int64); the outputs in the graph's order, K/V
+        runner-native."""
         inputs = {**_kv_feeds(past, cross), **{name: _feed(value) for name, value in feeds.items()}}
-        return tuple(self.one_row_decoder(processing).run(None, inputs))
+        return tuple(self.decoder.run(None, inputs))
 
+
+    def decode_row(self, feeds: dict[str, Any], processing: bool = False) -> tuple[Any, ...]:
+        """One call of the one-row decoder over a pool slot (`processing`: the verifier's graph with
+        logits processors): its inputs by name (numpy arrays; ints and lists become int64), each K/V
+        stacked over the layers and fed one view per layer (`row_cache.per_layer`); its outputs as
+        numpy arrays. On CUDA, ORT copies the inputs to the device and back."""
+        inputs = {name: _feed(value) for name, value in per_layer(feeds).items()}
+        return tuple(self.one_row_decoder(processing).run(None, inputs))
 
     def decode_batch(self, feeds: dict[str, Any]) -> tuple[Any, ...]:
         """One call of the batched decoder (its inputs by name, numpy arrays: `onnx_export`'s
@@ -166,13 +175,11 @@ class CudaOrtRunner(OrtRunner):
     def nbytes(self, t: Any) -> int:
         return int(np.prod(t.shape())) * 4
 
-    def decode(
-        self, past: tuple[Any, Any], cross: tuple[Any, Any], processing: bool = False, **feeds: Any
-    ) -> tuple[Any, ...]:
-        decoder = self.one_row_decoder(processing)
+    def decode(self, past: tuple[Any, Any], cross: tuple[Any, Any], **feeds: Any) -> tuple[Any, ...]:
+        decoder = self.decoder
         binding = decoder.io_binding()
         for name, value in _kv_feeds(past, cross).items():
-            # Host arrays (the batched sessions' capacity buffers) are copied in; device OrtValues are bound.
+            # Host arrays are copied in; device OrtValues are bound.
             if isinstance(value, np.ndarray):
                 binding.bind_cpu_input(name, np.ascontiguousarray(value))
             else:
@@ -189,6 +196,11 @@ class CudaOrtRunner(OrtRunner):
         decoder.run_with_iobinding(binding)
         outputs = binding.get_outputs()
         return tuple(o if n.startswith("present_") else o.numpy() for n, o in zip(names, outputs, strict=True))
+
+
+def host(t: Any) -> np.ndarray:
+    """`t` as a host array (a CUDA runner's OrtValue is copied back)."""
+    return t if isinstance(t, np.ndarray) else t.numpy()
 
 
 def _feed(value: Any) -> np.ndarray:

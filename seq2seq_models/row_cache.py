@@ -1,18 +1,26 @@
-"""Per-row KV caches and the padded batch that `batch_graph.BatchedDecoder` takes.
+"""Rows' KV caches in one pool per model, and the padded batch that `batch_graph.BatchedDecoder` takes.
 
-One row's self-attention K/V live in a capacity buffer [L, H, capacity, hd] that doubles when
-full, so a step writes only its block; a rollback is a smaller `past_len` on the next step, with no
-copy. `gather` right-pads the rows of one forward into the decoder's batch inputs; `RowKV.write`
-stores each row's part of the block K/V the forward returned.
+A `KVPool` holds every open row's self-attention K/V and its source's cross-attention K/V in four
+arrays laid out as the batched decoder reads them: [L, rows, H, positions, hd] (self) and
+[L, rows, H, source positions, hd] (cross). A row owns a slot (`RowSlot`); the slots in use stay
+near the front (a new row takes the first free slot, and when free slots are many among the used
+ones the last rows move into them, one copy each), so a forward over most of the rows feeds each
+layer's view of the arrays as it is and no row's past is copied to make the batch (the rows not
+stepping, and free slots, ride along as one-position dummy rows); a forward over a smaller share of
+the pool gathers its rows (one copy per array). A step writes only its block; a rollback is a smaller
+past length on the next step, with no copy. Capacities grow (a re-layout: one copy of what is
+held) and shrink again once the longest rows have left, since a forward attends over them.
+
+The pool replaced a capacity buffer per row and a per-forward stack of the batch's sources: copying
+each row's past into the padded batch, and re-laying the sources out as sessions came and went,
+were a third of a batched step's host time (BENCHMARKS.md, "Bulk decoding: where the time goes").
 
 The code is written once over numpy arrays (ONNX Runtime) and torch tensors (the torch backend):
-it only allocates through an `Arrays` and uses slicing, which both share.
+it allocates and gathers through an `Arrays` and otherwise only slices, which both share.
 """
 
 from __future__ import annotations
 
-import math
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -23,12 +31,10 @@ from core.batch_slots import split_by_length
 
 # The inputs of the batched decoder (`batch_graph.BatchedDecoder`, `decoder_batch.onnx`), by name:
 # `gather` makes them. Here, not in batch_graph, so ONNX Runtime callers need no torch.
-BATCH_INPUTS = [
-    "tokens", "block_lens", "past_lens", "past_k", "past_v", "cross_k", "cross_v", "src_lens", "row_src", "head_rows",
-]
+BATCH_INPUTS = ["tokens", "block_lens", "past_lens", "past_k", "past_v", "cross_k", "cross_v", "src_lens", "head_rows"]
 NAR_BATCH_INPUTS = [*BATCH_INPUTS, "mask_from"]
-# The K/V inputs of the batched decoder: `gather` stacks each over the layers; the exported graph
-# takes one input per layer (`layer_inputs`), fed views of the stack (`per_layer`).
+# The K/V inputs of the decoders: `gather` gives each stacked over the layers; the exported graphs
+# take one input per layer (`layer_inputs`), fed views of the stack (`per_layer`).
 LAYERED = ("past_k", "past_v", "cross_k", "cross_v")
 
 
@@ -41,8 +47,8 @@ def layer_inputs(names: Sequence[str], layers: int) -> list[str]:
 
 
 def per_layer(feeds: dict[str, Any]) -> dict[str, Any]:
-    """`gather`'s feeds with each stacked K/V array [L, ...] given as one view per layer (no copy:
-    a stack's layer is contiguous)."""
+    """Feeds with each stacked K/V array [L, ...] given as one view per layer (no copy: a layer of a
+    pool's leading rows is contiguous)."""
     out: dict[str, Any] = {}
     for name, value in feeds.items():
         if name in LAYERED:
@@ -51,57 +57,257 @@ def per_layer(feeds: dict[str, Any]) -> dict[str, Any]:
             out[name] = value
     return out
 
-Zeros = Callable[[tuple[int, ...]], Any]  # shape -> a zero array of the backend's type and dtype
-MIN_CAPACITY = 16
+
+class Arrays(Protocol):
+    """How a backend makes arrays: zeros of its dtype and device."""
+
+    def zeros(self, shape: tuple[int, ...]) -> Any: ...
 
 
-class RowKV:
-    """One row's self-attention K/V [L, H, capacity, hd]; positions [0, held) are valid."""
 
-    def __init__(self, zeros: Zeros, layers: int, heads: int, head_dim: int, capacity: int = MIN_CAPACITY) -> None:
-        self._zeros = zeros
-        self._shape = (layers, heads, head_dim)
-        self.k = zeros((layers, heads, capacity, head_dim))
-        self.v = zeros((layers, heads, capacity, head_dim))
-        self.held = 0
+class NumpyArrays:
+    """`Arrays` of float32 numpy (ONNX Runtime's host arrays)."""
+
+    @staticmethod
+    def zeros(shape: tuple[int, ...]) -> np.ndarray:
+        return np.zeros(shape, np.float32)
+
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+class KVPool:
+    """The K/V of a model's open rows (see the module docstring). Not thread-safe: its owner (a
+    verifier, a drafter) serialises the forwards and the opening and closing of rows."""
+
+    ROW_STEP = 8  # the rows' capacity grows in these steps, and keeps its peak
+    POSITION_STEP = 16  # self-attention capacity: a multiple of this, fitted to the longest row
+    SOURCE_STEP = 16  # cross-attention capacity likewise, fitted to the longest source
+    # A forward over at least this share of the occupied rows feeds the pool's arrays as they are.
+    DIRECT_SHARE = 0.75
+
+    def __init__(self, arrays: Arrays, layers: int, heads: int, head_dim: int) -> None:
+        self.arrays = arrays
+        self.layers, self.heads, self.head_dim = layers, heads, head_dim
+        self.slots: list[RowSlot | None] = []  # slots[i].index == i; None: free (never the last)
+        self.row_capacity = 0
+        self.positions = 0  # self-attention positions every slot has room for
+        self.sources = 0  # cross-attention positions likewise
+        self.k: Any = None  # [L, row_capacity, H, positions, hd]
+        self.v: Any = None
+        self.ck: Any = None  # [L, row_capacity, H, sources, hd]
+        self.cv: Any = None
+        # Each array is a view of a flat buffer, and a re-layout copies into a second one, kept from
+        # the last: memory touched for the first time costs far more than a copy (page faults, on
+        # this project's machines about 50 times), so buffers are reused and only grow.
+        self._flat: dict[str, Any] = {}
+        self._spare: dict[str, Any] = {}
 
     @property
-    def capacity(self) -> int:
-        return int(self.k.shape[2])
+    def n(self) -> int:
+        """Slots up to the last one in use (a direct feed's rows: free ones among them included)."""
+        return len(self.slots)
+
+    @property
+    def used(self) -> list[RowSlot]:
+        """The slots in use."""
+        return [slot for slot in self.slots if slot is not None]
 
     @property
     def nbytes(self) -> int:
-        return int(self.k.nbytes) + int(self.v.nbytes)
+        """Bytes of the buffers the pool holds (both of each array's)."""
+        buffers = [*self._flat.values(), *self._spare.values()]
+        return sum(int(b.nelement() * b.element_size()) if hasattr(b, "nelement") else int(b.nbytes) for b in buffers)
 
-    def reserve(self, n: int) -> None:
-        """Room for `n` positions, doubling the capacity (the valid ones are copied once)."""
-        if n <= self.capacity:
+    def acquire(self) -> RowSlot:
+        """A new row's slot (holding no positions and no source yet): the first free one."""
+        index = next((i for i, slot in enumerate(self.slots) if slot is None), len(self.slots))
+        slot = RowSlot(self, index)
+        if index == len(self.slots):
+            self.slots.append(slot)
+            if len(self.slots) > self.row_capacity:
+                self._layout(rows=_round_up(len(self.slots), self.ROW_STEP))
+        else:
+            self.slots[index] = slot
+        return slot
+
+    def release(self, slot: RowSlot) -> None:
+        """Free `slot` (once). Its place stays free for the next row; when free places are more than
+        a quarter of the slots up to the last one in use, the last rows move into them (rows that
+        leave together, a cohort's, then cost no copies)."""
+        if slot.released:
             return
-        cap = max(n, 2 * self.capacity)
-        layers, heads, hd = self._shape
-        for name in ("k", "v"):
-            new = self._zeros((layers, heads, cap, hd))
-            new[:, :, : self.held] = getattr(self, name)[:, :, : self.held]
-            setattr(self, name, new)
+        slot.released = True
+        self.slots[slot.index] = None
+        while self.slots and self.slots[-1] is None:
+            self.slots.pop()
+        free = [i for i, s in enumerate(self.slots) if s is None]
+        if 4 * len(free) > len(self.slots):
+            for i in free:
+                while self.slots and self.slots[-1] is None:
+                    self.slots.pop()
+                if i >= len(self.slots):
+                    break
+                self._move(self.slots.pop(), i)
+
+    def _move(self, row: RowSlot, i: int) -> None:
+        """Move `row` into free slot `i` (one copy of what it holds)."""
+        j, held, src = row.index, row.held, row.src_len
+        self.k[:, i, :, :held] = self.k[:, j, :, :held]
+        self.v[:, i, :, :held] = self.v[:, j, :, :held]
+        self.ck[:, i, :, :src] = self.ck[:, j, :, :src]
+        self.cv[:, i, :, :src] = self.cv[:, j, :, :src]
+        row.index = i
+        self.slots[i] = row
+
+    def reserve(self, rows: int) -> None:
+        """Room for `rows` rows (a bulk run's rows in flight), so that they never re-lay the pool out."""
+        if rows > self.row_capacity:
+            self._layout(rows=_round_up(rows, self.ROW_STEP))
+
+    def ensure(self, positions: int = 0, sources: int = 0) -> None:
+        """Room for `positions` self-attention and `sources` cross-attention positions in every slot
+        (rounded up to their steps: a re-layout copies what the rows hold, and a padded position
+        costs every forward, so the capacity grows a step at a time)."""
+        if positions > self.positions:
+            self._layout(positions=positions)
+        if sources > self.sources:
+            self._layout(sources=sources)
+
+    def fit(self, positions: int = 0) -> None:
+        """Shrink capacities the rows no longer need (the longest left): a forward fed the arrays as
+        they are attends over all of them, and a padded position costs about as much as a copy of
+        it (BENCHMARKS.md, "Bulk decoding: where the time goes"). `positions`: room still wanted
+        (the coming blocks)."""
+        used = self.used
+        need_p = _round_up(max([positions, *(s.held for s in used)]), self.POSITION_STEP)
+        if self.positions > need_p + self.POSITION_STEP:
+            self._layout(positions=need_p)
+        need_s = _round_up(max([1, *(s.src_len for s in used)]), self.SOURCE_STEP)
+        if self.sources > need_s + self.SOURCE_STEP:
+            self._layout(sources=need_s)
+
+    def _layout(self, rows: int | None = None, positions: int | None = None, sources: int | None = None) -> None:
+        """New arrays for the capacities given (rounded up; the others kept), holding what the rows
+        hold: the self-attention pair when rows or positions change, the cross-attention pair when
+        rows or sources do."""
+        n = len(self.slots)
+        new_rows = self.row_capacity if rows is None else rows
+        if positions is not None or rows is not None or self.k is None:
+            p = max(_round_up(self.positions if positions is None else positions, self.POSITION_STEP),
+                    self.POSITION_STEP)
+            held = max([0, *(s.held for s in self.used)])
+            self.k, self.v = (self._moved(name, new_rows, p, held, n) for name in ("k", "v"))
+            self.positions = p
+        if sources is not None or rows is not None or self.ck is None:
+            s = max(_round_up(self.sources if sources is None else sources, self.SOURCE_STEP), self.SOURCE_STEP)
+            held = max([0, *(slot.src_len for slot in self.used)])
+            self.ck, self.cv = (self._moved(name, new_rows, s, held, n) for name in ("ck", "cv"))
+            self.sources = s
+        self.row_capacity = new_rows
+
+    def gathered(self, name: str, blocks: Sequence[RowBlock], positions: int, valid: str) -> Any:
+        """The first `positions` positions of array `name`'s rows of `blocks`, copied into a buffer of
+        the pool's kept from call to call (fresh memory each forward would cost more than the copy):
+        each row's valid ones (its slot's `valid` count, at most `positions`), the rest stale or
+        zero, finite either way and masked by the graph."""
+        array = getattr(self, name)
+        shape = (self.layers, len(blocks), self.heads, positions, self.head_dim)
+        size = self.layers * len(blocks) * self.heads * positions * self.head_dim
+        key = f"gathered_{name}"
+        buffer = self._spare.get(key)
+        if buffer is None or int(buffer.shape[0]) < size:
+            buffer = self._spare[key] = self.arrays.zeros((size + size // 2,))
+            buffer[:] = 0
+        out = buffer[:size].reshape(shape)
+        for i, blk in enumerate(blocks):
+            n = min(positions, getattr(blk.slot, valid))
+            out[:, i, :, :n] = array[:, blk.slot.index, :, :n]
+        return out
+
+    def _moved(self, name: str, rows: int, positions: int, held: int, n: int) -> Any:
+        """Array `name` laid out anew as `rows` x `positions`, in the spare buffer (grown if it is too
+        small), holding the first `n` rows' first `held` positions of the current one; the current
+        buffer becomes the spare. Positions never written are zeros or stale K/V: finite either way,
+        and masked."""
+        shape = (self.layers, rows, self.heads, positions, self.head_dim)
+        size = self.layers * rows * self.heads * positions * self.head_dim
+        spare = self._spare.get(name)
+        if spare is None or int(spare.shape[0]) < size:
+            spare = self.arrays.zeros((size + size // 2,))  # room for the next growth (`ensure`)
+            spare[:] = 0  # touched now, all of it: the next re-layouts into it fault no pages in
+        new = spare[:size].reshape(shape)
+        old = getattr(self, name)
+        if old is not None and n:
+            n = min(n, int(old.shape[1]), rows)  # a slot taken just now holds nothing yet
+            p = min(held, int(old.shape[3]), positions)
+            new[:, :n, :, :p] = old[:, :n, :, :p]
+        if name in self._flat:
+            self._spare[name] = self._flat[name]
+        self._flat[name] = spare
+        return new
+
+
+class RowSlot:
+    """One row's place in its pool: self-attention positions [0, held) and its source's
+    cross-attention positions [0, src_len) are valid. `index` moves when rows are freed."""
+
+    def __init__(self, pool: KVPool, index: int) -> None:
+        self.pool = pool
+        self.index = index
+        self.held = 0
+        self.src_len = 0  # 0: no source yet
+        self.released = False
+
+    @property
+    def k(self) -> Any:
+        """This row's self-attention K [L, H, positions, hd] (a view of the pool's array)."""
+        return self.pool.k[:, self.index]
+
+    @property
+    def v(self) -> Any:
+        return self.pool.v[:, self.index]
+
+    @property
+    def nbytes(self) -> int:
+        """This row's share of its pool."""
+        pool = self.pool
+        return 8 * pool.layers * pool.heads * pool.head_dim * (pool.positions + pool.sources)
 
     def write(self, start: int, k: Any, v: Any) -> None:
         """Store a block's K/V [L, H, n, hd] at positions start..start+n; the row then holds start + n."""
         n = int(k.shape[2])
         self.held = min(self.held, start)
-        self.reserve(start + n)
-        self.k[:, :, start : start + n] = k
-        self.v[:, :, start : start + n] = v
+        pool = self.pool
+        pool.ensure(positions=start + n)
+        pool.k[:, self.index, :, start : start + n] = k
+        pool.v[:, self.index, :, start : start + n] = v
         self.held = start + n
 
-    def fork(self, keep: int) -> RowKV:
-        """A new row holding a copy of this row's first `keep` positions (beam search forks)."""
+    def set_source(self, k: Any, v: Any) -> None:
+        """Store its source's cross-attention K/V [L, H, S, hd] (S includes the source's EOS)."""
+        s = int(k.shape[2])
+        pool = self.pool
+        pool.ensure(sources=s)
+        pool.ck[:, self.index, :, :s] = k
+        pool.cv[:, self.index, :, :s] = v
+        self.src_len = s
+
+    def fork(self, keep: int) -> RowSlot:
+        """A new row holding a copy of this row's first `keep` positions and its source (beam search)."""
         keep = min(keep, self.held)
-        layers, heads, hd = self._shape
-        other = RowKV(self._zeros, layers, heads, hd, max(MIN_CAPACITY, keep))
-        other.k[:, :, :keep] = self.k[:, :, :keep]
-        other.v[:, :, :keep] = self.v[:, :, :keep]
-        other.held = keep
+        pool = self.pool
+        other = pool.acquire()
+        i, j, s = self.index, other.index, self.src_len
+        pool.k[:, j, :, :keep], pool.v[:, j, :, :keep] = pool.k[:, i, :, :keep], pool.v[:, i, :, :keep]
+        pool.ck[:, j, :, :s], pool.cv[:, j, :, :s] = pool.ck[:, i, :, :s], pool.cv[:, i, :, :s]
+        other.held, other.src_len = keep, s
         return other
+
+    def release(self) -> None:
+        self.pool.release(self)
 
 
 @dataclass
@@ -109,36 +315,25 @@ class RowBlock:
     """One row of a forward: feed `fed` after the row's first `past_len` cached positions, and
     report the head for block positions `head_from..` (one per entry of `targets`, -1 = none)."""
 
-    kv: RowKV
+    slot: RowSlot
     fed: list[int]
     past_len: int
     head_from: int
     targets: list[int]
-    source: int  # index of the row's source among the batch's distinct sources
-
-
-@dataclass(frozen=True)
-class Cross:
-    """One source's cross-attention K/V [L, 1, H, S, hd] (S includes its EOS)."""
-
-    k: Any
-    v: Any
-
-    @property
-    def length(self) -> int:
-        return int(self.k.shape[3])
 
 
 class Encoder(Protocol):
     """What encodes sources: a batched engine (`torch_engine.TorchBatchEngine`, `ort_engine.OrtBatchEngine`)."""
 
-    def encode_batch(self, sources: list[list[int]]) -> list[Cross]: ...
+    def encode_batch(self, sources: list[list[int]]) -> tuple[Any, Any]:
+        """Cross-attention K and V [L, B, H, S, hd] of the right-padded sources (EOS appended)."""
+        ...
 
 
 class Source:
-    """A session's source: its ids until it is encoded together with other new sources
-    (`encode_new`: by the verifier service's encoder scheduler soon after open, or by the first
-    forward that needs its K/V), then its `Cross`. Released when its session closes.
+    """A session's source ids until they are encoded, together with other new sources (`encode_new`:
+    by the verifier service's encoder scheduler soon after open, or by the first forward that needs
+    them), into its row's slot. Released when its session closes.
 
     Not encoding inside `open` is what lets concurrent sessions share one encoder run: under load
     the encoder was about a quarter of the verifier's work (py-spy, GAD at 32 clients), and a batch
@@ -147,31 +342,29 @@ class Source:
 
     def __init__(self, source_ids: list[int]) -> None:
         self.ids = list(source_ids)
-        self.cross: Cross | None = None
+        self.encoded = False
         self.released = False  # its session closed: never encoded again
-
-    @property
-    def nbytes(self) -> int:
-        return 0 if self.cross is None else int(self.cross.k.nbytes) * 2
 
     def release(self) -> None:
         self.released = True
-        self.cross = None
 
 
-def encode_new(encoder: Encoder, sources: Sequence[Source], split_tokens: int = 0,
+def encode_new(encoder: Encoder, pending: Sequence[tuple[Source, RowSlot]], split_tokens: int = 0,
                on_run: Callable[[int], None] | None = None) -> None:
-    """Encode those of `sources` not encoded yet and not released (each once, however often it
-    appears): one run, or one per group of lengths where the padding saved outweighs a run's fixed
-    cost of `split_tokens` tokens (`core.batch_slots.split_by_length`; 0: one run). `on_run` is
-    told the number of sources of each run (a service's metrics)."""
-    new = list({id(s): s for s in sources if s.cross is None and not s.released}.values())
+    """Encode those of the `pending` sources not encoded yet and not released (each once, however often
+    it appears), each into its slot: one run, or one per group of lengths where the padding saved
+    outweighs a run's fixed cost of `split_tokens` tokens (`core.batch_slots.split_by_length`; 0: one
+    run). `on_run` is told the number of sources of each run (a service's metrics)."""
+    new = list({id(s): (s, slot) for s, slot in pending if not s.encoded and not s.released}.values())
     if not new:
         return
-    for group in split_by_length([len(s.ids) + 1 for s in new], split_tokens):
+    for group in split_by_length([len(s.ids) + 1 for s, _ in new], split_tokens):
         batch = [new[i] for i in group]
-        for source, cross in zip(batch, encoder.encode_batch([s.ids for s in batch]), strict=True):
-            source.cross = cross
+        k, v = encoder.encode_batch([s.ids for s, _ in batch])
+        for i, (source, slot) in enumerate(batch):
+            n = len(source.ids) + 1
+            slot.set_source(k[:, i, :, :n], v[:, i, :, :n])
+            source.encoded = True
         if on_run is not None:
             on_run(len(batch))
 
@@ -188,128 +381,65 @@ def source_feeds(sources: list[list[int]], eos_id: int) -> dict[str, np.ndarray]
     return {"src": src, "src_mask": mask}
 
 
-def split_sources(k: Any, v: Any, sources: list[list[int]], own: Callable[[Any], Any]) -> list[Cross]:
-    """Each source's `Cross` out of one encoder run's K/V [L, B, H, S, hd] over `sources` (right-
-    padded): its own positions (with EOS), made an array of its own by `own` (a contiguous copy:
-    the batch's arrays are freed, and ONNX Runtime's one-row graph takes a row's K/V as an input)."""
-    return [Cross(own(k[:, i : i + 1, :, : len(ids) + 1]), own(v[:, i : i + 1, :, : len(ids) + 1]))
-            for i, ids in enumerate(sources)]
-
-
-class CrossStack(threading.local):
-    """The batch's sources' cross-attention K/V as slots of one padded array [L, N, H, S, hd], kept
-    from forward to forward. Under streaming refill the batch's sources change at almost every
-    step (a session ends, another joins): restacking them all each time was a large share of the
-    verifier's worker's time under load (BENCHMARKS.md, "Load: notes"). Here a source keeps its
-    slot while it stays in the batches, a new one takes a free slot (one copy of its K/V), and the
-    array is laid out again only when its shape must change: more sources than slots, or the
-    longest source's length in another bucket of S_STEP positions (longer, or shorter: every row
-    attends over the whole padded S).
-
-    Free slots and the positions past a slot's source hold stale K/V of earlier sources: finite
-    values the graph masks out by `src_lens` (their attention weights are exactly 0).
-
-    The state is per thread (a `threading.local`): a service's scheduler has one worker, but
-    in-process sessions of one verifier may step from their own threads at once, and two forwards
-    filling the same arrays would read each other's rows."""
-
-    S_STEP = 16  # S is the longest source's length rounded up to this: fewer re-layouts, little padding
-    MIN_SLOTS = 8
-
-    def __init__(self) -> None:
-        self._slots: list[Cross | None] = []
-        self._k: Any = None
-        self._v: Any = None
-        self._past: tuple[Any, Any] | None = None
-
-    def stack(self, sources: Sequence[Cross], zeros: Zeros) -> tuple[Any, Any, list[int], list[int]]:
-        """(cross_k, cross_v, the slot of each source, each slot's length) for this forward."""
-        if len(sources) == 1:  # one source (one session, or one multi-row session): no copy
-            return sources[0].k, sources[0].v, [0], [sources[0].length]
-        wanted = {id(c) for c in sources}
-        for slot, c in enumerate(self._slots):
-            if c is not None and id(c) not in wanted:
-                self._slots[slot] = None  # gone from the batch: its slot is free
-        s = -(-max(c.length for c in sources) // self.S_STEP) * self.S_STEP
-        if self._k is None or len(sources) > len(self._slots) or int(self._k.shape[3]) != s:
-            self._layout(sources, s, zeros)
-        else:
-            # A slot holds its Cross alive, so an id held here is that very Cross.
-            held = {id(c) for c in self._slots if c is not None}
-            free = (slot for slot, c in enumerate(self._slots) if c is None)
-            for c in sources:
-                if id(c) not in held:
-                    self._put(next(free), c)
-        slot_of = {id(c): slot for slot, c in enumerate(self._slots) if c is not None}
-        lengths = [1 if c is None else c.length for c in self._slots]
-        return self._k, self._v, [slot_of[id(c)] for c in sources], lengths
-
-    def pasts(self, shape: tuple[int, ...], zeros: Zeros) -> tuple[Any, Any]:
-        """Two arrays of `shape` for a forward's padded past K/V, carved from buffers kept from
-        forward to forward (allocating and zeroing them each step was a tenth of the gather).
-        They hold stale values wherever `gather` writes nothing: padding the graph masks out by
-        `past_lens`, as the stale source positions above."""
-        size = math.prod(shape)
-        if self._past is None or int(self._past[0].shape[0]) < size:
-            self._past = (zeros((2 * size,)), zeros((2 * size,)))
-        return self._past[0][:size].reshape(shape), self._past[1][:size].reshape(shape)
-
-    def _layout(self, sources: Sequence[Cross], s: int, zeros: Zeros) -> None:
-        layers, _, heads, _, hd = sources[0].k.shape
-        n = max(self.MIN_SLOTS, 1 << (len(sources) - 1).bit_length())
-        self._k = zeros((layers, n, heads, s, hd))
-        self._v = zeros((layers, n, heads, s, hd))
-        self._slots = [None] * n
-        for slot, c in enumerate(sources):
-            self._put(slot, c)
-
-    def _put(self, slot: int, c: Cross) -> None:
-        self._slots[slot] = c
-        self._k[:, slot, :, : c.length] = c.k[:, 0]
-        self._v[:, slot, :, : c.length] = c.v[:, 0]
-
-
-def gather(
-    blocks: Sequence[RowBlock], sources: Sequence[Cross], zeros: Zeros, crosses: CrossStack | None = None
-) -> dict[str, Any]:
-    """The batched decoder's inputs (`batch_graph.BATCH_INPUTS` plus `targets`) for `blocks`:
-    int inputs as int64 numpy arrays, K/V padded with zeros in the backend's own arrays; `crosses`
-    keeps the last stack of sources for the next call."""
-    b = len(blocks)
-    t = max(len(r.fed) for r in blocks)
-    p = max(r.past_len for r in blocks)
+def gather(blocks: Sequence[RowBlock], pool: KVPool) -> tuple[dict[str, Any], list[int]]:
+    """The batched decoder's inputs (`BATCH_INPUTS` plus `targets`) for `blocks`, all rows of `pool`,
+    and the batch row each block is in. Int inputs are int64 numpy arrays; K/V are the pool's arrays
+    (or gathered from them), stacked over the layers."""
+    t = max(len(b.fed) for b in blocks)
+    pool.ensure(positions=max(b.past_len + len(b.fed) for b in blocks))  # room for the blocks' K/V after
+    direct = len(blocks) >= pool.DIRECT_SHARE * pool.n  # the slots up to the last in use, free ones too
+    if direct:
+        pool.fit(max(b.past_len + len(b.fed) for b in blocks))
+        rows = [b.slot.index for b in blocks]
+        b = pool.n
+        past_k, past_v, cross_k, cross_v = pool.k[:, :b], pool.v[:, :b], pool.ck[:, :b], pool.cv[:, :b]
+    else:
+        rows = list(range(len(blocks)))
+        b = len(blocks)
+        p = max(blk.past_len for blk in blocks)
+        s = max(blk.slot.src_len for blk in blocks)
+        past_k, past_v = (pool.gathered(name, blocks, p, "held") for name in ("k", "v"))
+        cross_k, cross_v = (pool.gathered(name, blocks, s, "src_len") for name in ("ck", "cv"))
     tokens = np.zeros((b, t), np.int64)
+    # Rows no block is in (a direct feed's dummies): one token, no past, one source position.
+    block_lens = np.ones(b, np.int64)
+    past_lens = np.zeros(b, np.int64)
+    src_lens = np.ones(b, np.int64)
     head_rows: list[int] = []
     targets: list[int] = []
-    first = blocks[0].kv
-    layers, heads, _, hd = first.k.shape
-    crosses = crosses or CrossStack()
-    past_k, past_v = crosses.pasts((layers, b, heads, p, hd), zeros)
-    for i, r in enumerate(blocks):
-        tokens[i, : len(r.fed)] = r.fed
-        head_rows.extend(range(i * t + r.head_from, i * t + r.head_from + len(r.targets)))
-        targets.extend(r.targets)
-        if r.past_len:
-            past_k[:, i, :, : r.past_len] = r.kv.k[:, :, : r.past_len]
-            past_v[:, i, :, : r.past_len] = r.kv.v[:, :, : r.past_len]
-    cross_k, cross_v, slot_of, src_lens = crosses.stack(sources, zeros)
+    for blk, r in zip(blocks, rows, strict=True):
+        tokens[r, : len(blk.fed)] = blk.fed
+        block_lens[r], past_lens[r], src_lens[r] = len(blk.fed), blk.past_len, blk.slot.src_len
+        head_rows.extend(range(r * t + blk.head_from, r * t + blk.head_from + len(blk.targets)))
+        targets.extend(blk.targets)
     return {
         "tokens": tokens,
-        "block_lens": np.array([len(r.fed) for r in blocks], np.int64),
-        "past_lens": np.array([r.past_len for r in blocks], np.int64),
+        "block_lens": block_lens,
+        "past_lens": past_lens,
         "past_k": past_k,
         "past_v": past_v,
         "cross_k": cross_k,
         "cross_v": cross_v,
-        "src_lens": np.array(src_lens, np.int64),
-        "row_src": np.array([slot_of[r.source] for r in blocks], np.int64),
+        "src_lens": src_lens,
         "head_rows": np.array(head_rows, np.int64),
         "targets": np.array(targets, np.int64),
-    }
+    }, rows
 
 
-def scatter(blocks: Sequence[RowBlock], block_k: Any, block_v: Any) -> None:
-    """Append each row's real block positions from the forward's block K/V [L, B, H, T, hd]."""
-    for i, r in enumerate(blocks):
-        n = len(r.fed)
-        r.kv.write(r.past_len, block_k[:, i, :, :n], block_v[:, i, :, :n])
+def scatter(blocks: Sequence[RowBlock], rows: Sequence[int], block_k: Any, block_v: Any) -> None:
+    """Append each block's real positions from the forward's block K/V [L, B, H, T, hd] (block i is
+    batch row `rows[i]`) to its row's slot."""
+    if isinstance(block_k, np.ndarray) and all(len(blk.fed) == 1 for blk in blocks):
+        # Every block one token (AR steps): one copy per array for all the rows.
+        pool = blocks[0].slot.pool
+        pool.ensure(positions=max(blk.past_len for blk in blocks) + 1)
+        index = np.array([blk.slot.index for blk in blocks])
+        at = np.array([blk.past_len for blk in blocks])
+        pool.k[:, index, :, at] = block_k[:, rows, :, 0]
+        pool.v[:, index, :, at] = block_v[:, rows, :, 0]
+        for blk in blocks:
+            blk.slot.held = blk.past_len + 1
+        return
+    for blk, r in zip(blocks, rows, strict=True):
+        n = len(blk.fed)
+        blk.slot.write(blk.past_len, block_k[:, r, :, :n], block_v[:, r, :, :n])

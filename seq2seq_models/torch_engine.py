@@ -14,13 +14,14 @@ import torch
 
 from kernels.attention import EAGER
 from seq2seq_models.batch_graph import BatchedDecoder
-from seq2seq_models.row_cache import LAYERED, Cross, source_feeds, split_sources
+from seq2seq_models.row_cache import LAYERED, source_feeds
 from seq2seq_models.transformer import Seq2SeqTransformer
 
 
 class TorchBatchEngine:
     """The batched decoder run eagerly in the model's own dtype and device (float64 models make
-    batched and one-row results comparable exactly)."""
+    batched and one-row results comparable exactly); its pools' arrays are tensors there too
+    (`row_cache.Arrays`)."""
 
     def __init__(self, model: Seq2SeqTransformer) -> None:
         self.model = model
@@ -36,16 +37,18 @@ class TorchBatchEngine:
     def zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.zeros(shape, dtype=self._dtype, device=self._device)
 
+
     @torch.no_grad()
-    def encode_batch(self, sources: list[list[int]]) -> list[Cross]:
-        """Each source's cross-attention K/V, all in one encoder run (`row_cache.source_feeds`)."""
+    def encode_batch(self, sources: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sources' cross-attention K/V [L, B, H, S, hd], all in one encoder run
+        (`row_cache.source_feeds`)."""
         m = self.model
         feeds = source_feeds(sources, m.config.eos_id)
         src = torch.from_numpy(feeds["src"]).to(self._device)
         # Sources of one length need no mask (and a lone one keeps the unmasked kernel it always had).
         mask = None if len({len(s) for s in sources}) == 1 else torch.from_numpy(feeds["src_mask"]).to(self._device)
         ks, vs = m.cross_kv(m.encode(src, mask))
-        return split_sources(torch.stack(ks), torch.stack(vs), sources, torch.Tensor.contiguous)
+        return torch.stack(ks), torch.stack(vs)
 
     def decode(self, feeds: dict[str, Any], names: Sequence[str]) -> tuple[torch.Tensor, Any, Any]:
         """The wanted rows' final states [R, D] and the block K/V, for the inputs `names` of `feeds`

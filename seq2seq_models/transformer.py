@@ -270,8 +270,12 @@ class Seq2SeqTransformer(nn.Module):
 
     def cross_kv(self, memory: Tensor, kernel: AttentionKernel = EAGER) -> tuple[list[Tensor], list[Tensor]]:
         """Every decoder layer's cross-attention K and V [B, H, S, hd] of the encoder output."""
-        ks, vs = zip(*(layer.cross_attn.project_kv(memory, kernel) for layer in self.decoder_layers), strict=True)
-        return list(ks), list(vs)
+        attentions = [layer.cross_attn for layer in self.decoder_layers]
+        # One projection of `memory` for every layer's K and V (a graph kernel joins them in one matmul).
+        kv = kernel.project(memory, [linear for a in attentions for linear in (a.k_proj, a.v_proj)])
+        ks = [a.split(k, kernel) for a, k in zip(attentions, kv[0::2], strict=True)]
+        vs = [a.split(v, kernel) for a, v in zip(attentions, kv[1::2], strict=True)]
+        return ks, vs
 
     def embed_target(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """Embedded target tokens at their positions (clamped to the table: a position past it is

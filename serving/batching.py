@@ -114,16 +114,23 @@ class StepExecutor:
         return future.result()
 
     def submit(self, fn, *args) -> None:
-        """Fire and forget (closing a session): `fn(*args)` on the worker; nothing after shutdown."""
-        with contextlib.suppress(RuntimeError):  # shut down: nothing left to free
+        """Fire and forget (closing a session): `fn(*args)` on the worker. Such work frees what a
+        session holds (its slots of a model's pool), so it is never dropped: queued at shutdown it
+        still runs on the worker before it exits, and submitted after it runs on the caller's thread
+        (the model's owner locks what it frees)."""
+        try:
             self._put(_Task(fn, args, None, None))
+        except RuntimeError:  # shut down
+            fn(*args)
 
     def shutdown(self) -> None:
-        """Cancel everything queued; the work running now finishes; the worker then exits."""
+        """Cancel everything queued but fire-and-forget work (which still runs); the work running now
+        finishes; the worker then exits."""
         with self._cond:
             self._closed = True
             pending = list(self._queue)
             self._queue.clear()
+            self._queue.extend(e for e in pending if isinstance(e, _Task) and e.future is None)
             self._cond.notify_all()
         for entry in pending:
             if entry.future is not None:
@@ -159,7 +166,7 @@ class StepExecutor:
             with self._cond:
                 while not self._queue and not self._closed:
                     self._cond.wait()
-                if self._closed:
+                if self._closed and not self._queue:
                     return
                 head = self._queue[0]
                 if isinstance(head, _Task):
@@ -240,7 +247,7 @@ class BatchScheduler:
             batch, dropped, full = self._scan(queue)
             if not batch or full or not limits.wait_s:
                 break
-            if callers is not None and len(queue) >= callers():  # everyone who could come is queued
+            if callers is not None and _callers_queued(queue) >= callers():  # everyone who could come is queued
                 break
             since = freed if callers is not None else batch[0].queued
             remaining = since + limits.wait_s - time.perf_counter()
@@ -423,6 +430,13 @@ class _Step:
 
 
 _QUEUED = object()  # a run's step answered and its next one queued: nothing to tell the caller yet
+
+
+def _callers_queued(queue: deque) -> int:
+    """How many callers have work queued: the distinct sessions of the steps (a session may have an
+    encoding and a step queued at once), and each task."""
+    sessions = {id(e.session) for e in queue if isinstance(e, _Step)}
+    return len(sessions) + sum(1 for e in queue if isinstance(e, _Task))
 
 
 def _remove(queue: deque, entries: list) -> None:

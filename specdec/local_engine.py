@@ -6,6 +6,7 @@ The verifier and the drafter are the services' own in-process classes (`verifier
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -33,6 +34,8 @@ from verifier_service.scheduled import ScheduledVerifier
 BULK_ROWS_PER_INPUT = 16
 BULK_TOKENS_PER_INPUT = 96
 BULK_WAIT_S = 0.005
+# Pool rows a bulk lane reserves beyond its share of the batch (`KVPool.reserve`).
+BULK_SPARE_ROWS = 4
 # How long an ended bulk run waits for a model worker's forward in progress.
 LANE_JOIN_S = 60.0
 
@@ -128,19 +131,11 @@ class LocalEngine(Engine):
         forwards side by side, each over its share of the rows."""
         items = (self._pending(index, request) for index, request in enumerate(requests))
         if batch_size == 1:
-            return BulkRun(items, lambda prepared, stop: self.decode(prepared, _stopper(stop)), 1, ordered, window=1)
+            return BulkRun(items, lambda prepared, stop, _: self.decode(prepared, _stopper(stop)), 1, ordered, window=1)
         lanes = self._lanes(batch_size, workers, threads)
-        placing = threading.Lock()
 
-        def decode_one(prepared: Prepared, stop: threading.Event) -> Output:
-            with placing:
-                lane = min(lanes, key=lambda lane: lane.rows)  # the lane with the fewest rows in flight
-                lane.rows += 1
-            try:
-                return self.decode(prepared, _stopper(stop), lane.verifier, lane.drafter)
-            finally:
-                with placing:
-                    lane.rows -= 1
+        def decode_one(prepared: Prepared, stop: threading.Event, index: int) -> Output:
+            return self.decode(prepared, _stopper(stop), lanes[index].verifier, lanes[index].drafter)
 
         def close() -> None:
             for lane in lanes:
@@ -148,7 +143,13 @@ class LocalEngine(Engine):
             for lane in lanes:  # the forwards running now end before the run does
                 lane.executor.join(LANE_JOIN_S)
 
-        return BulkRun(items, decode_one, batch_size, ordered, on_close=close)
+        cohorts = os.environ.get("SPECDEC_COHORTS", "1") == "1"
+        run = BulkRun(items, decode_one, batch_size, ordered, on_close=close, lanes=len(lanes), cohorts=cohorts)
+        for index, lane in enumerate(lanes):
+            # Rows admitted to the lane, decoding or about to: a forward waiting for company stops once
+            # all of them have queued their steps.
+            lane.executor.callers = lambda index=index: run.rows[index]
+        return run
 
     def _lanes(self, batch_size: int, workers: int, threads: int | None) -> list[_Lane]:
         if workers < 1:
@@ -163,14 +164,25 @@ class LocalEngine(Engine):
             per_lane = threads or worker_threads(AUTO, workers)
             key = (workers, per_lane)
             if key not in self._lane_models:  # made once per layout: opening ONNX sessions takes seconds
-                self._lane_models[key] = [self._make_models(per_lane) for _ in range(workers)]
+                if os.environ.get("SPECDEC_SEPARATE_LANES"):
+                    self._lane_models[key] = [self._make_models(per_lane) for _ in range(workers)]
+                else:
+                    # One copy of the models, with each worker's own rows (`twin`): the workers'
+                    # forwards run side by side over the same weights.
+                    verifier, drafter = self._make_models(per_lane)
+                    self._lane_models[key] = [(_twin(verifier), _twin(drafter)) for _ in range(workers)]
             models = self._lane_models[key]
         lanes = []
+        # Each lane's rows in flight, and a few more: a finished row's slot is freed once its session
+        # closes, while the next row's is taken when it is encoded.
+        rows = -(-batch_size // len(models)) + BULK_SPARE_ROWS
         for verifier, drafter in models:
+            for model in (verifier, drafter):
+                if hasattr(model, "reserve_rows"):
+                    model.reserve_rows(rows)
             lane = _Lane(StepExecutor("bulk"))
             lane.verifier = ScheduledVerifier(verifier, lane.executor, limits)
             lane.drafter = None if drafter is None else ScheduledDrafter(drafter, lane.executor, limits)
-            lane.executor.callers = lambda lane=lane: lane.rows
             lanes.append(lane)
         return lanes
 
@@ -245,13 +257,12 @@ class LocalEngine(Engine):
 
 
 class _Lane:
-    """One model worker of a bulk run: its thread, its scheduled models, the rows it decodes now."""
+    """One model worker of a bulk run: its thread and its scheduled models."""
 
     def __init__(self, executor: StepExecutor) -> None:
         self.executor = executor
         self.verifier: Any = None
         self.drafter: Any = None
-        self.rows = 0
 
 
 class _Stopped(Exception):
@@ -267,3 +278,10 @@ def _stopper(stop: threading.Event):
             raise _Stopped()
 
     return on_tokens
+
+
+def _twin(model: Any) -> Any:
+    """`model.twin()` (a verifier or drafter with rows of its own over the same weights), or `model`
+    itself when it keeps no rows of its own (none, or a backend without pools)."""
+    twin = getattr(model, "twin", None)
+    return model if twin is None else twin()

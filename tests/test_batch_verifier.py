@@ -239,14 +239,14 @@ def test_onnx_encoder_runs_ragged_sources_as_one_by_one(bundle, tmp_path, role):
     engine = OrtBatchEngine(open_runner(export), model.config.eos_id)
     rng = random.Random(3)
     sources = [[rng.randrange(W, model.config.vocab_size) for _ in range(n)] for n in (1, 17, 6, 30, 6)]
-    batched = engine.encode_batch(sources)
-    for src, got in zip(sources, batched, strict=True):
-        alone = engine.encode_batch([src])[0]
-        shape = model.config.decoder_shape
-        assert got.k.shape == alone.k.shape == (model.config.decoder_layers, 1, shape.heads, len(src) + 1,
-                                                shape.head_dim)
-        assert got.k.flags.c_contiguous and got.v.flags.c_contiguous
-        assert abs(got.k - alone.k).max() < 1e-4 and abs(got.v - alone.v).max() < 1e-4
+    k, v = engine.encode_batch(sources)
+    shape = model.config.decoder_shape
+    assert k.shape == v.shape == (model.config.decoder_layers, len(sources), shape.heads, 31, shape.head_dim)
+    for i, src in enumerate(sources):
+        alone_k, alone_v = engine.encode_batch([src])
+        n = len(src) + 1  # its own positions, EOS included; the rest is the batch's padding
+        assert alone_k.shape[3] == n
+        assert abs(k[:, i, :, :n] - alone_k[:, 0]).max() < 1e-4 and abs(v[:, i, :, :n] - alone_v[:, 0]).max() < 1e-4
 
 
 def test_multi_row_forks_reuse_and_free_rows():
@@ -262,7 +262,9 @@ def test_multi_row_forks_reuse_and_free_rows():
     assert [r.tokens for r in session.rows] == [[7, 8], [5, 9, 10]]
     for got, toks in zip(out, ([7, 8], [5, 9, 10]), strict=True):
         _same(_fresh_row(LocalVerifier(model), [5, 6, 7, 8], toks, 2), got, 1e-9)
-    assert session.rows[0].kv is not session.rows[1].kv
+    assert session.rows[0].slot is not session.rows[1].slot
+    session.close()
+    assert verifier.pool.used == []  # every row's slot is free again
 
 
 # ---- ONNX Runtime --------------------------------------------------------------------------------
@@ -344,64 +346,80 @@ def test_a_batch_splits_by_block_length_only_where_the_padding_outweighs_a_forwa
     assert split_by_length([], 32) == [[]]
 
 
-def test_the_sources_keep_their_slots_from_forward_to_forward() -> None:
-    """A source staying in the batch keeps its slot, a new one takes a freed slot (no re-layout),
-    and the array is laid out again only when more slots or another length bucket are needed."""
+def _pool(layers: int = 2, heads: int = 3, head_dim: int = 4):
+    from seq2seq_models.row_cache import KVPool, NumpyArrays
+
+    return KVPool(NumpyArrays(), layers, heads, head_dim)
+
+
+def _fill(slot, positions: int, source: int, value: float) -> None:
+    """Give `slot` `positions` self positions and a source of `source`, every entry `value` (V: -value)."""
     import numpy as np
 
-    from seq2seq_models.row_cache import Cross, CrossStack
-
-    def source(length: int, fill: float) -> Cross:
-        return Cross(np.full((2, 1, 3, length, 4), fill, np.float32), np.full((2, 1, 3, length, 4), -fill, np.float32))
-
-    def zeros(shape):
-        return np.zeros(shape, np.float32)
-
-    a, b, c, d = source(5, 1.0), source(20, 2.0), source(9, 3.0), source(7, 4.0)
-    stack = CrossStack()
-    k, v, slots, lengths = stack.stack([a, b, c], zeros)
-    assert k.shape == (2, 8, 3, 32, 4) and slots == [0, 1, 2] and lengths[:3] == [5, 20, 9]
-    k2, _, slots, lengths = stack.stack([c, d, b], zeros)  # a left, d joins: d takes a's slot
-    assert k2 is k and slots == [2, 0, 1] and lengths[:3] == [7, 20, 9]
-    assert (k[:, 0, :, :7] == 4.0).all() and (v[:, 0, :, :7] == -4.0).all()
-    assert (k[:, 2, :, :9] == 3.0).all() and (k[:, 1, :, :20] == 2.0).all()
-    k3, _, slots, _ = stack.stack([c, d], zeros)  # the longest left: S shrinks to 16, a re-layout
-    assert k3 is not k and k3.shape[3] == 16 and (k3[:, slots[1], :, :7] == 4.0).all()
-    many = [source(3, float(i)) for i in range(9)]
-    k4, _, slots, _ = stack.stack(many, zeros)  # more sources than slots
-    assert k4.shape[1] == 16 and sorted(slots) == list(range(9))
-    assert all((k4[:, slot, :, :3] == float(i)).all() for i, slot in enumerate(slots))
+    shape = (slot.pool.layers, slot.pool.heads)
+    slot.set_source(np.full((*shape, source, slot.pool.head_dim), value, np.float32),
+                    np.full((*shape, source, slot.pool.head_dim), -value, np.float32))
+    slot.write(0, np.full((*shape, positions, slot.pool.head_dim), value, np.float32),
+               np.full((*shape, positions, slot.pool.head_dim), -value, np.float32))
 
 
-def test_each_thread_stacks_into_its_own_arrays() -> None:
-    """In-process sessions of one verifier step from their own threads at once: a forward's padded
-    K/V must not be arrays another thread's forward is filling."""
-    import threading
+def _holds(slot, positions: int, source: int, value: float) -> bool:
+    pool, i = slot.pool, slot.index
+    return bool((pool.k[:, i, :, :positions] == value).all() and (pool.v[:, i, :, :positions] == -value).all()
+                and (pool.ck[:, i, :, :source] == value).all() and (pool.cv[:, i, :, :source] == -value).all()
+                and slot.held == positions and slot.src_len == source)
 
+
+def test_pool_rows_keep_their_data_through_holes_moves_and_relayouts() -> None:
+    """A freed slot is a hole the next row takes; once holes are more than a quarter of the slots the
+    last rows move into them; growing and shrinking the capacities keeps what every row holds."""
+    pool = _pool()
+    rows = [pool.acquire() for _ in range(8)]
+    for i, row in enumerate(rows):
+        _fill(row, 3 + i, 5 + i, float(i + 1))
+    pool.release(rows[2])
+    assert pool.n == 8 and pool.slots[2] is None  # a hole, no copy
+    again = pool.acquire()
+    assert again.index == 2  # the first free slot
+    _fill(again, 4, 4, 9.0)
+    for row in (rows[1], rows[3], rows[5]):
+        pool.release(row)  # 3 holes of 8: the last rows move into them
+    kept = [rows[0], again, rows[4], rows[6], rows[7]]
+    assert pool.n == 5 and sorted(r.index for r in kept) == list(range(5))
+    values = {id(rows[0]): 1.0, id(again): 9.0, id(rows[4]): 5.0, id(rows[6]): 7.0, id(rows[7]): 8.0}
+    lengths = {id(rows[0]): (3, 5), id(again): (4, 4), id(rows[4]): (7, 9), id(rows[6]): (9, 11), id(rows[7]): (10, 12)}
+    for row in kept:
+        assert _holds(row, *lengths[id(row)], values[id(row)])
+    pool.ensure(positions=100, sources=70)  # grow: a re-layout
+    assert pool.positions >= 100 and pool.sources >= 70
+    extra = [pool.acquire() for _ in range(20)]  # more rows than the capacity: another
+    assert all(_holds(row, *lengths[id(row)], values[id(row)]) for row in kept)
+    for row in extra:
+        pool.release(row)
+    pool.fit()  # the longest held is 10 positions, the longest source 12: shrink
+    assert pool.positions <= 32 and pool.sources <= 16
+    assert all(_holds(row, *lengths[id(row)], values[id(row)]) for row in kept)
+
+
+def test_a_forward_over_a_few_rows_gathers_them_and_over_most_feeds_the_pool() -> None:
+    """`gather` feeds the pool's arrays as they are when most of its rows step (the others as
+    one-position dummies) and copies the few rows that do otherwise; both give each row its own K/V."""
     import numpy as np
 
-    from seq2seq_models.row_cache import Cross, CrossStack
+    from seq2seq_models.row_cache import RowBlock, gather
 
-    def source(length: int, fill: float) -> Cross:
-        return Cross(np.full((2, 1, 3, length, 4), fill, np.float32), np.full((2, 1, 3, length, 4), -fill, np.float32))
-
-    def zeros(shape):
-        return np.zeros(shape, np.float32)
-
-    stack = CrossStack()
-    got: dict[str, tuple] = {}
-
-    def use(name: str, fill: float) -> None:
-        k, _, _, _ = stack.stack([source(5, fill), source(9, fill)], zeros)
-        got[name] = (k, stack.pasts((2, 3, 3, 7, 4), zeros)[0])
-
-    use("main", 1.0)
-    other = threading.Thread(target=use, args=("other", 2.0))
-    other.start()
-    other.join(10)
-    (k1, p1), (k2, p2) = got["main"], got["other"]
-    assert not np.shares_memory(k1, k2) and not np.shares_memory(p1, p2)
-    assert (k1[:, :2, :, :5] == 1.0).all() and (k2[:, :2, :, :5] == 2.0).all()
+    pool = _pool()
+    rows = [pool.acquire() for _ in range(4)]
+    for i, row in enumerate(rows):
+        _fill(row, 2 + i, 3 + i, float(i + 1))
+    blocks = [RowBlock(row, [7], row.held, 0, [-1]) for row in rows[:3]]
+    feeds, at = gather(blocks, pool)  # 3 of 4: direct
+    assert at == [0, 1, 2] and feeds["past_k"].base is not None and np.shares_memory(feeds["past_k"], pool.k)
+    assert feeds["past_lens"].tolist() == [2, 3, 4, 0] and feeds["src_lens"].tolist() == [3, 4, 5, 1]
+    few, at = gather([RowBlock(rows[3], [7, 8], 5, 0, [-1, -1])], pool)  # 1 of 4: gathered
+    assert at == [0] and not np.shares_memory(few["past_k"], pool.k)
+    assert few["past_k"].shape[3] == 5 and (few["past_k"][:, 0] == 4.0).all()
+    assert few["cross_k"].shape[3] == 6 and (few["cross_v"][:, 0] == -4.0).all()
 
 
 @pytest.mark.parametrize("trio", zoo.model_pool()[:2], ids=lambda t: t.label)

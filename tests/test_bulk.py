@@ -120,7 +120,7 @@ def test_rows_are_admitted_longest_first_within_a_window():
     started: list[int] = []
     lock = threading.Lock()
 
-    def decode(item, stop):
+    def decode(item, stop, lane):
         with lock:
             started.append(item)
         return item

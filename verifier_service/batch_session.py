@@ -1,12 +1,15 @@
 """Verifier sessions whose steps run in ragged batches, written once for both backends.
 
-A session holds one source's cross-attention K/V and one or more rows (`Row`: output tokens and a
-capacity-buffer KV cache, `seq2seq_models.row_cache.RowKV`). `BatchVerifier.step_batch` takes the
-steps of many sessions (`core.interfaces.StepCall`, single- or multi-row), validates each, runs ONE
-forward of `seq2seq_models.batch_graph.BatchedDecoder` over all their rows (an `Engine`: eager torch
-or ONNX Runtime), appends every row's block to its cache and answers each item in its slot: a
+A session holds one source and one or more rows (`Row`: output tokens and a slot of the verifier's
+K/V pool, `seq2seq_models.row_cache.KVPool`, which holds the row's KV cache and its source's
+cross-attention K/V). `BatchVerifier.step_batch` takes the steps of many sessions
+(`core.interfaces.StepCall`, single- or multi-row), validates each, runs ONE forward of
+`seq2seq_models.batch_graph.BatchedDecoder` over all their rows (an `Engine`: eager torch or ONNX
+Runtime), appends every row's block to its cache and answers each item in its slot: a
 `VerifyResult`, a list of them for a multi-row step, or the exception that item raised (a closed
-session, a step out of step, ...) without failing the others. `session.step` is a batch of one.
+session, a step out of step, ...) without failing the others. `session.step` is a batch of one. The
+pool is the verifier's, so its forwards, and the opening and closing of rows, take turns (a lock:
+in-process sessions may step from threads of their own).
 
 A single-row step is today's protocol: keep `committed_len` tokens, append `append_ids`, score
 `draft_ids`; the block fed is `append + draft` after the kept prefix. When nothing is appended,
@@ -15,8 +18,9 @@ identically), so the head rows always start inside the block and no hidden state
 
 A multi-row step (`step_rows`, beam search) replaces the session's rows: row i forks the current
 row `parent` (cut to `committed_len`, then `append_ids`), one head position each. The first child
-of a parent takes over the parent's buffer; further children get a copy of its kept prefix (made
-before the forward writes anything); rows no child names are freed. The prefix is never recomputed.
+of a parent takes over the parent's slot; further children get a slot holding a copy of its kept
+prefix and source (made before the forward writes anything); rows no child names are freed. The
+prefix is never recomputed.
 
 A session opened with logits processors (`core.logits_processors.Processors`) keeps each row's
 processor state (`RowState`) beside its cache, forked and rolled back with it; before the forward,
@@ -26,6 +30,8 @@ and the engine's head applies them (`Processing`).
 
 from __future__ import annotations
 
+import copy
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,23 +46,23 @@ from core.greedy import greedy_next, merge_greedy
 from core.interfaces import BeamRow, StepCall, VerifyResult
 from core.logits_processors import Processing, Processors, RowPlan, RowState, processing
 from seq2seq_models.config import ModelConfig
-from seq2seq_models.row_cache import Cross, CrossStack, RowBlock, RowKV, Source, Zeros, encode_new, gather, scatter
+from seq2seq_models.row_cache import Arrays, KVPool, RowBlock, RowSlot, Source, encode_new, gather, scatter
 from verifier_service.model_verifier import ModelVerifier
 
 StepOutcome = VerifyResult | list[VerifyResult] | BaseException
 
 
-class Engine(Protocol):
-    """One backend's forward: encoding a source, zero arrays, and the batched decoder with the head.
+class Engine(Arrays, Protocol):
+    """One backend's forward: encoding sources, its arrays (`row_cache.Arrays`), and the batched
+    decoder with the head.
 
-    An engine may also have `forward_one(block, cross, top_k, processing=None)`, the same forward for
-    a batch of one row without padding (ONNX Runtime's one-row graph), whose processors act on
-    logits only; `step_batch` uses it for lone rows but beam search's (log-prob space)."""
+    An engine may also have `forward_one(block, top_k, processing=None)`, the same forward for a
+    batch of one row without padding (ONNX Runtime's one-row graph), whose processors act on logits
+    only; `step_batch` uses it for lone rows but beam search's (log-prob space)."""
 
-    zeros: Zeros
     device: str  # "cpu" or "cuda:N"
 
-    def encode_batch(self, sources: list[list[int]]) -> list[Cross]: ...
+    def encode_batch(self, sources: list[list[int]]) -> tuple[Any, Any]: ...
 
     # Whether the head applies logits processors (`forward`'s `processing`).
     processes_logits: bool
@@ -73,7 +79,7 @@ class Engine(Protocol):
 @dataclass
 class Row:
     tokens: list[int]  # output tokens after BOS whose K/V the row holds (drafts included)
-    kv: RowKV
+    slot: RowSlot | None = None  # its place in the verifier's pool: taken by its first encode or step
     state: RowState | None = None  # the logits processors' state, when the session has processors
 
 
@@ -88,7 +94,7 @@ class BatchSession:
         if self.processors is not None:
             cfg = verifier.config
             state = RowState.open(self.processors, cfg.eos_id, cfg.bos_id, [*source_ids, cfg.eos_id])
-        self.rows: list[Row] = [Row([], verifier.new_kv(), state)]
+        self.rows: list[Row] = [Row([], None, state)]
 
     @property
     def closed(self) -> bool:
@@ -101,7 +107,7 @@ class BatchSession:
 
     @property
     def cache_bytes(self) -> int:
-        return self.source.nbytes + sum(r.kv.nbytes for r in self.rows)
+        return sum(r.slot.nbytes for r in self.rows if r.slot is not None)
 
     def step(self, committed_len: int, append_ids: list[int], draft_ids: list[int], top_k: int) -> VerifyResult:
         result = self._verifier.step_batch([(self, StepCall(committed_len, append_ids, draft_ids, top_k))])[0]
@@ -129,8 +135,10 @@ class BatchSession:
         return result
 
     def close(self) -> None:
-        self.source.release()
-        self.rows = []
+        with self._verifier.lock:
+            self.source.release()
+            _release(self.rows)
+            self.rows = []
 
 
 @dataclass
@@ -176,8 +184,9 @@ class BatchVerifier(ModelVerifier):
         super().__init__(config)
         self.config = config
         self.engine = engine
-        # The last forward's stacked sources per group of a split batch, reused while they stay.
-        self._crosses: list[CrossStack] = []
+        shape = config.decoder_shape
+        self.pool = KVPool(engine, config.decoder_layers, shape.heads, shape.head_dim)
+        self.lock = threading.RLock()  # the pool's: forwards, and rows taking or leaving slots
         # A batch whose blocks differ in length runs as several forwards, one per group of lengths,
         # when the padding that saves (in token-rows) outweighs a forward's fixed cost:
         # `core.batch_slots.split_by_length`. 0: never split.
@@ -200,15 +209,36 @@ class BatchVerifier(ModelVerifier):
 
     def encode(self, sessions: Sequence[BatchSession]) -> None:
         """Encode the sources of `sessions` not encoded yet (nor closed) in one encoder run."""
-        encode_new(self.engine, [s.source for s in sessions], self.split_source_tokens, self.on_encode)
+        with self.lock:
+            pending = [(s.source, self._slot(s.rows[0])) for s in sessions
+                       if not s.source.encoded and not s.closed and s.rows]
+            encode_new(self.engine, pending, self.split_source_tokens, self.on_encode)
 
-    def new_kv(self) -> RowKV:
-        cfg = self.config
-        return RowKV(self.engine.zeros, cfg.decoder_layers, cfg.decoder_shape.heads, cfg.decoder_shape.head_dim)
+    def reserve_rows(self, rows: int) -> None:
+        """Room in the pool for `rows` rows at once (a bulk run's), so they never re-lay it out."""
+        with self.lock:
+            self.pool.reserve(rows)
+
+    def twin(self) -> BatchVerifier:
+        """A verifier over the same model (engine, graphs, weights) with a pool and lock of its own:
+        a model worker of its own over one copy of the weights (`specdec decode --workers`)."""
+        other = copy.copy(self)
+        other.pool = KVPool(self.engine, self.pool.layers, self.pool.heads, self.pool.head_dim)
+        other.lock = threading.RLock()
+        return other
 
     def step_batch(self, items: Sequence[tuple[BatchSession, StepCall]]) -> list[StepOutcome]:
         """One forward over every valid item's rows; one outcome per item, in order."""
-        return answer_in_slots(items, self._plan, self._run)
+        with self.lock:
+            # The new sessions' sources first, in one run: a fork copies its parent's source.
+            self.encode([s for s, _ in items if isinstance(s, BatchSession) and s._verifier is self])
+            return answer_in_slots(items, self._plan, self._run)
+
+    def _slot(self, row: Row) -> RowSlot:
+        """`row`'s slot, taken now if it has none (under the lock)."""
+        if row.slot is None:
+            row.slot = self.pool.acquire()
+        return row.slot
 
     # ---- planning: validation and forks, nothing committed ------------------------------------
 
@@ -233,16 +263,20 @@ class BatchVerifier(ModelVerifier):
                 raise out_of_step(f"row parent {r.parent} but the session has {len(session.rows)} rows")
             parent = session.rows[r.parent]
             check_session_step(r.committed_len, len(parent.tokens), len(r.append_ids), 0, self.config)
-        for r in call.rows:
-            parent = session.rows[r.parent]
-            if r.parent in taken:  # a further child: its own copy of the kept prefix (and processor state)
-                state = None if parent.state is None else parent.state.fork()
-                row = Row(parent.tokens[: r.committed_len], parent.kv.fork(1 + r.committed_len), state)
-            else:  # the first child takes the parent's buffer over
-                taken.add(r.parent)
-                row = Row(parent.tokens, parent.kv, parent.state)
-            blocks.append(self._row_block(row, r.committed_len, r.append_ids, []))
-            new_rows.append(row)
+        try:
+            for r in call.rows:
+                parent = session.rows[r.parent]
+                if r.parent in taken:  # a further child: its own copy of the kept prefix (and processor state)
+                    state = None if parent.state is None else parent.state.fork()
+                    row = Row(parent.tokens[: r.committed_len], self._slot(parent).fork(1 + r.committed_len), state)
+                else:  # the first child takes the parent's slot over
+                    taken.add(r.parent)
+                    row = Row(parent.tokens, self._slot(parent), parent.state)
+                new_rows.append(row)
+                blocks.append(self._row_block(row, r.committed_len, r.append_ids, []))
+        except BaseException:  # the step is refused: its forks leave the pool again
+            _release(_apart(new_rows, session.rows))
+            raise
         return _Planned(slot, session, call, blocks, new_rows, [0] * len(blocks))
 
     def _row_block(self, row: Row, committed_len: int, append_ids: list[int], draft_ids: list[int]) -> RowBlock:
@@ -252,30 +286,34 @@ class BatchVerifier(ModelVerifier):
         # nothing is appended (re-fed, see the module docstring); a fresh row feeds BOS too.
         sequence = [cfg.bos_id, *row.tokens[:committed_len], *append_ids, *draft_ids]
         first_row = committed_len + len(append_ids)
-        past_len = min(1 + committed_len if append_ids else committed_len, row.kv.held)
-        return RowBlock(row.kv, sequence[past_len:], past_len, first_row - past_len, [*draft_ids, -1], 0)
+        slot = self._slot(row)
+        past_len = min(1 + committed_len if append_ids else committed_len, slot.held)
+        return RowBlock(slot, sequence[past_len:], past_len, first_row - past_len, [*draft_ids, -1])
 
     # ---- the forward and the commit -------------------------------------------------------------
 
     def _run(self, planned: list[_Planned], outcomes: list[StepOutcome | None]) -> None:
-        self.encode([p.session for p in planned])  # the new sessions' sources, in one run
+        try:
+            self._forward_all(planned, outcomes)
+        except BaseException:  # the forward failed: the rows forked for it leave the pool again
+            for p in planned:
+                _release(_apart(p.new_rows, p.session.rows))
+            raise
+
+    def _forward_all(self, planned: list[_Planned], outcomes: list[StepOutcome | None]) -> None:
         started = time.perf_counter()  # the load signal is the decoder's forward (encoding is per request)
         blocks: list[RowBlock] = []
-        crosses: list[Cross] = []
         plans: list[tuple[list[RowPlan] | None, Processors | None]] = []  # each block's, with its settings
         for p in planned:
-            cross = p.session.source.cross
-            assert cross is not None
             blocks.extend(p.blocks)
-            crosses.extend(cross for _ in p.blocks)
             plans.extend((block_plans, p.session.processors) for block_plans in p.plans(self.config.bos_id))
         top_k = min(self.vocab_size, max(p.call.top_k for p in planned))
         # Each block's head rows [n_targets, k] (top-k log-probs, top-k ids) and draft log-probs.
         heads: list[tuple[Any, Any, Any]] = [()] * len(blocks)  # type: ignore[list-item]
         groups = split_by_length([len(b.fed) for b in blocks], self.split_tokens)
-        for g, group in enumerate(groups):
+        for group in groups:
             chosen = [blocks[i] for i in group]
-            outs = self._forward(chosen, [crosses[i] for i in group], top_k, g, _processing(chosen, plans, group))
+            outs = self._forward(chosen, top_k, _processing(chosen, plans, group))
             for i, out in zip(group, outs, strict=True):
                 heads[i] = out
         forward_s = time.perf_counter() - started
@@ -284,6 +322,7 @@ class BatchVerifier(ModelVerifier):
         for p in planned:
             if p.session.closed:  # closed while its forward ran: refused, its rows not revived
                 outcomes[p.slot] = out_of_step("the session is closed")
+                _release(_apart(p.new_rows, p.session.rows))
                 at += len(p.blocks)
                 continue
             k = min(p.call.top_k, self.vocab_size)
@@ -300,33 +339,27 @@ class BatchVerifier(ModelVerifier):
                     **load,
                 ))
                 row.tokens = row.tokens[: block.past_len - 1] + block.fed if block.past_len else block.fed[1:]
+            _release(_apart(p.session.rows, p.new_rows))  # the rows no child named
             p.session.rows = p.new_rows
             outcomes[p.slot] = results[0] if p.call.rows is None else results
 
     def _forward(
-        self, blocks: list[RowBlock], crosses: list[Cross], top_k: int, group: int, processing: Processing | None
+        self, blocks: list[RowBlock], top_k: int, processing: Processing | None
     ) -> list[tuple[Any, Any, Any]]:
-        """One forward over `blocks` (each with its session's source); each block's head rows, after
-        their logits processors. Appends every block's K/V to its row's cache."""
+        """One forward over `blocks`; each block's head rows, after their logits processors. Appends
+        every block's K/V to its row's slot."""
         if not blocks:
             return []
-        sources: dict[int, int] = {}
-        distinct: list[Cross] = []
-        for b, c in zip(blocks, crosses, strict=True):
-            b.source = sources.setdefault(id(c), len(distinct))
-            if b.source == len(distinct):
-                distinct.append(c)
         one = getattr(self.engine, "forward_one", None)
         extra = () if processing is None else (processing,)  # engines without processors take none
         if len(blocks) == 1 and one is not None and not (processing is not None and processing.any_logprob_space):
             # A lone row: the engine's unpadded path.
-            block_k, block_v, topk_lp, topk_ids, target_lp = one(blocks[0], distinct[0], top_k, *extra)
+            block_k, block_v, topk_lp, topk_ids, target_lp = one(blocks[0], top_k, *extra)
+            rows = [0]
         else:
-            while len(self._crosses) <= group:  # one stack per group: both stay valid from step to step
-                self._crosses.append(CrossStack())
-            feeds = gather(blocks, distinct, self.engine.zeros, self._crosses[group])
+            feeds, rows = gather(blocks, self.pool)
             block_k, block_v, topk_lp, topk_ids, target_lp = self.engine.forward(feeds, top_k, *extra)
-        scatter(blocks, block_k, block_v)
+        scatter(blocks, rows, block_k, block_v)
         heads = []
         head = 0
         for b in blocks:
@@ -347,3 +380,16 @@ def _processing(
         row_plans += block_plans if block_plans is not None else [None] * len(block.targets)
         settings += [processors] * len(block.targets)
     return processing(row_plans, settings)
+
+
+def _release(rows: Sequence[Row]) -> None:
+    """Free the slots of `rows` (those that have one)."""
+    for row in rows:
+        if row.slot is not None:
+            row.slot.release()
+
+
+def _apart(rows: Sequence[Row], others: Sequence[Row]) -> list[Row]:
+    """The rows of `rows` whose slot none of `others` holds."""
+    held = {id(r.slot) for r in others if r.slot is not None}
+    return [r for r in rows if r.slot is not None and id(r.slot) not in held]

@@ -4,7 +4,7 @@ Graphs come from `seq2seq_models.onnx_export` (exported on demand, cached by fin
 `step_batch` and multi-row sessions are `verifier_service.batch_session`'s, shared with the torch
 backend; this module gives the ONNX Runtime `Engine`: a forward is one call of the ragged batched
 decoder (`decoder_batch.onnx`, with the fused head inside), over the rows of every session in the
-batch. Each row's K/V live in a host capacity buffer (`seq2seq_models.row_cache.RowKV`): the graph
+batch. The rows' K/V live in the verifier's host pool (`seq2seq_models.row_cache.KVPool`): the graph
 returns only the block's K/V, which the host appends, and a rollback is a smaller past length.
 
 The graphs run through `seq2seq_models.ort_runner`: the CPU execution provider by default; with
@@ -21,7 +21,7 @@ import numpy as np
 from core.logits_processors import LOGIT_PROCESSING_INPUTS, Processing, processing_feeds
 from seq2seq_models.onnx_model import OnnxModel
 from seq2seq_models.ort_engine import OrtBatchEngine
-from seq2seq_models.row_cache import Cross, RowBlock
+from seq2seq_models.row_cache import RowBlock
 from verifier_service.batch_session import BatchSession, BatchVerifier
 
 if TYPE_CHECKING:
@@ -41,13 +41,11 @@ class OrtEngine(OrtBatchEngine):
         return self.runner.decode_batch({**feeds, "top_k": np.array([top_k], np.int64),
                                          **processing_feeds(processing, rows)})
 
-    def forward_one(
-        self, block: RowBlock, cross: Cross, top_k: int, processing: Processing | None = None
-    ) -> tuple[Any, ...]:
+    def forward_one(self, block: RowBlock, top_k: int, processing: Processing | None = None) -> tuple[Any, ...]:
         """`forward` for a batch of one row, unpadded (`OrtBatchEngine.decode_one`): with logits
         processors through the one-row graph that takes them."""
         feeds = {} if processing is None else processing_feeds(processing, len(block.targets), LOGIT_PROCESSING_INPUTS)
-        return self.decode_one(block, cross, processing is not None, head_from=block.head_from, targets=block.targets,
+        return self.decode_one(block, processing is not None, head_from=block.head_from, targets=block.targets,
                                top_k=[top_k], **feeds)
 
 

@@ -22,6 +22,8 @@ from verifier_service.batch_session import BatchSession, BatchVerifier
 
 # Source tokens one encoder run may hold (as the service's).
 ENCODE_TOKENS = 8192
+# How much longer than a step an encoding waits for company.
+ENCODE_WAIT_FACTOR = 4
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,10 @@ class ScheduledVerifier:
         self.load_key = self  # adaptive speculation learns this verifier's load (`load_key_of`)
         self.executor = executor
         self.steps = BatchScheduler(executor, verifier.step_batch, limits)
-        self.encoder = BatchScheduler(executor, self._encode, BatchLimits(limits.max_rows, ENCODE_TOKENS))
+        # New sources wait for company longer than steps do: the rows a bulk run admits together open
+        # together, but each on a thread that is only starting (the wait ends once all are queued).
+        encode_limits = BatchLimits(limits.max_rows, ENCODE_TOKENS, ENCODE_WAIT_FACTOR * limits.wait_s)
+        self.encoder = BatchScheduler(executor, self._encode, encode_limits)
 
     def open(self, source_ids: list[int], processors: Processors | None = None) -> ScheduledSession:
         session = self.inner.open(source_ids, processors)
