@@ -166,7 +166,7 @@ class BatchNarDrafter:
                 outcomes[slot] = out_of_step("the session is closed")
             else:
                 if mask_from:  # keep the committed tokens' K/V; the masks' are never cached
-                    block.slot.write(block.past_len, block_k[:, r, :, :mask_from], block_v[:, r, :, :mask_from])
+                    block.slot.write(block.past_len, block_k[:, r, ..., :mask_from], block_v[:, r, :, :mask_from])
                 row.valid = 1 + len(row.tokens)
                 outcomes[slot] = [int(t) for t in ids[head : head + k]]
             head += k

@@ -61,13 +61,13 @@ class OnnxArDrafter(OnnxModel):
                 block_k, block_v, logits = self.runner.decode_batch({
                     "tokens": seqs[:, -1:].astype(np.int64),
                     "block_lens": np.ones(width, np.int64),
-                    "past_lens": np.full(width, past_k.shape[3], np.int64),
+                    "past_lens": np.full(width, past_v.shape[3], np.int64),
                     "past_k": past_k, "past_v": past_v, "cross_k": cross_k, "cross_v": cross_v,
-                    "src_lens": np.full(width, cross_k.shape[3], np.int64),
+                    "src_lens": np.full(width, cross_v.shape[3], np.int64),
                     "head_rows": np.arange(width, dtype=np.int64),
                 })
                 cand_scores, parent, token = expand_beams(scores, log_softmax(logits), finished, width, cfg.pad_id)
-                past_k = np.concatenate([past_k, block_k], axis=3)[:, parent]
+                past_k = np.concatenate([past_k, block_k], axis=4)[:, parent]  # keys transposed
                 past_v = np.concatenate([past_v, block_v], axis=3)[:, parent]
                 seqs = np.concatenate([seqs[parent], token[:, None]], axis=1)
                 cums = np.concatenate([cums[parent], cand_scores[:, None]], axis=1)

@@ -32,21 +32,34 @@ from torch import Tensor, nn
 
 __all__ = [
     "BATCHED", "EAGER", "GRAPH", "AttentionKernel", "BatchedGraphAttention", "EagerAttention", "GraphAttention",
-    "Parts",
+    "KeysT", "Parts",
 ]
+
+
+class KeysT(NamedTuple):
+    """Keys stored transposed, `t` [B, H, hd, L]: the layout of the K/V pools' keys
+    (`seq2seq_models.row_cache.KVPool`), so that the scores are a plain matmul by them; by keys
+    [B, H, L, hd] a matmul must transpose each row's keys first, which costs most of it when each
+    query is one row (BENCHMARKS.md, "Bulk decoding: where the time goes")."""
+
+    t: Tensor
+
+    def keys(self) -> Tensor:
+        """[B, H, L, hd]."""
+        return self.t.transpose(-1, -2)
 
 
 class Parts(NamedTuple):
     """Keys (or values) [B, H, *, hd] in two parts, a row's cached past and its new block, attended
-    over as one sequence (past first). The batched graph passes them apart: joining them would copy
-    every row's whole past at every step and layer, the largest cost of a batched forward on a CPU
-    (BENCHMARKS.md, "Bulk decoding: where the time goes")."""
+    over as one sequence (past first); a past of keys may be `KeysT`. The batched graph passes them
+    apart: joining them would copy every row's whole past at every step and layer, the largest cost of
+    a batched forward on a CPU (BENCHMARKS.md, "Bulk decoding: where the time goes")."""
 
-    past: Tensor
+    past: Tensor | KeysT
     block: Tensor
 
     def joined(self) -> Tensor:
-        return torch.cat([self.past, self.block], dim=2)
+        return torch.cat([_plain(self.past), self.block], dim=2)
 
 
 class AttentionKernel(Protocol):
@@ -63,11 +76,12 @@ class AttentionKernel(Protocol):
         ...
 
     def attend(
-        self, q: Tensor, k: Tensor | Parts, v: Tensor | Parts, mask: Tensor | None, head_dim: int, dropout_p: float
+        self, q: Tensor, k: Tensor | KeysT | Parts, v: Tensor | Parts, mask: Tensor | None, head_dim: int,
+        dropout_p: float,
     ) -> Tensor:
         """softmax(q kᵀ / sqrt(hd)) v over the keys `mask` allows (True = may attend; None = all); a
         float `mask` is added to the scores instead (relative position bias, -inf = not allowed).
-        Keys and values may come in `Parts` (past, block)."""
+        Keys may be `KeysT`; keys and values may come in `Parts` (past, block)."""
         ...
 
 
@@ -84,7 +98,8 @@ class EagerAttention:
         return x.transpose(1, 2).reshape(b, t, -1)
 
     def attend(
-        self, q: Tensor, k: Tensor | Parts, v: Tensor | Parts, mask: Tensor | None, head_dim: int, dropout_p: float
+        self, q: Tensor, k: Tensor | KeysT | Parts, v: Tensor | Parts, mask: Tensor | None, head_dim: int,
+        dropout_p: float,
     ) -> Tensor:
         k, v = _joined(k), _joined(v)
         # SDPA's own default scale: an explicit one takes another route in its math kernel.
@@ -110,17 +125,17 @@ class GraphAttention:
         return x.transpose(1, 2).reshape(1, -1, n_heads * head_dim)
 
     def attend(
-        self, q: Tensor, k: Tensor | Parts, v: Tensor | Parts, mask: Tensor | None, head_dim: int, dropout_p: float
+        self, q: Tensor, k: Tensor | KeysT | Parts, v: Tensor | Parts, mask: Tensor | None, head_dim: int,
+        dropout_p: float,
     ) -> Tensor:
         if dropout_p:
             raise ValueError("the graph kernel is for exporting a model in eval mode (no attention dropout)")
         # head_dim is a Python int, so the scale is a constant in the graph rather than a traced size.
         scale = 1.0 / math.sqrt(head_dim)
         if isinstance(k, Parts):  # scores of both parts side by side: small next to the keys
-            scores = torch.cat([torch.matmul(q, k.past.transpose(-1, -2)), torch.matmul(q, k.block.transpose(-1, -2))],
-                               dim=-1) * scale
+            scores = torch.cat([_scores(q, k.past), _scores(q, k.block)], dim=-1) * scale
         else:
-            scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+            scores = _scores(q, k) * scale
         if mask is not None and mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
         elif mask is not None:  # an additive mask: relative position bias, -inf where not allowed
@@ -143,8 +158,17 @@ class BatchedGraphAttention(GraphAttention):
         return x.transpose(1, 2).flatten(2)
 
 
-def _joined(x: Tensor | Parts) -> Tensor:
-    return x.joined() if isinstance(x, Parts) else x
+def _scores(q: Tensor, k: Tensor | KeysT) -> Tensor:
+    """q kᵀ: by keys stored transposed, a plain matmul."""
+    return torch.matmul(q, k.t) if isinstance(k, KeysT) else torch.matmul(q, k.transpose(-1, -2))
+
+
+def _plain(k: Tensor | KeysT) -> Tensor:
+    return k.keys() if isinstance(k, KeysT) else k
+
+
+def _joined(x: Tensor | KeysT | Parts) -> Tensor:
+    return x.joined() if isinstance(x, Parts) else _plain(x)
 
 
 EAGER: AttentionKernel = EagerAttention()

@@ -14,19 +14,21 @@ Inputs (int tensors are int64):
 * `block_lens` [B]: the real tokens of each row's block (>= 1);
 * `past_lens` [B]: the cached positions of each row; its block sits at positions
   `past_lens[b] + t`;
-* `past_k` / `past_v`, one [B, H, P, hd] per layer: each row's cached K/V, right-padded to
-  P = max past_lens (the padding must be finite: zeros);
-* `cross_k` / `cross_v`, one [B, H, S, hd] per layer: each row's source's cross-attention K/V,
-  right-padded to S (finite padding); `src_lens` [B] their lengths (EOS included);
+* `past_k` [B, H, hd, P] and `past_v` [B, H, P, hd], one each per layer: each row's cached K/V
+  (the keys transposed, as `kernels.attention.KeysT`), right-padded to P >= max past_lens (the
+  padding must be finite);
+* `cross_k` [B, H, hd, S] and `cross_v` [B, H, S, hd], one each per layer: each row's source's
+  cross-attention K/V (keys transposed), right-padded to S (finite padding); `src_lens` [B] their
+  lengths (EOS included);
 * `head_rows` [R]: flat indices `b * T + t` of the block positions whose final states are wanted;
 * `mask_from` [B] (the NAR drafter's variant only, `NAR_BATCH_INPUTS`): where each row's [MASK]s
   start inside its block. Block positions before it are committed tokens (causal, as above); a mask
   position sees the row's whole past and its whole block, as the one-row NAR graph and the torch
   drafter's `extend(..., bidirectional=True)` do. Without it (the verifier), every row is causal.
 
-Outputs: the wanted final-layer states [R, D], and the block's own K/V [L, B, H, T, hd] (the
-host appends each row's first `block_lens[b]` positions to that row's cache; nothing of the past
-is returned, so a step never copies a row's past back).
+Outputs: the wanted final-layer states [R, D], and the block's own K [L, B, H, hd, T] (transposed)
+and V [L, B, H, T, hd] (the host appends each row's first `block_lens[b]` positions to that row's
+cache; nothing of the past is returned, so a step never copies a row's past back).
 
 The K/V come one input per layer (the exported graph's `past_k_0`, ..., `layer_inputs`), and the
 block's self-attention attends over the past and the block as `kernels.attention.Parts`, never
@@ -46,7 +48,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from kernels.attention import EAGER, AttentionKernel, Parts
+from kernels.attention import EAGER, AttentionKernel, KeysT, Parts
 from seq2seq_models.row_cache import BATCH_INPUTS, NAR_BATCH_INPUTS
 from seq2seq_models.transformer import Seq2SeqTransformer
 
@@ -72,7 +74,7 @@ class BatchedDecoder(nn.Module):
         offsets = torch.arange(tokens.shape[1], device=device)  # [T]
         positions = past_lens[:, None] + offsets[None, :]  # [B, T]
         query = offsets[None, :, None]  # [1, T, 1]
-        past_keys = torch.arange(past_k[0].shape[2], device=device)[None, None, :]  # [1, 1, P]
+        past_keys = torch.arange(past_k[0].shape[3], device=device)[None, None, :]  # [1, 1, P]
         block_keys = offsets[None, None, :]  # [1, 1, T]
         # `query >= 0` only broadcasts the past mask over the block's queries ([B, T, P]).
         past_visible = (past_keys < past_lens[:, None, None]) & (query >= 0)
@@ -85,18 +87,19 @@ class BatchedDecoder(nn.Module):
         key_positions = torch.cat([past_keys[0].expand(positions.shape[0], -1), positions], dim=1)  # [B, P + T]
         self_mask = m.self_attention_mask(self_mask, positions, key_positions, decoder=True)
 
-        src_keys = torch.arange(cross_k[0].shape[2], device=device)[None, :]
+        src_keys = torch.arange(cross_k[0].shape[3], device=device)[None, :]
         cross_mask = (src_keys < src_lens[:, None])[:, None, None, :]  # [B, 1, 1, S]
 
         block_k: list[Tensor] = []
         block_v: list[Tensor] = []
 
         def join_past(i: int, k: Tensor, v: Tensor) -> tuple[Parts, Parts]:
-            block_k.append(k)
+            block_k.append(k.transpose(-1, -2))
             block_v.append(v)
-            return Parts(past_k[i], k), Parts(past_v[i], v)
+            return Parts(KeysT(past_k[i]), k), Parts(past_v[i], v)
 
         x = m.embed_target(tokens, positions)
-        hidden = m.run_decoder(x, self_mask, list(cross_k), list(cross_v), cross_mask, self.kernel, join_past)
+        keys = [KeysT(k) for k in cross_k]
+        hidden = m.run_decoder(x, self_mask, keys, list(cross_v), cross_mask, self.kernel, join_past)
         rows = hidden.flatten(0, 1).index_select(0, head_rows)
         return rows, torch.stack(block_k), torch.stack(block_v)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels.attention import EAGER, AttentionKernel, Parts
+from kernels.attention import EAGER, AttentionKernel, KeysT, Parts
 from seq2seq_models.config import ModelConfig, StackShape
 
 # (block K, block V) [B, H, T, hd] -> the keys and values the block attends over [B, H, L, hd], or
@@ -48,7 +48,7 @@ class DecoderLayer(nn.Module):
         self,
         x: Tensor,
         self_mask: Tensor | None,
-        cross_k: Tensor,
+        cross_k: Tensor | KeysT,
         cross_v: Tensor,
         cross_mask: Tensor | None,
         kernel: AttentionKernel = EAGER,
@@ -94,13 +94,15 @@ class Attention(nn.Module):
         return self.split(q, kernel), self.split(k, kernel), self.split(v, kernel)
 
     def attend(
-        self, x: Tensor, k: Tensor | Parts, v: Tensor | Parts, mask: Tensor | None, kernel: AttentionKernel = EAGER
+        self, x: Tensor, k: Tensor | KeysT | Parts, v: Tensor | Parts, mask: Tensor | None,
+        kernel: AttentionKernel = EAGER,
     ) -> Tensor:
         """The attention of the states `x` [B, T, D] over keys `k` and values `v` (cross-attention)."""
         return self.attend_heads(self.split(self.q_proj(x), kernel), k, v, mask, kernel)
 
     def attend_heads(
-        self, q: Tensor, k: Tensor | Parts, v: Tensor | Parts, mask: Tensor | None, kernel: AttentionKernel = EAGER
+        self, q: Tensor, k: Tensor | KeysT | Parts, v: Tensor | Parts, mask: Tensor | None,
+        kernel: AttentionKernel = EAGER,
     ) -> Tensor:
         """`attend` for queries already projected and split into heads [B, H, T, hd]."""
         p = self.dropout_p if self.training else 0.0

@@ -16,7 +16,7 @@ from core.logits_processors import LOGIT_PROCESSING_INPUTS, PROCESSING_INPUTS
 from seq2seq_models.row_cache import BATCH_INPUTS
 
 OPSET = 17
-EXPORT_FORMAT = 10  # bump when the graphs' interface changes, so stale caches are not reused
+EXPORT_FORMAT = 11  # bump when the graphs' interface changes, so stale caches are not reused
 CACHE_ENV = "SPECDEC_ONNX_CACHE"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"

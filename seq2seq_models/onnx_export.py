@@ -7,14 +7,16 @@ its mask positions, the small AR drafter's in the logits of its last position (o
 Where exports live and how one is found is `seq2seq_models.onnx_cache`, which imports no torch.
 
 * `encoder.onnx`: source ids [B, S] (right-padded) and src_mask [B, S] (bool, True = a real
-  position) -> cross-attention K and V of every decoder layer, stacked as [L, B, H, S, hd] (the
-  encoder runs once per session, the new sessions of one forward together; the decoder never sees
-  memory). A row's positions past its own length are padding, cut off by the caller.
+  position) -> cross-attention K [L, B, H, hd, S] (transposed, as every graph here takes keys:
+  `kernels.attention.KeysT`) and V [L, B, H, S, hd] of every decoder layer, stacked (the encoder runs
+  once per session, the new sessions of one forward together; the decoder never sees memory). A
+  row's positions past its own length are padding, cut off by the caller.
 * `decoder.onnx` (one row with its past, with the fused output head): tokens [1, T], past_len []
-  (the block's start position), past_k_i/past_v_i [1, H, P, hd] per layer with P >= past_len,
-  cross_k_i/cross_v_i [1, H, S, hd] per layer with S >= src_len, src_len [], head_from [] (first
-  block row whose head outputs are wanted), targets [R] (drafted token per head row, -1 = none),
-  top_k [1] -> block_k/block_v [L, 1, H, T, hd] (the block's own K/V), topk_logprobs [R, k],
+  (the block's start position), past_k_i [1, H, hd, P] / past_v_i [1, H, P, hd] per layer with P >=
+  past_len, cross_k_i [1, H, hd, S] / cross_v_i [1, H, S, hd] per layer with S >= src_len, src_len [],
+  head_from [] (first block row whose head outputs are wanted), targets [R] (drafted token per head
+  row, -1 = none), top_k [1] -> block_k [L, 1, H, hd, T] / block_v [L, 1, H, T, hd] (the block's own
+  K/V), topk_logprobs [R, k],
   topk_ids [R, k], target_logprobs [R]. The K/V inputs are a row's slot of a `row_cache.KVPool`
   as it is: the graph masks the past to `past_len` and the source to `src_len`, so rolling back
   is only a smaller `past_len` and nothing is copied to make the inputs.
@@ -28,17 +30,17 @@ Where exports live and how one is found is `seq2seq_models.onnx_cache`, which im
   (`core.logits_processors.PROCESSING_INPUTS`: logprob_rows [R], the penalty's rows, ids and factors
   [P], the bans' rows and ids [Q], the forced rows and ids [F]; empty: none) -> block_k/block_v
   [L, B, H, T, hd] (the block's own K/V only; the host keeps each row's cache), topk_logprobs
-  [R, k], topk_ids [R, k], target_logprobs [R]. B, T, P, N, S, R and the processors' sizes are all
+  [R, k], topk_ids [R, k], target_logprobs [R]. B, T, P, S, R and the processors' sizes are all
   dynamic.
 * `decoder.onnx` of the NAR drafter: the verifier's one-row inputs up to src_len, then mask_from []
   -> block_k/block_v, draft_ids [T - mask_from]. Block rows before `mask_from`
   are committed tokens appended causally; rows from `mask_from` on are the k [MASK]s, which see the
   whole prefix and the whole block. So catching up on the committed tokens and drafting is one
   call.
-* `decoder.onnx` of the small AR drafter: tokens [1, T], past_len [], past_k/past_v
-  [L, 1, H, P, hd] stacked, cross_k/cross_v likewise -> present_k/present_v [L, 1, H, past_len + T,
-  hd] (the past cut to `past_len`, then the block) and the logits of the block's last position (its
-  sessions keep their own K/V, `drafter_service.onnx_ar`).
+* `decoder.onnx` of the small AR drafter: tokens [1, T], past_len [], past_k [L, 1, H, hd, P] /
+  past_v [L, 1, H, P, hd] stacked, cross_k/cross_v likewise -> present_k/present_v (the past cut to
+  `past_len`, then the block) and the logits of the block's last position (its sessions keep their
+  own K/V, `drafter_service.onnx_ar`).
 * `decoder_batch.onnx` of the NAR drafter: the ragged batched decoder with per-row `mask_from`
   (`batch_graph.NAR_BATCH_INPUTS`) -> block_k/block_v [L, B, H, T, hd], draft_ids [R] (the argmax
   of the `head_rows`, the rows' mask positions; ties to the lowest id).
@@ -63,7 +65,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels.attention import BATCHED, GRAPH, Parts
+from kernels.attention import BATCHED, GRAPH, KeysT, Parts
 from kernels.graph_head import output_head_graph
 from seq2seq_models.batch_graph import BATCH_INPUTS, NAR_BATCH_INPUTS, BatchedDecoder
 from seq2seq_models.onnx_cache import (  # re-exported: the cache side imports no torch
@@ -209,17 +211,19 @@ def _export_batch_decoder(model32: Seq2SeqTransformer, out: Path, role: str = "v
     example: tuple = (
         torch.tensor([[7, 8, 9], [7, 0, 0]]) % cfg.vocab_size,  # tokens
         torch.tensor([3, 1]), torch.tensor([5, 2]),  # block_lens, past_lens
-        *(torch.zeros(2, heads, 5, hd) for _ in range(2 * layers)),  # past_k_i, past_v_i
-        *(torch.zeros(2, heads, 4, hd) for _ in range(2 * layers)),  # cross_k_i, cross_v_i
+        *(torch.zeros(2, heads, hd, 5) for _ in range(layers)), *(torch.zeros(2, heads, 5, hd) for _ in range(layers)),
+        *(torch.zeros(2, heads, hd, 4) for _ in range(layers)), *(torch.zeros(2, heads, 4, hd) for _ in range(layers)),
         torch.tensor([4, 3]),  # src_lens
         torch.tensor([0, 1, 2, 3]),  # head_rows
     )
     axes = {
         "tokens": {0: "batch", 1: "block"}, "block_lens": {0: "batch"}, "past_lens": {0: "batch"},
-        **{name: {0: "batch", 2: "past"} for name in layer_inputs(["past_k", "past_v"], layers)},
-        **{name: {0: "batch", 2: "src_len"} for name in layer_inputs(["cross_k", "cross_v"], layers)},
+        **{name: {0: "batch", 3: "past"} for name in layer_inputs(["past_k"], layers)},
+        **{name: {0: "batch", 2: "past"} for name in layer_inputs(["past_v"], layers)},
+        **{name: {0: "batch", 3: "src_len"} for name in layer_inputs(["cross_k"], layers)},
+        **{name: {0: "batch", 2: "src_len"} for name in layer_inputs(["cross_v"], layers)},
         "src_lens": {0: "batch"}, "head_rows": {0: "rows"},
-        "block_k": {1: "batch", 3: "block"}, "block_v": {1: "batch", 3: "block"},
+        "block_k": {1: "batch", 4: "block"}, "block_v": {1: "batch", 3: "block"},
     }
     if role == "nar_drafter":
         module: nn.Module = _BatchedNarStep(model32)
@@ -263,11 +267,11 @@ def export_ar_drafter(model: Seq2SeqTransformer, out: Path) -> None:
     prefix and each sampled token) and decoder_batch.onnx (logits of the `head_rows`: a step of all
     beams of a beam draft in one call)."""
     model32 = _export_encoder(model, out)
-    cross_k, past = _example_cache(model32.config)
+    cross_k, cross_v, past_k, past_v = _example_cache(model32.config)
     example = (
         torch.tensor([[7, 8, 9]]) % model32.config.vocab_size,  # tokens
-        torch.tensor(3),  # past_len (< P on purpose, as for the verifier)
-        past, past.clone(), cross_k, cross_k.clone(),
+        torch.tensor(3),  # past_len (< P on purpose: the slice must stay in the graph)
+        past_k, past_v, cross_k, cross_v,
     )
     _export_decoder(_ArDecoderStep(model32), example, out, AR_DECODER_INPUTS, AR_DECODER_OUTPUTS, _AR_DECODER_AXES)
     _export_batch_decoder(model32, out, role="ar_drafter")
@@ -279,11 +283,11 @@ _EXPORTERS = {"verifier": export_verifier, "nar_drafter": export_nar_drafter, "a
 # The AR drafter's one-row decoder's dynamic axes: the block, the past's capacity, the source length.
 _AR_DECODER_AXES = {
     "tokens": {1: "block"},
-    "past_k": {3: "past_cap"},
+    "past_k": {4: "past_cap"},
     "past_v": {3: "past_cap"},
-    "cross_k": {3: "src_len"},
+    "cross_k": {4: "src_len"},
     "cross_v": {3: "src_len"},
-    "present_k": {3: "total"},
+    "present_k": {4: "total"},
     "present_v": {3: "total"},
 }
 
@@ -292,9 +296,11 @@ def _row_axes(layers: int) -> dict[str, dict[int, str]]:
     """The dynamic axes of a one-row decoder over a pool slot: the block, the capacities."""
     return {
         "tokens": {1: "block"},
-        **{name: {2: "past_cap"} for name in layer_inputs(["past_k", "past_v"], layers)},
-        **{name: {2: "src_cap"} for name in layer_inputs(["cross_k", "cross_v"], layers)},
-        "block_k": {3: "block"}, "block_v": {3: "block"},
+        **{name: {3: "past_cap"} for name in layer_inputs(["past_k"], layers)},
+        **{name: {2: "past_cap"} for name in layer_inputs(["past_v"], layers)},
+        **{name: {3: "src_cap"} for name in layer_inputs(["cross_k"], layers)},
+        **{name: {2: "src_cap"} for name in layer_inputs(["cross_v"], layers)},
+        "block_k": {4: "block"}, "block_v": {3: "block"},
     }
 
 
@@ -304,8 +310,8 @@ def _example_row(cfg, tokens: list[int]) -> tuple:
     layers, heads, hd = cfg.decoder_layers, cfg.decoder_shape.heads, cfg.decoder_shape.head_dim
     return (
         torch.tensor([tokens]) % cfg.vocab_size, torch.tensor(3),  # tokens, past_len
-        *(torch.zeros(1, heads, 5, hd) for _ in range(2 * layers)),  # past_k_i, past_v_i
-        *(torch.zeros(1, heads, 4, hd) for _ in range(2 * layers)),  # cross_k_i, cross_v_i
+        *(torch.zeros(1, heads, hd, 5) for _ in range(layers)), *(torch.zeros(1, heads, 5, hd) for _ in range(layers)),
+        *(torch.zeros(1, heads, hd, 4) for _ in range(layers)), *(torch.zeros(1, heads, 4, hd) for _ in range(layers)),
         torch.tensor(3),  # src_len
     )
 
@@ -335,17 +341,18 @@ def _export_encoder(model: Seq2SeqTransformer, out: Path) -> Seq2SeqTransformer:
         torch.onnx.export(
             _Encoder(model32), (src, src_mask), str(out / ENCODER_FILE), dynamo=False, opset_version=OPSET,
             input_names=ENCODER_INPUTS, output_names=ENCODER_OUTPUTS,
-            dynamic_axes={"src": sizes, "src_mask": sizes, "cross_k": {1: "batch", 3: "src_len"},
+            dynamic_axes={"src": sizes, "src_mask": sizes, "cross_k": {1: "batch", 4: "src_len"},
                           "cross_v": {1: "batch", 3: "src_len"}},
         )
     return model32
 
 
-def _example_cache(cfg) -> tuple[Tensor, Tensor]:
-    """Example cross-attention K (source of 4) and past K (capacity 5) for tracing the AR drafter's
-    one-row decoder."""
+def _example_cache(cfg) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Example cross-attention K and V (source of 4) and past K and V (capacity 5) for tracing the
+    AR drafter's one-row decoder (keys transposed)."""
     layers, heads, hd = cfg.decoder_layers, cfg.decoder_shape.heads, cfg.decoder_shape.head_dim
-    return torch.zeros(layers, 1, heads, 4, hd), torch.zeros(layers, 1, heads, 5, hd)
+    return (torch.zeros(layers, 1, heads, hd, 4), torch.zeros(layers, 1, heads, 4, hd),
+            torch.zeros(layers, 1, heads, hd, 5), torch.zeros(layers, 1, heads, 5, hd))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -368,7 +375,7 @@ class _Encoder(_ModelGraph):
         m = self.model
         memory = m.encode(src, src_mask, BATCHED)  # right-padded sources: the mask hides the padding
         ks, vs = m.cross_kv(memory, BATCHED)
-        return torch.stack(ks), torch.stack(vs)
+        return torch.stack([k.transpose(-1, -2) for k in ks]), torch.stack(vs)
 
 
 class _DecoderStep(_ModelGraph):
@@ -465,7 +472,7 @@ def _decode_row(
     offsets = torch.arange(t)
     positions = past_len + offsets  # [T]
     query = offsets[:, None]  # [T, 1]
-    past_keys = torch.arange(past_k[0].shape[2])  # [P]
+    past_keys = torch.arange(past_k[0].shape[3])  # [P]
     # `query >= 0` only broadcasts the past mask over the block's queries ([T, P]).
     past_visible = (past_keys[None, :] < past_len) & (query >= 0)
     block_visible = offsets[None, :] <= query  # causal [T, T]
@@ -474,50 +481,46 @@ def _decode_row(
     self_mask = torch.cat([past_visible, block_visible], dim=1)[None, None]  # [1, 1, T, P + T]
     key_positions = torch.cat([past_keys, positions])[None]
     self_mask = m.self_attention_mask(self_mask, positions[None], key_positions, decoder=True)
-    cross_mask = (torch.arange(cross_k[0].shape[2]) < src_len)[None, None, None, :]  # [1, 1, 1, S]
+    cross_mask = (torch.arange(cross_k[0].shape[3]) < src_len)[None, None, None, :]  # [1, 1, 1, S]
     block_k: list[Tensor] = []
     block_v: list[Tensor] = []
 
     def join_past(i: int, k: Tensor, v: Tensor) -> tuple[Parts, Parts]:
-        block_k.append(k)
+        block_k.append(k.transpose(-1, -2))
         block_v.append(v)
-        return Parts(past_k[i], k), Parts(past_v[i], v)
+        return Parts(KeysT(past_k[i]), k), Parts(past_v[i], v)
 
     x = m.embed_target(tokens, positions[None])
-    hidden = m.run_decoder(x, self_mask, cross_k, cross_v, cross_mask, GRAPH, join_past)
+    hidden = m.run_decoder(x, self_mask, [KeysT(k) for k in cross_k], cross_v, cross_mask, GRAPH, join_past)
     return (hidden[0], torch.stack(block_k), torch.stack(block_v)), after
 
 
 def _decode_block(
     m: Seq2SeqTransformer, tokens: Tensor, past_len: Tensor, past_k: Tensor, past_v: Tensor,
-    cross_k: Tensor, cross_v: Tensor, mask_from: Tensor | None = None,
+    cross_k: Tensor, cross_v: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Final-layer states [T, D] of a block after the first `past_len` cached positions, and
-    the present K/V (the kept past plus the block's own) of every layer, stacked (the small AR
-    drafter's one-row decoder). The block's tokens attend causally; with `mask_from`, the block's
-    positions from there on ([MASK]s) see every key (the prefix and the whole block)."""
+    the present K (transposed) and V (the kept past plus the block's own) of every layer, stacked
+    (the small AR drafter's one-row decoder). The block's tokens attend causally."""
     t = tokens.shape[1]
-    offsets = torch.arange(t)
-    positions = past_len + offsets  # [T]
+    positions = past_len + torch.arange(t)  # [T]
     visible = torch.arange(past_len + t)[None, :] <= positions[:, None]  # [T, past_len + T]
-    if mask_from is not None:
-        visible = visible | (offsets >= mask_from)[:, None]
     x = m.embed_target(tokens, positions[None])
     # Index tensors rather than Python slices: a slice bound would be traced as a constant.
     kept = torch.arange(past_len)
     present_k: list[Tensor] = []
     present_v: list[Tensor] = []
 
-    def join_past(i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        k = torch.cat([past_k[i].index_select(2, kept), k], dim=2)
+    def join_past(i: int, k: Tensor, v: Tensor) -> tuple[KeysT, Tensor]:
+        kt = torch.cat([past_k[i].index_select(3, kept), k.transpose(-1, -2)], dim=3)
         v = torch.cat([past_v[i].index_select(2, kept), v], dim=2)
-        present_k.append(k)
+        present_k.append(kt)
         present_v.append(v)
-        return k, v
+        return KeysT(kt), v
 
     keys = torch.arange(visible.shape[1])[None]
     self_mask = m.self_attention_mask(visible[None, None], positions[None], keys, decoder=True)
-    hidden = m.run_decoder(x, self_mask, cross_k, cross_v, None, GRAPH, join_past)
+    hidden = m.run_decoder(x, self_mask, [KeysT(k) for k in cross_k], cross_v, None, GRAPH, join_past)
     return hidden[0], torch.stack(present_k), torch.stack(present_v)
 
 

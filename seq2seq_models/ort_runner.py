@@ -97,21 +97,22 @@ class OrtRunner:
         return self._processing_decoder
 
     def encode(self, source_ids: list[int], eos_id: int) -> tuple[Any, Any]:
-        """Cross-attention K and V [L, 1, H, S, hd] of one source (EOS appended here)."""
+        """Cross-attention K [L, 1, H, hd, S] (transposed) and V [L, 1, H, S, hd] of one source (EOS
+        appended here)."""
         k, v = self.encoder.run(None, source_feeds([source_ids], eos_id))
         return k, v
 
     def encode_batch(self, sources: list[list[int]], eos_id: int) -> tuple[np.ndarray, np.ndarray]:
-        """Cross-attention K and V [L, B, H, S, hd] of several sources in one encoder run, as host
-        arrays on every provider (EOS appended here; right-padded to the longest: row i's first
-        len(sources[i]) + 1 positions are its own)."""
+        """Cross-attention K [L, B, H, hd, S] (transposed) and V [L, B, H, S, hd] of several sources
+        in one encoder run, as host arrays on every provider (EOS appended here; right-padded to the
+        longest: row i's first len(sources[i]) + 1 positions are its own)."""
         k, v = self.encoder.run(None, source_feeds(sources, eos_id))
         return k, v
 
     def empty_past(self, cfg: ModelConfig) -> tuple[Any, Any]:
-        """Past K and V holding no position yet."""
-        shape = (cfg.decoder_layers, 1, cfg.decoder_shape.heads, 0, cfg.decoder_shape.head_dim)
-        return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        """Past K (transposed) and V holding no position yet."""
+        layers, heads, hd = cfg.decoder_layers, cfg.decoder_shape.heads, cfg.decoder_shape.head_dim
+        return np.zeros((layers, 1, heads, hd, 0), np.float32), np.zeros((layers, 1, heads, 0, hd), np.float32)
 
     def nbytes(self, t: Any) -> int:
         return int(t.nbytes)

@@ -1,8 +1,9 @@
 """Rows' KV caches in one pool per model, and the padded batch that `batch_graph.BatchedDecoder` takes.
 
 A `KVPool` holds every open row's self-attention K/V and its source's cross-attention K/V in four
-arrays laid out as the batched decoder reads them: [L, rows, H, positions, hd] (self) and
-[L, rows, H, source positions, hd] (cross). A row owns a slot (`RowSlot`); the slots in use stay
+arrays laid out as the batched decoder reads them: keys [L, rows, H, hd, positions] (transposed:
+`kernels.attention.KeysT`) and values [L, rows, H, positions, hd], for the self-attention and for
+the source (source positions). A row owns a slot (`RowSlot`); the slots in use stay
 near the front (a new row takes the first free slot, and when free slots are many among the used
 ones the last rows move into them, one copy each), so a forward over most of the rows feeds each
 layer's view of the arrays as it is and no row's past is copied to make the batch (the rows not
@@ -74,6 +75,9 @@ class NumpyArrays:
 
 
 
+_KEYS = ("k", "ck")  # the pool's arrays of keys, stored transposed (positions last)
+
+
 def _round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
@@ -95,10 +99,10 @@ class KVPool:
         self.row_capacity = 0
         self.positions = 0  # self-attention positions every slot has room for
         self.sources = 0  # cross-attention positions likewise
-        self.k: Any = None  # [L, row_capacity, H, positions, hd]
-        self.v: Any = None
-        self.ck: Any = None  # [L, row_capacity, H, sources, hd]
-        self.cv: Any = None
+        self.k: Any = None  # [L, row_capacity, H, hd, positions] (keys transposed)
+        self.v: Any = None  # [L, row_capacity, H, positions, hd]
+        self.ck: Any = None  # [L, row_capacity, H, hd, sources]
+        self.cv: Any = None  # [L, row_capacity, H, sources, hd]
         # Each array is a view of a flat buffer, and a re-layout copies into a second one, kept from
         # the last: memory touched for the first time costs far more than a copy (page faults, on
         # this project's machines about 50 times), so buffers are reused and only grow.
@@ -155,9 +159,9 @@ class KVPool:
     def _move(self, row: RowSlot, i: int) -> None:
         """Move `row` into free slot `i` (one copy of what it holds)."""
         j, held, src = row.index, row.held, row.src_len
-        self.k[:, i, :, :held] = self.k[:, j, :, :held]
+        self.k[:, i, ..., :held] = self.k[:, j, ..., :held]
         self.v[:, i, :, :held] = self.v[:, j, :, :held]
-        self.ck[:, i, :, :src] = self.ck[:, j, :, :src]
+        self.ck[:, i, ..., :src] = self.ck[:, j, ..., :src]
         self.cv[:, i, :, :src] = self.cv[:, j, :, :src]
         row.index = i
         self.slots[i] = row
@@ -208,13 +212,19 @@ class KVPool:
             self.sources = s
         self.row_capacity = new_rows
 
+    def _shape(self, name: str, rows: int, positions: int) -> tuple[int, ...]:
+        """Array `name`'s shape for `rows` rows of `positions` positions (keys transposed)."""
+        if name in _KEYS:
+            return (self.layers, rows, self.heads, self.head_dim, positions)
+        return (self.layers, rows, self.heads, positions, self.head_dim)
+
     def gathered(self, name: str, blocks: Sequence[RowBlock], positions: int, valid: str) -> Any:
         """The first `positions` positions of array `name`'s rows of `blocks`, copied into a buffer of
         the pool's kept from call to call (fresh memory each forward would cost more than the copy):
         each row's valid ones (its slot's `valid` count, at most `positions`), the rest stale or
         zero, finite either way and masked by the graph."""
         array = getattr(self, name)
-        shape = (self.layers, len(blocks), self.heads, positions, self.head_dim)
+        shape = self._shape(name, len(blocks), positions)
         size = self.layers * len(blocks) * self.heads * positions * self.head_dim
         key = f"gathered_{name}"
         buffer = self._spare.get(key)
@@ -222,9 +232,13 @@ class KVPool:
             buffer = self._spare[key] = self.arrays.zeros((size + size // 2,))
             buffer[:] = 0
         out = buffer[:size].reshape(shape)
+        keys = name in _KEYS
         for i, blk in enumerate(blocks):
             n = min(positions, getattr(blk.slot, valid))
-            out[:, i, :, :n] = array[:, blk.slot.index, :, :n]
+            if keys:
+                out[:, i, ..., :n] = array[:, blk.slot.index, ..., :n]
+            else:
+                out[:, i, :, :n] = array[:, blk.slot.index, :, :n]
         return out
 
     def _moved(self, name: str, rows: int, positions: int, held: int, n: int) -> Any:
@@ -232,7 +246,7 @@ class KVPool:
         small), holding the first `n` rows' first `held` positions of the current one; the current
         buffer becomes the spare. Positions never written are zeros or stale K/V: finite either way,
         and masked."""
-        shape = (self.layers, rows, self.heads, positions, self.head_dim)
+        shape = self._shape(name, rows, positions)
         size = self.layers * rows * self.heads * positions * self.head_dim
         spare = self._spare.get(name)
         if spare is None or int(spare.shape[0]) < size:
@@ -242,8 +256,12 @@ class KVPool:
         old = getattr(self, name)
         if old is not None and n:
             n = min(n, int(old.shape[1]), rows)  # a slot taken just now holds nothing yet
-            p = min(held, int(old.shape[3]), positions)
-            new[:, :n, :, :p] = old[:, :n, :, :p]
+            if name in _KEYS:
+                p = min(held, int(old.shape[4]), positions)
+                new[:, :n, ..., :p] = old[:, :n, ..., :p]
+            else:
+                p = min(held, int(old.shape[3]), positions)
+                new[:, :n, :, :p] = old[:, :n, :, :p]
         if name in self._flat:
             self._spare[name] = self._flat[name]
         self._flat[name] = spare
@@ -263,7 +281,7 @@ class RowSlot:
 
     @property
     def k(self) -> Any:
-        """This row's self-attention K [L, H, positions, hd] (a view of the pool's array)."""
+        """This row's self-attention K [L, H, hd, positions] (a view of the pool's array)."""
         return self.pool.k[:, self.index]
 
     @property
@@ -277,21 +295,23 @@ class RowSlot:
         return 8 * pool.layers * pool.heads * pool.head_dim * (pool.positions + pool.sources)
 
     def write(self, start: int, k: Any, v: Any) -> None:
-        """Store a block's K/V [L, H, n, hd] at positions start..start+n; the row then holds start + n."""
-        n = int(k.shape[2])
+        """Store a block's K [L, H, hd, n] (transposed) and V [L, H, n, hd] at positions
+        start..start+n; the row then holds start + n."""
+        n = int(v.shape[2])
         self.held = min(self.held, start)
         pool = self.pool
         pool.ensure(positions=start + n)
-        pool.k[:, self.index, :, start : start + n] = k
+        pool.k[:, self.index, ..., start : start + n] = k
         pool.v[:, self.index, :, start : start + n] = v
         self.held = start + n
 
     def set_source(self, k: Any, v: Any) -> None:
-        """Store its source's cross-attention K/V [L, H, S, hd] (S includes the source's EOS)."""
-        s = int(k.shape[2])
+        """Store its source's cross-attention K [L, H, hd, S] (transposed) and V [L, H, S, hd] (S
+        includes the source's EOS)."""
+        s = int(v.shape[2])
         pool = self.pool
         pool.ensure(sources=s)
-        pool.ck[:, self.index, :, :s] = k
+        pool.ck[:, self.index, ..., :s] = k
         pool.cv[:, self.index, :, :s] = v
         self.src_len = s
 
@@ -301,8 +321,8 @@ class RowSlot:
         pool = self.pool
         other = pool.acquire()
         i, j, s = self.index, other.index, self.src_len
-        pool.k[:, j, :, :keep], pool.v[:, j, :, :keep] = pool.k[:, i, :, :keep], pool.v[:, i, :, :keep]
-        pool.ck[:, j, :, :s], pool.cv[:, j, :, :s] = pool.ck[:, i, :, :s], pool.cv[:, i, :, :s]
+        pool.k[:, j, ..., :keep], pool.v[:, j, :, :keep] = pool.k[:, i, ..., :keep], pool.v[:, i, :, :keep]
+        pool.ck[:, j, ..., :s], pool.cv[:, j, :, :s] = pool.ck[:, i, ..., :s], pool.cv[:, i, :, :s]
         other.held, other.src_len = keep, s
         return other
 
@@ -363,7 +383,7 @@ def encode_new(encoder: Encoder, pending: Sequence[tuple[Source, RowSlot]], spli
         k, v = encoder.encode_batch([s.ids for s, _ in batch])
         for i, (source, slot) in enumerate(batch):
             n = len(source.ids) + 1
-            slot.set_source(k[:, i, :, :n], v[:, i, :, :n])
+            slot.set_source(k[:, i, ..., :n], v[:, i, :, :n])
             source.encoded = True
         if on_run is not None:
             on_run(len(batch))
@@ -427,19 +447,19 @@ def gather(blocks: Sequence[RowBlock], pool: KVPool) -> tuple[dict[str, Any], li
 
 
 def scatter(blocks: Sequence[RowBlock], rows: Sequence[int], block_k: Any, block_v: Any) -> None:
-    """Append each block's real positions from the forward's block K/V [L, B, H, T, hd] (block i is
-    batch row `rows[i]`) to its row's slot."""
+    """Append each block's real positions from the forward's block K [L, B, H, hd, T] (transposed) and
+    V [L, B, H, T, hd] (block i is batch row `rows[i]`) to its row's slot."""
     if isinstance(block_k, np.ndarray) and all(len(blk.fed) == 1 for blk in blocks):
         # Every block one token (AR steps): one copy per array for all the rows.
         pool = blocks[0].slot.pool
         pool.ensure(positions=max(blk.past_len for blk in blocks) + 1)
         index = np.array([blk.slot.index for blk in blocks])
         at = np.array([blk.past_len for blk in blocks])
-        pool.k[:, index, :, at] = block_k[:, rows, :, 0]
+        pool.k[:, index, :, :, at] = block_k[:, rows, :, :, 0]
         pool.v[:, index, :, at] = block_v[:, rows, :, 0]
         for blk in blocks:
             blk.slot.held = blk.past_len + 1
         return
     for blk, r in zip(blocks, rows, strict=True):
         n = len(blk.fed)
-        blk.slot.write(blk.past_len, block_k[:, r, :, :n], block_v[:, r, :, :n])
+        blk.slot.write(blk.past_len, block_k[:, r, ..., :n], block_v[:, r, :, :n])

@@ -40,15 +40,15 @@ class TorchBatchEngine:
 
     @torch.no_grad()
     def encode_batch(self, sources: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The sources' cross-attention K/V [L, B, H, S, hd], all in one encoder run
-        (`row_cache.source_feeds`)."""
+        """The sources' cross-attention K [L, B, H, hd, S] (transposed) and V [L, B, H, S, hd], all
+        in one encoder run (`row_cache.source_feeds`)."""
         m = self.model
         feeds = source_feeds(sources, m.config.eos_id)
         src = torch.from_numpy(feeds["src"]).to(self._device)
         # Sources of one length need no mask (and a lone one keeps the unmasked kernel it always had).
         mask = None if len({len(s) for s in sources}) == 1 else torch.from_numpy(feeds["src_mask"]).to(self._device)
         ks, vs = m.cross_kv(m.encode(src, mask))
-        return torch.stack(ks), torch.stack(vs)
+        return torch.stack([k.transpose(-1, -2) for k in ks]).contiguous(), torch.stack(vs)
 
     def decode(self, feeds: dict[str, Any], names: Sequence[str]) -> tuple[torch.Tensor, Any, Any]:
         """The wanted rows' final states [R, D] and the block K/V, for the inputs `names` of `feeds`

@@ -22,7 +22,7 @@ attention kernel and K/V joining).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels.attention import EAGER, AttentionKernel, Parts
+from kernels.attention import EAGER, AttentionKernel, KeysT, Parts
 from seq2seq_models.config import ModelConfig
 from seq2seq_models.layers import DecoderLayer, EncoderLayer, make_norm
 
@@ -289,8 +289,8 @@ class Seq2SeqTransformer(nn.Module):
         self,
         x: Tensor,
         self_mask: Tensor | None,
-        cross_k: list[Tensor] | Tensor,
-        cross_v: list[Tensor] | Tensor,
+        cross_k: Sequence[Tensor | KeysT] | Tensor,
+        cross_v: Sequence[Tensor] | Tensor,
         cross_mask: Tensor | None,
         kernel: AttentionKernel = EAGER,
         join_past: LayerJoinPast | None = None,

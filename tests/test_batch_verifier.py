@@ -241,12 +241,13 @@ def test_onnx_encoder_runs_ragged_sources_as_one_by_one(bundle, tmp_path, role):
     sources = [[rng.randrange(W, model.config.vocab_size) for _ in range(n)] for n in (1, 17, 6, 30, 6)]
     k, v = engine.encode_batch(sources)
     shape = model.config.decoder_shape
-    assert k.shape == v.shape == (model.config.decoder_layers, len(sources), shape.heads, 31, shape.head_dim)
+    assert v.shape == (model.config.decoder_layers, len(sources), shape.heads, 31, shape.head_dim)
+    assert k.shape == (*v.shape[:3], shape.head_dim, 31)  # keys transposed
     for i, src in enumerate(sources):
         alone_k, alone_v = engine.encode_batch([src])
         n = len(src) + 1  # its own positions, EOS included; the rest is the batch's padding
-        assert alone_k.shape[3] == n
-        assert abs(k[:, i, :, :n] - alone_k[:, 0]).max() < 1e-4 and abs(v[:, i, :, :n] - alone_v[:, 0]).max() < 1e-4
+        assert alone_v.shape[3] == alone_k.shape[4] == n
+        assert abs(k[:, i, ..., :n] - alone_k[:, 0]).max() < 1e-4 and abs(v[:, i, :, :n] - alone_v[:, 0]).max() < 1e-4
 
 
 def test_multi_row_forks_reuse_and_free_rows():
@@ -356,17 +357,17 @@ def _fill(slot, positions: int, source: int, value: float) -> None:
     """Give `slot` `positions` self positions and a source of `source`, every entry `value` (V: -value)."""
     import numpy as np
 
-    shape = (slot.pool.layers, slot.pool.heads)
-    slot.set_source(np.full((*shape, source, slot.pool.head_dim), value, np.float32),
-                    np.full((*shape, source, slot.pool.head_dim), -value, np.float32))
-    slot.write(0, np.full((*shape, positions, slot.pool.head_dim), value, np.float32),
-               np.full((*shape, positions, slot.pool.head_dim), -value, np.float32))
+    shape, hd = (slot.pool.layers, slot.pool.heads), slot.pool.head_dim  # keys transposed: positions last
+    slot.set_source(np.full((*shape, hd, source), value, np.float32),
+                    np.full((*shape, source, hd), -value, np.float32))
+    slot.write(0, np.full((*shape, hd, positions), value, np.float32),
+               np.full((*shape, positions, hd), -value, np.float32))
 
 
 def _holds(slot, positions: int, source: int, value: float) -> bool:
     pool, i = slot.pool, slot.index
-    return bool((pool.k[:, i, :, :positions] == value).all() and (pool.v[:, i, :, :positions] == -value).all()
-                and (pool.ck[:, i, :, :source] == value).all() and (pool.cv[:, i, :, :source] == -value).all()
+    return bool((pool.k[:, i, ..., :positions] == value).all() and (pool.v[:, i, :, :positions] == -value).all()
+                and (pool.ck[:, i, ..., :source] == value).all() and (pool.cv[:, i, :, :source] == -value).all()
                 and slot.held == positions and slot.src_len == source)
 
 
@@ -418,8 +419,8 @@ def test_a_forward_over_a_few_rows_gathers_them_and_over_most_feeds_the_pool() -
     assert feeds["past_lens"].tolist() == [2, 3, 4, 0] and feeds["src_lens"].tolist() == [3, 4, 5, 1]
     few, at = gather([RowBlock(rows[3], [7, 8], 5, 0, [-1, -1])], pool)  # 1 of 4: gathered
     assert at == [0] and not np.shares_memory(few["past_k"], pool.k)
-    assert few["past_k"].shape[3] == 5 and (few["past_k"][:, 0] == 4.0).all()
-    assert few["cross_k"].shape[3] == 6 and (few["cross_v"][:, 0] == -4.0).all()
+    assert few["past_k"].shape[4] == few["past_v"].shape[3] == 5 and (few["past_k"][:, 0] == 4.0).all()
+    assert few["cross_k"].shape[4] == few["cross_v"].shape[3] == 6 and (few["cross_v"][:, 0] == -4.0).all()
 
 
 @pytest.mark.parametrize("trio", zoo.model_pool()[:2], ids=lambda t: t.label)
