@@ -12,13 +12,12 @@ of `--repeats` rounds, per row, in milliseconds.
 
 verifier: for each block size (1 = an AR step; 11 = a GAD block: one appended token and 10 drafted),
 
-* "one-row graph": B steps through today's one-row decoder graph (`decoder.onnx`, one call per
-  session, the past re-concatenated by the graph as before the batched decoder existed);
-* "batched x1": B `step_batch` calls of one item each (the batched graph at B = 1: what a lone
-  session costs now);
-* "batched": ONE `step_batch` over the B sessions (one call of `decoder_batch.onnx`);
+* "one-row": B `step_batch` calls of one item each (the one-row graph, `decoder.onnx`, over the
+  row's slot in the pool: what a lone session costs);
+* "batched": ONE `step_batch` over the B sessions (one call of `decoder_batch.onnx`, or of
+  `decoder_step.onnx` for one-token blocks);
 
-"speed-up" = one-row graph / batched.
+"speed-up" = one-row / batched.
 
 nar-drafter: for each backend, every step appends one token and drafts k masks (a GAD step's block:
 1 + k tokens),
@@ -65,11 +64,11 @@ def verifier_main(args: argparse.Namespace) -> int:
     rng = random.Random(0)
     print(f"verifier {bundle.verifier.config.d_model}d, {bundle.verifier.config.decoder_layers} decoder layers; "
           f"prefix {PREFIX}, source {SOURCE_LEN}; ms per row (median of {args.repeats})")
-    print(f"{'block':>5} {'B':>4} {'one-row graph':>14} {'batched x1':>11} {'batched':>9} {'speed-up':>9}")
+    print(f"{'block':>5} {'B':>4} {'one-row':>9} {'batched':>9} {'speed-up':>9}")
     for block in args.blocks:
         for b in args.batches:
-            ms = [1000 * t / b for t in _measure_verifier(verifier, block, b, rng, args.repeats)]
-            print(f"{block:>5} {b:>4} {ms[0]:>14.3f} {ms[1]:>11.3f} {ms[2]:>9.3f} {ms[0] / ms[2]:>8.1f}x", flush=True)
+            one, batched = (1000 * t / b for t in _measure_verifier(verifier, block, b, rng, args.repeats))
+            print(f"{block:>5} {b:>4} {one:>9.3f} {batched:>9.3f} {one / batched:>8.1f}x", flush=True)
     return 0
 
 
@@ -98,8 +97,8 @@ def nar_drafter_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _measure_verifier(verifier, block: int, b: int, rng: random.Random, repeats: int) -> list[float]:
-    """Seconds for B rows' steps of `block` tokens: one-row graph, batched one at a time, batched together."""
+def _measure_verifier(verifier, block: int, b: int, rng: random.Random, repeats: int) -> tuple[float, float]:
+    """Seconds for B rows' steps of `block` tokens: one at a time, then all in one forward."""
     vocab = verifier.vocab_size
 
     def words(n: int) -> list[int]:
@@ -111,13 +110,11 @@ def _measure_verifier(verifier, block: int, b: int, rng: random.Random, repeats:
     sessions = [verifier.open(s) for s in sources]
     for s, p in zip(sessions, prefixes, strict=True):
         s.step(0, p, [], 1)
-    legacy = [_LegacyRow(verifier, s, p) for s, p in zip(sources, prefixes, strict=True)]
     items = list(zip(sessions, calls, strict=True))
-    return [
-        median_seconds(lambda: [r.step(c) for r, c in zip(legacy, calls, strict=True)], repeats),
+    return (
         median_seconds(lambda: [verifier.step_batch([item]) for item in items], repeats),
         median_seconds(lambda: verifier.step_batch(items), repeats),
-    ]
+    )
 
 
 def _measure_nar_drafter(drafter, b: int, k: int, rng: random.Random, repeats: int) -> tuple[float, float]:
@@ -134,32 +131,6 @@ def _measure_nar_drafter(drafter, b: int, k: int, rng: random.Random, repeats: i
         median_seconds(lambda: [s.draft_block(c.committed_len, c.append_ids, c.k) for s, c in items], repeats),
         median_seconds(lambda: drafter.draft_batch(items), repeats),
     )
-
-
-class _LegacyRow:
-    """A session as the one-row ONNX backend ran it before the batched decoder: the one-row graph,
-    its past kept as the graph's `present` output (see git history of verifier_service/onnx_backend.py)."""
-
-    def __init__(self, verifier, source: list[int], prefix: list[int]) -> None:
-        cfg = verifier.config
-        self.runner, self.cfg = verifier.runner, cfg
-        self.cross = self.runner.encode(source, cfg.eos_id)
-        self.past = self.runner.empty_past(cfg)
-        self.tokens: list[int] = []
-        self._decode([cfg.bos_id, *prefix], 0, len(prefix), [-1])
-        self.tokens = list(prefix)
-
-    def step(self, call: StepCall) -> None:
-        seq = [self.cfg.bos_id, *self.tokens[: call.committed_len], *call.append_ids, *call.draft_ids]
-        past_len = 1 + call.committed_len
-        self._decode(seq[past_len:], past_len, call.committed_len + len(call.append_ids) - past_len,
-                     [*call.draft_ids, -1])
-        self.tokens = seq[1:]
-
-    def _decode(self, fed: list[int], past_len: int, head_from: int, targets: list[int]) -> None:
-        k, v, *_ = self.runner.decode(self.past, self.cross, tokens=[fed], past_len=past_len, head_from=head_from,
-                                      targets=targets, top_k=[1])
-        self.past = (k, v)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

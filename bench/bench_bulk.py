@@ -11,10 +11,10 @@ Output tokens per second (EOS not counted, model loading excluded) over the firs
 UA-GEC test sentences. First each engine's grid, one pass per cell: CTranslate2 int8 at
 (inter_threads x intra_threads) x max_batch_size x batch_type, and its other compute types at 2x1
 threads, batch 32; specdec's `Engine.bulk` per mode x batch size x workers (model workers, each its
-own models and intra-op threads: specdec's inter_threads). Then each engine's best cell per row is
-timed again in `--rounds` interleaved rounds (every row in turn, so drift of the machine hits all
-alike) and the best round is kept; ratios are
-against CTranslate2's best. Checked: every lossless row's outputs equal specdec's greedy of the same
+own rows over one copy of the models, with its intra-op threads: specdec's inter_threads). Then
+each engine's best cell per row is timed again in `--rounds` interleaved rounds (every row in turn,
+so drift of the machine hits all alike) and the best round is kept; ratios are against
+CTranslate2's best. Checked: every lossless row's outputs equal specdec's greedy of the same
 precision, and its greedy equals itself at batch 1 (batch invariance). With `--services`, 32
 closed-loop clients (`evaluation.loadtest`) against `specdec serve all --processes` per mode and
 verifier model workers (`--verifier-model-workers`, 1 or 2: the services' own grid), against the
@@ -24,7 +24,7 @@ bench/bench_hf_ctranslate2.py (random weights: every output runs to `MARIAN_STEP
 
 `--profile` splits a batch-32 in-process run (one model worker) instead: the model worker's wall time
 into the decoder's forwards (ONNX Runtime), the encoder's runs, the rest of its steps (planning,
-gathering the padded past, scattering the block's K/V, building results: Python and numpy) and idle
+feeding the pool, writing the block's K/V into it, building results: Python and numpy) and idle
 (waiting for the rows' steps); and one captured 32-row decoder forward into ONNX Runtime's op types
 (its profiler), grouped.
 """
@@ -47,9 +47,10 @@ SECTION = "## Bulk decoding"
 PROFILE_SECTION = "## Bulk decoding: where the time goes"
 # ONNX Runtime op types by what they do in the decoder (the rest: "other").
 OP_GROUPS = {
-    "int8 GEMMs (weights)": ("MatMulInteger", "Gemm"),
+    "int8 GEMMs (weights)": ("MatMulIntegerToFloat", "MatMulInteger", "Gemm"),
     "attention and float matmuls": ("MatMul", "FusedMatMul", "Softmax"),
-    "activation quantization": ("DynamicQuantizeLinear", "ReduceMax", "Abs", "Div", "Round", "Cast", "Max", "Clip"),
+    "activation quantization": ("QuantizeLinear", "DynamicQuantizeLinear", "ReduceMax", "Abs", "Div", "Round",
+                                "Cast", "Max", "Clip", "ConstantOfShape"),
     "copies (gather, concat, split, transpose, slice)": ("Gather", "Concat", "Split", "Transpose", "Slice",
                                                          "Reshape", "Unsqueeze", "Squeeze", "Expand"),
     "elementwise and norms": ("Add", "Mul", "Sub", "Where", "BiasGelu", "LayerNormalization", "Erf", "Pow", "Sqrt"),
@@ -228,8 +229,8 @@ def _worker_split(engine: Any, texts: list[str], params: dict[str, Any]) -> dict
         setattr(obj, name, wrapper)
         return lambda: setattr(obj, name, original)
 
-    restore = [timed(verifier.engine, "forward", "decoder"), timed(verifier.engine, "encode_batch", "encoder"),
-               timed(verifier, "step_batch", "steps", count=True)]
+    restore = [timed(verifier.engine, "forward", "decoder"), timed(verifier.engine, "forward_one", "decoder"),
+               timed(verifier.engine, "encode_batch", "encoder"), timed(verifier, "step_batch", "steps", count=True)]
     if engine.drafter is not None:
         restore.append(timed(engine.drafter, "draft_batch", "drafter"))
     try:
@@ -253,7 +254,8 @@ def _worker_split(engine: Any, texts: list[str], params: dict[str, Any]) -> dict
 
 
 def _op_profile(engine: Any) -> list[tuple[str, float]]:
-    """One 32-row AR step's batched decoder call through ONNX Runtime's profiler, by op group."""
+    """One 32-row AR step's decoder call (the graph the runner picks for it: the step graph)
+    through ONNX Runtime's profiler, by op group."""
     import json
     import random
 
@@ -272,7 +274,7 @@ def _op_profile(engine: Any) -> list[tuple[str, float]]:
     original = runner.decode_batch
     runner.decode_batch = lambda feeds: captured.update(feeds) or original(feeds)
     try:
-        verifier.step_batch([(s, StepCall(30, [], [rng.randrange(10, 7000)], 1)) for s in sessions])
+        verifier.step_batch([(s, StepCall(30, [rng.randrange(10, 7000)], [], 1)) for s in sessions])  # AR steps
     finally:
         runner.decode_batch = original
     for s in sessions:
@@ -281,7 +283,8 @@ def _op_profile(engine: Any) -> list[tuple[str, float]]:
     options.intra_op_num_threads = 1
     options.enable_profiling = True
     options.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "decoder_batch")  # not in the working tree
-    session = ort.InferenceSession(runner.batch_decoder._model_path, options, providers=["CPUExecutionProvider"])
+    graph = runner.step_decoder if runner.step_decoder is not None else runner.batch_decoder
+    session = ort.InferenceSession(graph._model_path, options, providers=["CPUExecutionProvider"])
     feeds = per_layer(captured)
     for _ in range(20):
         session.run(None, feeds)

@@ -13,6 +13,8 @@ eager model and the exported graphs share every other op.
 * `BATCHED`: `GRAPH` for tracing a ragged batch (`seq2seq_models.batch_graph`): the batch and the
   block length both stay symbolic (the head split reshapes with the traced sizes of the input,
   the merge flattens the last two axes), with the same matmul-softmax.
+* `STEP`: `BATCHED` for a batch of one-token blocks (AR steps): fewer and cheaper ops where a block
+  is one token (`StepAttention`).
 
 The graph kernels also project the input of several linears in one matmul (`project`: self-attention's
 Q, K and V; every decoder layer's cross-attention K and V of the encoder output), so an int8 export
@@ -31,8 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
-    "BATCHED", "EAGER", "GRAPH", "AttentionKernel", "BatchedGraphAttention", "EagerAttention", "GraphAttention",
-    "KeysT", "Parts",
+    "BATCHED", "EAGER", "GRAPH", "STEP", "AttentionKernel", "BatchedGraphAttention", "EagerAttention",
+    "GraphAttention", "KeysT", "Parts", "StepAttention",
 ]
 
 
@@ -158,6 +160,38 @@ class BatchedGraphAttention(GraphAttention):
         return x.transpose(1, 2).flatten(2)
 
 
+class StepAttention(BatchedGraphAttention):
+    """`BATCHED` for tracing a batch of one-token blocks (AR steps): with one query a row, splitting
+    into heads and merging them back are reshapes (no transposes), and the query's score against its
+    own key is a product summed over the head (no matmul of one by one per row and head). The
+    graph it makes serves blocks of one token only (`decoder_step.onnx`)."""
+
+    def split_heads(self, x: Tensor, n_heads: int, head_dim: int) -> Tensor:
+        return x.reshape(-1, n_heads, 1, head_dim)
+
+    def merge_heads(self, x: Tensor, n_heads: int, head_dim: int) -> Tensor:
+        return x.reshape(-1, 1, n_heads * head_dim)
+
+    def attend(
+        self, q: Tensor, k: Tensor | KeysT | Parts, v: Tensor | Parts, mask: Tensor | None, head_dim: int,
+        dropout_p: float,
+    ) -> Tensor:
+        if not isinstance(k, Parts) or not isinstance(v, Parts):
+            return super().attend(q, k, v, mask, head_dim, dropout_p)
+        if dropout_p:
+            raise ValueError("the graph kernel is for exporting a model in eval mode (no attention dropout)")
+        scale = 1.0 / math.sqrt(head_dim)
+        own = (q * k.block).sum(-1, keepdim=True)  # [B, H, 1, 1]
+        scores = torch.cat([_scores(q, k.past), own], dim=-1) * scale
+        if mask is not None and mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        elif mask is not None:
+            scores = scores + mask
+        weights = torch.softmax(scores, dim=-1)
+        past = v.past.shape[2]
+        return torch.matmul(weights[..., :past], v.past) + weights[..., past:] * v.block
+
+
 def _scores(q: Tensor, k: Tensor | KeysT) -> Tensor:
     """q kᵀ: by keys stored transposed, a plain matmul."""
     return torch.matmul(q, k.t) if isinstance(k, KeysT) else torch.matmul(q, k.transpose(-1, -2))
@@ -173,4 +207,5 @@ def _joined(x: Tensor | KeysT | Parts) -> Tensor:
 
 EAGER: AttentionKernel = EagerAttention()
 GRAPH: AttentionKernel = GraphAttention()
+STEP: AttentionKernel = StepAttention()
 BATCHED: AttentionKernel = BatchedGraphAttention()

@@ -16,11 +16,12 @@ from core.logits_processors import LOGIT_PROCESSING_INPUTS, PROCESSING_INPUTS
 from seq2seq_models.row_cache import BATCH_INPUTS
 
 OPSET = 17
-EXPORT_FORMAT = 11  # bump when the graphs' interface changes, so stale caches are not reused
+EXPORT_FORMAT = 12  # bump when the graphs' interface changes, so stale caches are not reused
 CACHE_ENV = "SPECDEC_ONNX_CACHE"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
 BATCH_DECODER_FILE = "decoder_batch.onnx"
+STEP_DECODER_FILE = "decoder_step.onnx"
 PROCESSING_DECODER_FILE = "decoder_processing.onnx"
 MANIFEST_FILE = "manifest.json"
 USER_CACHE = Path.home() / ".cache" / "specdec" / "onnx"
@@ -68,6 +69,12 @@ class OnnxExport:
     def processing_decoder(self) -> Path | None:
         """The verifier's one-row decoder with logits processors."""
         path = self.directory / PROCESSING_DECODER_FILE
+        return path if path.is_file() else None
+
+    @property
+    def step_decoder(self) -> Path | None:
+        """The verifier's batched decoder for one-token blocks (AR steps)."""
+        path = self.directory / STEP_DECODER_FILE
         return path if path.is_file() else None
 
     @property

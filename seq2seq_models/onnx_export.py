@@ -32,6 +32,9 @@ Where exports live and how one is found is `seq2seq_models.onnx_cache`, which im
   [L, B, H, T, hd] (the block's own K/V only; the host keeps each row's cache), topk_logprobs
   [R, k], topk_ids [R, k], target_logprobs [R]. B, T, P, S, R and the processors' sizes are all
   dynamic.
+* `decoder_step.onnx` of the verifier: `decoder_batch.onnx` for a batch of one-token blocks (AR
+  steps: tokens [B, 1]), traced with the STEP kernel, whose attention is fewer and cheaper ops there
+  (`kernels.attention.StepAttention`); the same inputs and outputs.
 * `decoder.onnx` of the NAR drafter: the verifier's one-row inputs up to src_len, then mask_from []
   -> block_k/block_v, draft_ids [T - mask_from]. Block rows before `mask_from`
   are committed tokens appended causally; rows from `mask_from` on are the k [MASK]s, which see the
@@ -65,7 +68,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels.attention import BATCHED, GRAPH, KeysT, Parts
+from kernels.attention import BATCHED, GRAPH, STEP, AttentionKernel, KeysT, Parts
 from kernels.graph_head import output_head_graph
 from seq2seq_models.batch_graph import BATCH_INPUTS, NAR_BATCH_INPUTS, BatchedDecoder
 from seq2seq_models.onnx_cache import (  # re-exported: the cache side imports no torch
@@ -91,6 +94,7 @@ from seq2seq_models.onnx_cache import (  # re-exported: the cache side imports n
     PROCESSING_DECODER_FILE,
     PROCESSING_DECODER_INPUTS,
     ROLES,
+    STEP_DECODER_FILE,
     USER_CACHE,
     OnnxExport,
     bundle_cache_root,
@@ -181,6 +185,7 @@ def export_verifier(model: Seq2SeqTransformer, out: Path) -> None:
                     layer_inputs(PROCESSING_DECODER_INPUTS, layers), DECODER_OUTPUTS,
                     {**_row_axes(layers), **axes, **_PROCESSING_AXES}, PROCESSING_DECODER_FILE)
     _export_batch_decoder(model32, out)
+    _export_batch_decoder(model32, out, step=True)
 
 
 # The logits processors' inputs (PROCESSING_INPUTS): each sized by its own axis.
@@ -201,20 +206,23 @@ def _example_processing(vocab: int, rows: int) -> tuple[Tensor, ...]:
     )
 
 
-def _export_batch_decoder(model32: Seq2SeqTransformer, out: Path, role: str = "verifier") -> None:
+def _export_batch_decoder(model32: Seq2SeqTransformer, out: Path, role: str = "verifier", step: bool = False) -> None:
     """decoder_batch.onnx: `batch_graph.BatchedDecoder` with the BATCHED kernel, ending in the fused
     head (verifier), the mask positions' argmax (the NAR drafter, with `mask_from`) or the wanted
-    rows' logits (the AR drafter)."""
+    rows' logits (the AR drafter). `step`: the verifier's decoder_step.onnx instead (blocks of one
+    token, the STEP kernel)."""
     cfg = model32.config
     layers, heads, hd = cfg.decoder_layers, cfg.decoder_shape.heads, cfg.decoder_shape.head_dim
-    # Every traced size distinct (B 2, T 3, P 5, S 4, R 4), so none is mistaken for another.
+    # Every traced size distinct (B 2, T 3, P 5, S 4, R 4), so none is mistaken for another; a step
+    # graph's blocks are one token (R is then B: every row is a head row).
+    tokens = torch.tensor([[7], [8]]) if step else torch.tensor([[7, 8, 9], [7, 0, 0]])
     example: tuple = (
-        torch.tensor([[7, 8, 9], [7, 0, 0]]) % cfg.vocab_size,  # tokens
-        torch.tensor([3, 1]), torch.tensor([5, 2]),  # block_lens, past_lens
+        tokens % cfg.vocab_size,  # tokens
+        torch.tensor([1, 1]) if step else torch.tensor([3, 1]), torch.tensor([5, 2]),  # block_lens, past_lens
         *(torch.zeros(2, heads, hd, 5) for _ in range(layers)), *(torch.zeros(2, heads, 5, hd) for _ in range(layers)),
         *(torch.zeros(2, heads, hd, 4) for _ in range(layers)), *(torch.zeros(2, heads, 4, hd) for _ in range(layers)),
         torch.tensor([4, 3]),  # src_lens
-        torch.tensor([0, 1, 2, 3]),  # head_rows
+        torch.tensor([0, 1]) if step else torch.tensor([0, 1, 2, 3]),  # head_rows
     )
     axes = {
         "tokens": {0: "batch", 1: "block"}, "block_lens": {0: "batch"}, "past_lens": {0: "batch"},
@@ -235,17 +243,20 @@ def _export_batch_decoder(model32: Seq2SeqTransformer, out: Path, role: str = "v
         inputs, outputs = BATCH_INPUTS, AR_BATCH_DECODER_OUTPUTS
         axes |= {"logits": {0: "rows"}}
     else:
-        module = _BatchedVerifierStep(model32)
-        example = (*example, torch.tensor([8, 9, -1, -1]), torch.tensor([2]))  # targets, top_k
-        example = (*example, *_example_processing(cfg.vocab_size, rows=4))
+        module = _BatchedVerifierStep(model32, STEP if step else BATCHED)
+        rows = 2 if step else 4
+        example = (*example, torch.tensor([8, -1, -1, -1][:rows]), torch.tensor([2]))  # targets, top_k
+        example = (*example, *_example_processing(cfg.vocab_size, rows=rows))
         inputs, outputs = BATCH_DECODER_INPUTS, BATCH_DECODER_OUTPUTS
         axes |= {"targets": {0: "rows"}, "topk_logprobs": {0: "rows", 1: "k"}, "topk_ids": {0: "rows", 1: "k"},
                  "target_logprobs": {0: "rows"}, **_PROCESSING_AXES}
+    if step:
+        axes["tokens"] = {0: "batch"}  # one token a row
     inputs = layer_inputs(inputs, layers)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer warnings about shape arithmetic are expected
         torch.onnx.export(
-            module, example, str(out / BATCH_DECODER_FILE), dynamo=False,
+            module, example, str(out / (STEP_DECODER_FILE if step else BATCH_DECODER_FILE)), dynamo=False,
             opset_version=OPSET, input_names=inputs, output_names=outputs, dynamic_axes=axes,
         )
 
@@ -395,9 +406,9 @@ class _BatchedStep(_ModelGraph):
     """A graph over `BatchedDecoder` (rows of several sessions' blocks): subclasses add the head.
     Its inputs are flat, the K/V one per layer (`row_cache.layer_inputs`); `decode` regroups them."""
 
-    def __init__(self, model: Seq2SeqTransformer) -> None:
+    def __init__(self, model: Seq2SeqTransformer, kernel: AttentionKernel = BATCHED) -> None:
         super().__init__(model)
-        self.decoder = BatchedDecoder(model, BATCHED)
+        self.decoder = BatchedDecoder(model, kernel)
 
     def decode(self, inputs: Sequence[Tensor]) -> tuple[tuple[Tensor, Tensor, Tensor], list[Tensor]]:
         """The decoder's outputs for the first inputs `BATCH_INPUTS` (and `mask_from`) name, and the

@@ -40,6 +40,7 @@ from seq2seq_models.onnx_cache import (
     EXPORT_FORMAT,
     MANIFEST_FILE,
     PROCESSING_DECODER_FILE,
+    STEP_DECODER_FILE,
     OnnxExport,
     export_dir,
 )
@@ -64,7 +65,7 @@ def ensure_int8(export: OnnxExport, role: str, force: bool = False) -> OnnxExpor
             return OnnxExport(directory, export.fingerprint, reused=True)
     tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    for name in (ENCODER_FILE, DECODER_FILE, PROCESSING_DECODER_FILE, BATCH_DECODER_FILE):
+    for name in (ENCODER_FILE, DECODER_FILE, PROCESSING_DECODER_FILE, BATCH_DECODER_FILE, STEP_DECODER_FILE):
         if (export.directory / name).is_file():
             quantize_graph(export.directory / name, tmp / name)
     import onnxruntime

@@ -25,16 +25,17 @@ class OrtBatchEngine(NumpyArrays):
         return self.runner.device
 
     def encode_batch(self, sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-        """The sources' cross-attention K/V [L, B, H, S, hd], all in one run of the encoder graph."""
+        """The sources' cross-attention keys [L, B, H, hd, S] (transposed, `kernels.attention.KeysT`)
+        and values [L, B, H, S, hd], all in one run of the encoder graph."""
         return self.runner.encode_batch(sources, self.eos_id)
 
     def decode_one(self, block: RowBlock, processing: bool = False, **feeds: Any) -> tuple[Any, ...]:
         """One row through the one-row graph (`decoder.onnx`): no padding, masks or gather; its past
         and source are the row's slot of its pool as it is (the graph masks them to `past_len` and
         `src_len`). A lone request is the most common batch, and the batched graph's masking would
-        slow it (BENCHMARKS.md, "Model backends: notes"). Returns the block's K/V [L, 1, H, T, hd] and
-        the graph's other outputs, as host arrays. `processing`: through the graph with logits
-        processors (the verifier's), `feeds` holding them."""
+        slow it (BENCHMARKS.md, "Model backends: notes"). Returns the block's keys [L, 1, H, hd, T],
+        values [L, 1, H, T, hd] and the graph's other outputs, as host arrays. `processing`: through
+        the graph with logits processors (the verifier's), `feeds` holding them."""
         slot = block.slot
         pool, i = slot.pool, slot.index
         return self.runner.decode_row({

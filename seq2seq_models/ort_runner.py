@@ -83,6 +83,8 @@ class OrtRunner:
         self.decoder = inference_session(export.decoder, intra_op_threads, providers)
         batch = export.batch_decoder
         self.batch_decoder = None if batch is None else inference_session(batch, intra_op_threads, providers)
+        step = export.step_decoder
+        self.step_decoder = None if step is None else inference_session(step, intra_op_threads, providers)
         # Opened at the first lone row with logits processors: a server whose requests have none
         # never holds a second copy of the decoder.
         self._processing_decoder: Any = None
@@ -140,7 +142,9 @@ class OrtRunner:
         arrays. On CUDA, ORT copies the inputs to the device and back."""
         if self.batch_decoder is None:
             raise ValueError("this export has no batched decoder")
-        return tuple(self.batch_decoder.run(None, per_layer(feeds)))
+        # Blocks of one token each: the step graph when the export has one (the verifier's).
+        one_token = self.step_decoder is not None and feeds["tokens"].shape[1] == 1
+        return tuple((self.step_decoder if one_token else self.batch_decoder).run(None, per_layer(feeds)))
 
 
 class CudaOrtRunner(OrtRunner):

@@ -132,7 +132,7 @@ class KVPool:
         if index == len(self.slots):
             self.slots.append(slot)
             if len(self.slots) > self.row_capacity:
-                self._layout(rows=_round_up(len(self.slots), self.ROW_STEP))
+                self._regrow(len(self.slots))
         else:
             self.slots[index] = slot
         return slot
@@ -169,7 +169,15 @@ class KVPool:
     def reserve(self, rows: int) -> None:
         """Room for `rows` rows (a bulk run's rows in flight), so that they never re-lay the pool out."""
         if rows > self.row_capacity:
-            self._layout(rows=_round_up(rows, self.ROW_STEP))
+            self._regrow(rows)
+
+    def _regrow(self, rows: int) -> None:
+        """Room for `rows` rows, the positions fitted to the rows in use: capacities a batch's last,
+        long rows needed would be padding for every new row (and a larger buffer than needed)."""
+        used = self.used
+        self._layout(rows=_round_up(rows, self.ROW_STEP),
+                     positions=max([self.POSITION_STEP, *(s.held for s in used)]),
+                     sources=max([self.SOURCE_STEP, *(s.src_len for s in used)]))
 
     def ensure(self, positions: int = 0, sources: int = 0) -> None:
         """Room for `positions` self-attention and `sources` cross-attention positions in every slot
@@ -199,18 +207,36 @@ class KVPool:
         rows or sources do."""
         n = len(self.slots)
         new_rows = self.row_capacity if rows is None else rows
-        if positions is not None or rows is not None or self.k is None:
+        if rows is None and new_rows > _round_up(max(n, 1), self.ROW_STEP) and self._outgrows(positions, sources):
+            # Longer rows than ever, with few rows in use (a batch's last, long ones): rows enough for
+            # those in use, in the buffers there are, rather than new buffers for the rows reserved.
+            # Fresh memory costs far more than the re-layout when the next rows come (see above).
+            new_rows = _round_up(max(n, 1), self.ROW_STEP)
+        resized = new_rows != self.row_capacity
+        if positions is not None or resized or self.k is None:
             p = max(_round_up(self.positions if positions is None else positions, self.POSITION_STEP),
                     self.POSITION_STEP)
             held = max([0, *(s.held for s in self.used)])
             self.k, self.v = (self._moved(name, new_rows, p, held, n) for name in ("k", "v"))
             self.positions = p
-        if sources is not None or rows is not None or self.ck is None:
+        if sources is not None or resized or self.ck is None:
             s = max(_round_up(self.sources if sources is None else sources, self.SOURCE_STEP), self.SOURCE_STEP)
             held = max([0, *(slot.src_len for slot in self.used)])
             self.ck, self.cv = (self._moved(name, new_rows, s, held, n) for name in ("ck", "cv"))
             self.sources = s
         self.row_capacity = new_rows
+
+    def _outgrows(self, positions: int | None, sources: int | None) -> bool:
+        """Whether laying out `positions` (or `sources`) for the rows' capacity needs a new buffer (the
+        spare one, which a re-layout copies into, is too small)."""
+        if positions is not None:
+            names, width = ("k", "v"), _round_up(positions, self.POSITION_STEP)
+        elif sources is not None:
+            names, width = ("ck", "cv"), _round_up(sources, self.SOURCE_STEP)
+        else:
+            return False
+        size = self.layers * self.row_capacity * self.heads * width * self.head_dim
+        return any(self._spare.get(name) is None or size > int(self._spare[name].shape[0]) for name in names)
 
     def _shape(self, name: str, rows: int, positions: int) -> tuple[int, ...]:
         """Array `name`'s shape for `rows` rows of `positions` positions (keys transposed)."""
@@ -250,7 +276,11 @@ class KVPool:
         size = self.layers * rows * self.heads * positions * self.head_dim
         spare = self._spare.get(name)
         if spare is None or int(spare.shape[0]) < size:
-            spare = self.arrays.zeros((size + size // 2,))  # room for the next growth (`ensure`)
+            # At least as large as the largest one yet, with room to grow: capacities go up and down
+            # as rows come and go, and a buffer as large as the peak serves them all.
+            current = self._flat.get(name)
+            peak = max(size, 0 if current is None else int(current.shape[0]))
+            spare = self.arrays.zeros((peak + peak // 2,))
             spare[:] = 0  # touched now, all of it: the next re-layouts into it fault no pages in
         new = spare[:size].reshape(shape)
         old = getattr(self, name)

@@ -6,7 +6,6 @@ The verifier and the drafter are the services' own in-process classes (`verifier
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -127,8 +126,9 @@ class LocalEngine(Engine):
         """`specdec.bulk.BulkRun` over the requests: `batch_size` decoding at once, their steps in
         shared forwards (`verifier_service.scheduled`); 1: one at a time on the models directly,
         each input read only once the one before it is done. `workers` model workers (lanes: each
-        its own models, `threads` intra-op threads each, default the usable CPUs shared out) run
-        forwards side by side, each over its share of the rows."""
+        its own rows over one copy of the models, `threads` intra-op threads each, default the
+        usable CPUs shared out) run forwards side by side, each over its share of the rows; a lane
+        takes new inputs once its cohort is done (`BulkRun` cohorts)."""
         items = (self._pending(index, request) for index, request in enumerate(requests))
         if batch_size == 1:
             return BulkRun(items, lambda prepared, stop, _: self.decode(prepared, _stopper(stop)), 1, ordered, window=1)
@@ -143,8 +143,7 @@ class LocalEngine(Engine):
             for lane in lanes:  # the forwards running now end before the run does
                 lane.executor.join(LANE_JOIN_S)
 
-        cohorts = os.environ.get("SPECDEC_COHORTS", "1") == "1"
-        run = BulkRun(items, decode_one, batch_size, ordered, on_close=close, lanes=len(lanes), cohorts=cohorts)
+        run = BulkRun(items, decode_one, batch_size, ordered, on_close=close, lanes=len(lanes), cohorts=True)
         for index, lane in enumerate(lanes):
             # Rows admitted to the lane, decoding or about to: a forward waiting for company stops once
             # all of them have queued their steps.
@@ -164,13 +163,10 @@ class LocalEngine(Engine):
             per_lane = threads or worker_threads(AUTO, workers)
             key = (workers, per_lane)
             if key not in self._lane_models:  # made once per layout: opening ONNX sessions takes seconds
-                if os.environ.get("SPECDEC_SEPARATE_LANES"):
-                    self._lane_models[key] = [self._make_models(per_lane) for _ in range(workers)]
-                else:
-                    # One copy of the models, with each worker's own rows (`twin`): the workers'
-                    # forwards run side by side over the same weights.
-                    verifier, drafter = self._make_models(per_lane)
-                    self._lane_models[key] = [(_twin(verifier), _twin(drafter)) for _ in range(workers)]
+                # One copy of the models, with each worker's own rows (`twin`): the workers'
+                # forwards run side by side over the same weights.
+                verifier, drafter = self._make_models(per_lane)
+                self._lane_models[key] = [(_twin(verifier), _twin(drafter)) for _ in range(workers)]
             models = self._lane_models[key]
         lanes = []
         # Each lane's rows in flight, and a few more: a finished row's slot is freed once its session

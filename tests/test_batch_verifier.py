@@ -402,6 +402,35 @@ def test_pool_rows_keep_their_data_through_holes_moves_and_relayouts() -> None:
     assert all(_holds(row, *lengths[id(row)], values[id(row)]) for row in kept)
 
 
+def test_a_batch_s_last_long_rows_grow_the_pool_in_the_buffers_it_has() -> None:
+    """Past the largest layout yet with few rows in use, the pool lays out rows for those in use, not
+    for all it reserved (no fresh buffer); the next rows get the reserved rows back, the positions
+    fitted to what the rows in use hold."""
+    pool = _pool()
+    pool.reserve(32)
+    rows = [pool.acquire() for _ in range(32)]
+    for i, row in enumerate(rows):
+        _fill(row, 20, 6, float(i + 1))
+    pool.ensure(positions=48, sources=32)  # a full batch's growth: both buffers of each array grow to it
+    pool.ensure(positions=64)
+    for row in rows[1:]:
+        pool.release(row)
+    held = pool.nbytes
+    pool.ensure(positions=200)  # the last row runs on, past anything laid out for 32 rows
+    assert pool.positions == 208 and pool.row_capacity == 8 and pool.nbytes == held
+    assert _holds(rows[0], 20, 6, 1.0)
+    _fill(rows[0], 190, 6, 1.0)
+    fresh = [pool.acquire() for _ in range(31)]  # the next batch
+    assert pool.row_capacity >= 32 and pool.positions == 192 and _holds(rows[0], 190, 6, 1.0)
+    pool.release(rows[0])
+    more = pool.acquire()
+    assert more.index == 0 and all(not row.held for row in fresh)
+    for row in [*fresh, more]:
+        pool.release(row)
+    pool.reserve(40)  # more rows than before, none in use: the positions go back to the least
+    assert pool.row_capacity == 40 and pool.positions == pool.POSITION_STEP
+
+
 def test_a_forward_over_a_few_rows_gathers_them_and_over_most_feeds_the_pool() -> None:
     """`gather` feeds the pool's arrays as they are when most of its rows step (the others as
     one-position dummies) and copies the few rows that do otherwise; both give each row its own K/V."""

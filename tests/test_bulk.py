@@ -116,6 +116,65 @@ def test_many_inputs_through_the_api_are_checked_first(engine64):
         engine64.generate([[5, 6, 7], [], [8, 9]], mode="ar")
 
 
+def test_an_unknown_parameter_is_refused_by_name(engine64):
+    with pytest.raises(SpecdecError, match="unknown decoding parameter batch_size") as caught:
+        engine64.generate([[5, 6, 7], [8, 9]], mode="ar", batch_size=4)
+    assert "max_new_tokens" in caught.value.message  # the parameters there are, named
+
+
+def test_the_pools_hold_no_rows_once_a_run_is_done(bundle_dir):
+    """Every row's slots go back to its model's pool as its session closes, whichever lane ran it,
+    and a lane's twin shares its model's graphs, not its pool."""
+    with specdec.Engine.load(bundle_dir) as engine:
+        inputs = _inputs(13, seed=4)
+        for workers in (1, 2):
+            for name in ("ar", "gad", "iad"):
+                list(engine.generate_each([engine.request(i, "", _params(name)) for i in inputs], batch_size=4,
+                                          workers=workers))
+        models = [(engine.verifier, engine.drafter), *(m for ms in engine._lane_models.values() for m in ms)]
+        assert len(models) == 3
+        for verifier, drafter in models:
+            assert verifier.pool.used == [] and drafter.nar.pool.used == []
+            assert verifier.pool.row_capacity > 0
+        (first, _), (second, _) = models[1:]
+        assert first.engine is second.engine and first.pool is not second.pool
+
+
+def test_cohorts_take_rows_only_once_their_lane_is_empty():
+    """With cohorts a lane's next rows start together after its last row is done; continuously, a
+    finished row's place is taken while the others run."""
+    for cohorts in (True, False):
+        events: list[tuple[str, int, int]] = []
+        items = [Pending(i, i, 10) for i in range(12)]
+        outcomes = list(BulkRun(items, _logged(events), batch_size=4, lanes=2, cohorts=cohorts))
+        assert [o for _, o in outcomes] == list(range(12))
+        refilled = False  # a row started beside one that began before another row ended
+        running: dict[int, dict[int, bool]] = {0: {}, 1: {}}  # lane -> row -> has a row ended since it began
+        for kind, lane, item in events:
+            if kind == "start":
+                refilled |= any(running[lane].values())
+                running[lane][item] = False
+            else:
+                del running[lane][item]
+                running[lane] = dict.fromkeys(running[lane], True)
+        assert refilled != cohorts, events
+
+
+def _logged(events: list[tuple[str, int, int]]):
+    """A decode that takes 20-80 ms and logs its start and end."""
+    lock = threading.Lock()
+
+    def decode(item, stop, lane):
+        with lock:
+            events.append(("start", lane, item))
+        time.sleep(0.02 + 0.03 * (item % 3))
+        with lock:
+            events.append(("end", lane, item))
+        return item
+
+    return decode
+
+
 def test_rows_are_admitted_longest_first_within_a_window():
     started: list[int] = []
     lock = threading.Lock()

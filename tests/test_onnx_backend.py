@@ -157,3 +157,39 @@ class _OracleDrafter:
 
     def close(self) -> None:
         pass
+
+
+def test_the_step_graph_equals_the_batched_graph(onnx_verifier):
+    """One-token blocks run through `decoder_step.onnx`; on the same feeds it gives what the batched
+    graph gives (the rows of different pasts and sources, padding masked alike)."""
+    import numpy as np
+
+    from core.interfaces import StepCall
+    from seq2seq_models.row_cache import per_layer
+
+    rng = random.Random(3)
+    vocab = onnx_verifier.vocab_size
+    sessions = [onnx_verifier.open([rng.randrange(FIRST_WORD, vocab) for _ in range(rng.randint(1, 20))])
+                for _ in range(5)]
+    prefixes = [[rng.randrange(FIRST_WORD, vocab) for _ in range(rng.randint(1, 9))] for _ in sessions]
+    onnx_verifier.step_batch([(s, StepCall(0, p, [], 1)) for s, p in zip(sessions, prefixes, strict=True)])
+    runner = onnx_verifier.engine.runner
+    assert runner.step_decoder is not None
+    captured: dict = {}
+    original = runner.decode_batch
+    runner.decode_batch = lambda feeds: captured.update(feeds) or original(feeds)
+    try:
+        calls = [StepCall(len(p), [rng.randrange(FIRST_WORD, vocab)], [], 4) for p in prefixes]  # AR steps
+        onnx_verifier.step_batch(list(zip(sessions, calls, strict=True)))
+    finally:
+        runner.decode_batch = original
+    assert captured["tokens"].shape == (5, 1)
+    feeds = per_layer(captured)
+    for step, batched in zip(runner.step_decoder.run(None, feeds), runner.batch_decoder.run(None, feeds), strict=True):
+        assert step.shape == batched.shape
+        if step.dtype.kind == "f":
+            np.testing.assert_allclose(step, batched, atol=1e-5, rtol=1e-5)
+        else:
+            np.testing.assert_array_equal(step, batched)
+    for s in sessions:
+        s.close()

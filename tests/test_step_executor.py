@@ -50,3 +50,39 @@ def test_a_caller_that_waits_gets_the_result_and_nothing_is_released() -> None:
     assert asyncio.run(main()) == 42
     executor.shutdown()
     assert released == []
+
+
+def test_fire_and_forget_work_runs_even_past_a_shutdown() -> None:
+    """A closing session frees its pool slots through `submit`: queued when the worker shuts down it
+    still runs, and submitted afterwards it runs on the caller's thread."""
+    executor = StepExecutor("test")
+    started, finish = threading.Event(), threading.Event()
+    ran: list[tuple[str, str]] = []
+
+    def busy() -> None:
+        started.set()
+        finish.wait(10)
+
+    worker_call = threading.Thread(target=executor.run_sync, args=(busy,))
+    worker_call.start()
+    assert started.wait(10)
+    executor.submit(lambda: ran.append(("queued", threading.current_thread().name)))
+    cancelled: list[object] = []
+    waiter = threading.Thread(target=lambda: cancelled.append(_outcome(executor)))
+    waiter.start()
+    executor.shutdown()
+    finish.set()
+    executor.join(10)
+    worker_call.join(10)
+    waiter.join(10)
+    executor.submit(lambda: ran.append(("after", threading.current_thread().name)))
+    assert ran == [("queued", ran[0][1]), ("after", threading.current_thread().name)]
+    assert ran[0][1] != threading.current_thread().name  # the worker ran it before exiting
+    assert cancelled and isinstance(cancelled[0], BaseException)  # a waiting result is cancelled, not run
+
+
+def _outcome(executor: StepExecutor) -> object:
+    try:
+        return executor.run_sync(lambda: "ran")
+    except BaseException as exc:  # the cancellation is the outcome under test
+        return exc

@@ -92,9 +92,10 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         threads = intra_op_threads or None
         if workers > 1:  # the threads shared out: each worker's forwards get their own cores
             threads = worker_threads(intra_op_threads, workers)
+        first = make_verifier(bundle, backend, device=device, precision=precision, intra_op_threads=threads)
+        # One copy of the model: each further worker is a twin with sessions and a pool of its own.
         self.lanes = [
-            _Lane(make_verifier(bundle, backend, device=device, precision=precision, intra_op_threads=threads),
-                  self.executor if i == 0 else StepExecutor(f"verifier-{i}"))
+            _Lane(first if i == 0 else first.twin(), self.executor if i == 0 else StepExecutor(f"verifier-{i}"))
             for i in range(workers)
         ]
         self._lane_of: dict[int, _Lane] = {}  # id(session) -> its worker, while it is open

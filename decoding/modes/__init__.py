@@ -50,6 +50,10 @@ def check_applicable(overrides: Mapping[str, Any], mode: Mode, flags: bool = Fal
     if not extra:
         return
     names = {f.name: cli_flag(f) if flags else f.name for f in fields(DecodingConfig)}
+    unknown = [name for name in extra if name not in names]
+    if unknown:
+        raise invalid(f"unknown decoding parameter{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+                      f"(the parameters: {', '.join(sorted(names.values()))})")
     own = ", ".join(names[t] for t in sorted(spec.applicable - COMMON_PARAMS))
     common = ", ".join(names[c] for c in sorted(COMMON_PARAMS - {"mode"} - PROCESSOR_PARAMS))
     common += " and the logits processors"
