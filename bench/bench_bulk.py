@@ -25,8 +25,8 @@ bench/bench_hf_ctranslate2.py (random weights: every output runs to `MARIAN_STEP
 `--profile` splits a batch-32 in-process run (one model worker) instead: the model worker's wall time
 into the decoder's forwards (ONNX Runtime), the encoder's runs, the rest of its steps (planning,
 feeding the pool, writing the block's K/V into it, building results: Python and numpy) and idle
-(waiting for the rows' steps); and one captured 32-row decoder forward into ONNX Runtime's op types
-(its profiler), grouped.
+(waiting for the rows' steps); one captured 32-row decoder forward into ONNX Runtime's op types
+(its profiler), grouped; and cohorts against continuous admission at batch 32, 2 model workers.
 """
 
 from __future__ import annotations
@@ -195,6 +195,7 @@ def profile_section(args: argparse.Namespace, texts: list[str]) -> str:
     split_table = "\n".join([
         "| mode (batch 32) | tokens/s | verifier forwards | rows / forward | decoder forwards | encoder runs | "
         "rest of the steps | drafter | idle |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|", *rows])
+    admission = _admission_table(engine, texts, args.rounds)
     ops = _op_profile(engine)
     op_table = "\n".join(["| op group | share of a 32-row AR forward |", "|---|---:|",
                            *(f"| {group} | {share:.0%} |" for group, share in ops)])
@@ -204,7 +205,27 @@ def profile_section(args: argparse.Namespace, texts: list[str]) -> str:
         f"UA-GEC test split, first {len(texts)} sentences, `Engine.bulk` at batch 32 (module docstring of "
         "`bench/bench_bulk.py`, `--profile`). The model worker's wall time:", split_table,
         "One 32-row AR decoder forward (past 30, source 30 positions) by ONNX Runtime op type:", op_table,
+        f"Admission at batch 32, 2 model workers: a worker's next rows all at once when its last is done "
+        f"(cohorts, the default) or each finished row's place taken at once (continuous); output tokens/s, "
+        f"best of {args.rounds} interleaved rounds:", admission,
     ])
+
+
+def _admission_table(engine: Any, texts: list[str], rounds: int) -> str:
+    """Cohorts against continuous admission (`specdec.bulk`), per mode, interleaved rounds."""
+    lines = ["| mode (batch 32, 2 workers) | cohorts | continuous | cohorts / continuous |", "|---|---:|---:|---:|"]
+    for label, params in (("AR greedy", {"mode": "ar"}), ("IAD k=32", {"mode": "iad", "k": 32}),
+                          ("GAD k=10", {"mode": "gad", "k": 10})):
+        requests = [engine.request(x, "", {**params, "max_new_tokens": MAX_NEW_TOKENS}) for x in texts]
+        best = {True: 0.0, False: 0.0}
+        list(engine.bulk(requests[:32], 32, workers=2))  # warm: the workers' models and pools
+        for _ in range(rounds):
+            for cohorts in best:
+                started = time.perf_counter()
+                tokens = sum(len(o.output_ids) for _, o in engine.bulk(requests, 32, workers=2, cohorts=cohorts))
+                best[cohorts] = max(best[cohorts], tokens / (time.perf_counter() - started))
+        lines.append(f"| {label} | {best[True]:.0f} | {best[False]:.0f} | {best[True] / best[False]:.2f}x |")
+    return "\n".join(lines)
 
 
 def _worker_split(engine: Any, texts: list[str], params: dict[str, Any]) -> dict[str, float]:

@@ -11,8 +11,8 @@ Two admissions: continuous (a finished row's place is taken at once by the next)
 lane takes its next rows all at once when its last row has finished, as CTranslate2's
 translate_batch runs its batches). A forward attends over its longest past and longest source for
 every row, so rows that start together and have similar lengths waste the least there: on a CPU,
-cohorts beat refilling wherever a row's steps are one token each (BENCHMARKS.md, "Bulk decoding:
-where the time goes"). Outcomes come back in input order, or as they finish.
+cohorts beat refilling (BENCHMARKS.md, "Bulk decoding: where the time goes"). Outcomes come back in
+input order, or as they finish.
 """
 
 from __future__ import annotations

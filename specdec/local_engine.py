@@ -121,14 +121,14 @@ class LocalEngine(Engine):
 
     def bulk(
         self, requests: Iterable[Request | Prepared | SpecdecError], batch_size: int, ordered: bool = True,
-        workers: int = 1, threads: int | None = None,
+        workers: int = 1, threads: int | None = None, cohorts: bool = True,
     ) -> BulkRun:
         """`specdec.bulk.BulkRun` over the requests: `batch_size` decoding at once, their steps in
         shared forwards (`verifier_service.scheduled`); 1: one at a time on the models directly,
         each input read only once the one before it is done. `workers` model workers (lanes: each
         its own rows over one copy of the models, `threads` intra-op threads each, default the
         usable CPUs shared out) run forwards side by side, each over its share of the rows; a lane
-        takes new inputs once its cohort is done (`BulkRun` cohorts)."""
+        takes new inputs once its cohort is done (`cohorts`), or as each row finishes."""
         items = (self._pending(index, request) for index, request in enumerate(requests))
         if batch_size == 1:
             return BulkRun(items, lambda prepared, stop, _: self.decode(prepared, _stopper(stop)), 1, ordered, window=1)
@@ -143,7 +143,7 @@ class LocalEngine(Engine):
             for lane in lanes:  # the forwards running now end before the run does
                 lane.executor.join(LANE_JOIN_S)
 
-        run = BulkRun(items, decode_one, batch_size, ordered, on_close=close, lanes=len(lanes), cohorts=True)
+        run = BulkRun(items, decode_one, batch_size, ordered, on_close=close, lanes=len(lanes), cohorts=cohorts)
         for index, lane in enumerate(lanes):
             # Rows admitted to the lane, decoding or about to: a forward waiting for company stops once
             # all of them have queued their steps.

@@ -123,14 +123,16 @@ def test_an_unknown_parameter_is_refused_by_name(engine64):
 
 
 def test_the_pools_hold_no_rows_once_a_run_is_done(bundle_dir):
-    """Every row's slots go back to its model's pool as its session closes, whichever lane ran it,
-    and a lane's twin shares its model's graphs, not its pool."""
+    """Every row's slots go back to its model's pool as its session closes, whichever lane ran it and
+    however rows were admitted, and a lane's twin shares its model's graphs, not its pool."""
     with specdec.Engine.load(bundle_dir) as engine:
         inputs = _inputs(13, seed=4)
         for workers in (1, 2):
             for name in ("ar", "gad", "iad"):
-                list(engine.generate_each([engine.request(i, "", _params(name)) for i in inputs], batch_size=4,
-                                          workers=workers))
+                requests = [engine.request(i, "", _params(name)) for i in inputs]
+                cohorts = [o.output_ids for _, o in engine.bulk(requests, 4, workers=workers)]
+                continuous = [o.output_ids for _, o in engine.bulk(requests, 4, workers=workers, cohorts=False)]
+                assert continuous == cohorts, (name, workers)
         models = [(engine.verifier, engine.drafter), *(m for ms in engine._lane_models.values() for m in ms)]
         assert len(models) == 3
         for verifier, drafter in models:
