@@ -42,7 +42,7 @@ class KeysT(NamedTuple):
     """Keys stored transposed, `t` [B, H, hd, L]: the layout of the K/V pools' keys
     (`seq2seq_models.row_cache.KVPool`), so that the scores are a plain matmul by them; by keys
     [B, H, L, hd] a matmul must transpose each row's keys first, which costs most of it when each
-    query is one row (BENCHMARKS.md, "Bulk decoding: where the time goes")."""
+    query is one row (BENCHMARKS.md, "Bulk decoding: notes")."""
 
     t: Tensor
 
@@ -55,7 +55,7 @@ class Parts(NamedTuple):
     """Keys (or values) [B, H, *, hd] in two parts, a row's cached past and its new block, attended
     over as one sequence (past first); a past of keys may be `KeysT`. The batched graph passes them
     apart: joining them would copy every row's whole past at every step and layer, the largest cost of
-    a batched forward on a CPU (BENCHMARKS.md, "Bulk decoding: where the time goes")."""
+    a batched forward on a CPU (BENCHMARKS.md, "Bulk decoding: notes")."""
 
     past: Tensor | KeysT
     block: Tensor

@@ -33,7 +33,7 @@ cache; nothing of the past is returned, so a step never copies a row's past back
 The K/V come one input per layer (the exported graph's `past_k_0`, ..., `layer_inputs`), and the
 block's self-attention attends over the past and the block as `kernels.attention.Parts`, never
 joined: a stacked input split into layers, and a past concatenated with each block, were copies of
-every row's whole cache at every step (BENCHMARKS.md, "Bulk decoding: where the time goes").
+every row's whole cache at every step (BENCHMARKS.md, "Bulk decoding: notes").
 
 Masks: a past key is visible iff its index < that row's past length; a block key iff it is inside
 the row's block and at or before the query (any position, for a [MASK] query). A padded query

@@ -14,7 +14,7 @@ held) and shrink again once the longest rows have left, since a forward attends 
 
 The pool replaced a capacity buffer per row and a per-forward stack of the batch's sources: copying
 each row's past into the padded batch, and re-laying the sources out as sessions came and went,
-were a third of a batched step's host time (BENCHMARKS.md, "Bulk decoding: where the time goes").
+were a large share of a batched step's host time (BENCHMARKS.md, "Bulk decoding: notes").
 
 The code is written once over numpy arrays (ONNX Runtime) and torch tensors (the torch backend):
 it allocates and gathers through an `Arrays` and otherwise only slices, which both share.
@@ -104,8 +104,8 @@ class KVPool:
         self.ck: Any = None  # [L, row_capacity, H, hd, sources]
         self.cv: Any = None  # [L, row_capacity, H, sources, hd]
         # Each array is a view of a flat buffer, and a re-layout copies into a second one, kept from
-        # the last: memory touched for the first time costs far more than a copy (page faults, on
-        # this project's machines about 50 times), so buffers are reused and only grow.
+        # the last: memory touched for the first time costs far more than a copy (page faults:
+        # BENCHMARKS.md, "Bulk decoding: notes"), so buffers are reused and only grow.
         self._flat: dict[str, Any] = {}
         self._spare: dict[str, Any] = {}
 
@@ -190,8 +190,8 @@ class KVPool:
 
     def fit(self, positions: int = 0) -> None:
         """Shrink capacities the rows no longer need (the longest left): a forward fed the arrays as
-        they are attends over all of them, and a padded position costs about as much as a copy of
-        it (BENCHMARKS.md, "Bulk decoding: where the time goes"). `positions`: room still wanted
+        they are attends over all of them, so padded positions cost every forward (BENCHMARKS.md,
+        "Bulk decoding: notes"). `positions`: room still wanted
         (the coming blocks)."""
         used = self.used
         need_p = _round_up(max([positions, *(s.held for s in used)]), self.POSITION_STEP)
