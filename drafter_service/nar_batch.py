@@ -18,8 +18,6 @@ rows taking or leaving slots, take turns (a lock).
 
 from __future__ import annotations
 
-import copy
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -29,7 +27,7 @@ from core.batch_slots import answer_in_slots, split_source_tokens_for
 from core.checks import check_session_step
 from core.errors import out_of_step
 from seq2seq_models.config import ModelConfig
-from seq2seq_models.row_cache import Arrays, KVPool, RowBlock, RowSlot, Source, encode_new, gather
+from seq2seq_models.row_cache import Arrays, PoolOwner, RowBlock, RowSlot, Source, encode_new, gather
 
 DraftOutcome = list[int] | BaseException
 
@@ -90,10 +88,11 @@ class NarRow:
         and where its masks start."""
         cfg = self.config
         fed = [cfg.bos_id, *self.tokens][self.valid :]
-        return RowBlock(self.drafter.slot(self), [*fed, *[cfg.mask_id] * k], self.valid, len(fed), [-1] * k), len(fed)
+        slot = self.drafter.slot_of(self)
+        return RowBlock(slot, [*fed, *[cfg.mask_id] * k], self.valid, len(fed), [-1] * k), len(fed)
 
 
-class BatchNarDrafter:
+class BatchNarDrafter(PoolOwner):
     """The NAR drafter of both backends over an engine: `open` a row, `draft_rows` many at once."""
 
     # Told the number of sources of every encoder run (the service's metrics); None: nobody listens.
@@ -103,30 +102,10 @@ class BatchNarDrafter:
         self.config = config
         self.engine = engine
         self.split_source_tokens = split_source_tokens_for(engine.device)  # `row_cache.encode_new`'s split
-        shape = config.decoder_shape
-        self.pool = KVPool(engine, config.decoder_layers, shape.heads, shape.head_dim)
-        self.lock = threading.RLock()  # the pool's: forwards, and rows taking or leaving slots
+        self.own_pool(engine, config)
 
     def open(self, source_ids: list[int]) -> NarRow:
         return NarRow(self, source_ids)
-
-    def reserve_rows(self, rows: int) -> None:
-        """Room in the pool for `rows` rows at once (a bulk run's), so they never re-lay it out."""
-        with self.lock:
-            self.pool.reserve(rows)
-
-    def twin(self) -> BatchNarDrafter:
-        """A drafter over the same model with a pool and lock of its own (`BatchVerifier.twin`)."""
-        other = copy.copy(self)
-        other.pool = KVPool(self.engine, self.pool.layers, self.pool.heads, self.pool.head_dim)
-        other.lock = threading.RLock()
-        return other
-
-    def slot(self, row: NarRow) -> RowSlot:
-        """`row`'s slot, taken now if it has none (under the lock)."""
-        if row.slot is None:
-            row.slot = self.pool.acquire()
-        return row.slot
 
     def draft_rows(self, items: Sequence[tuple[NarRow, int]]) -> list[DraftOutcome]:
         """k >= 1 draft ids for each (row, k), one forward over every valid row; one outcome per item."""

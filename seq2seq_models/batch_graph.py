@@ -90,16 +90,28 @@ class BatchedDecoder(nn.Module):
         src_keys = torch.arange(cross_k[0].shape[3], device=device)[None, :]
         cross_mask = (src_keys < src_lens[:, None])[:, None, None, :]  # [B, 1, 1, S]
 
-        block_k: list[Tensor] = []
-        block_v: list[Tensor] = []
-
-        def join_past(i: int, k: Tensor, v: Tensor) -> tuple[Parts, Parts]:
-            block_k.append(k.transpose(-1, -2))
-            block_v.append(v)
-            return Parts(KeysT(past_k[i]), k), Parts(past_v[i], v)
-
         x = m.embed_target(tokens, positions)
-        keys = [KeysT(k) for k in cross_k]
-        hidden = m.run_decoder(x, self_mask, keys, list(cross_v), cross_mask, self.kernel, join_past)
+        hidden, block_k, block_v = decode_after_past(m, x, self_mask, past_k, past_v, cross_k, cross_v, cross_mask,
+                                                     self.kernel)
         rows = hidden.flatten(0, 1).index_select(0, head_rows)
-        return rows, torch.stack(block_k), torch.stack(block_v)
+        return rows, block_k, block_v
+
+
+def decode_after_past(
+    m: Seq2SeqTransformer, x: Tensor, self_mask: Tensor, past_k: Sequence[Tensor], past_v: Sequence[Tensor],
+    cross_k: Sequence[Tensor], cross_v: Sequence[Tensor], cross_mask: Tensor, kernel: AttentionKernel,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The decoder over embedded blocks `x` [B, T, D] whose rows' pasts and sources are given per
+    layer (keys transposed, as the pools hold them): the final-layer states, and the blocks' own keys
+    [L, B, H, hd, T] and values [L, B, H, T, hd], stacked. Each layer attends over its past and the
+    block as `Parts`, never joined."""
+    block_k: list[Tensor] = []
+    block_v: list[Tensor] = []
+
+    def join_past(i: int, k: Tensor, v: Tensor) -> tuple[Parts, Parts]:
+        block_k.append(k.transpose(-1, -2))
+        block_v.append(v)
+        return Parts(KeysT(past_k[i]), k), Parts(past_v[i], v)
+
+    hidden = m.run_decoder(x, self_mask, [KeysT(k) for k in cross_k], list(cross_v), cross_mask, kernel, join_past)
+    return hidden, torch.stack(block_k), torch.stack(block_v)

@@ -68,9 +68,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels.attention import BATCHED, GRAPH, STEP, AttentionKernel, KeysT, Parts
+from kernels.attention import BATCHED, GRAPH, STEP, AttentionKernel, KeysT
 from kernels.graph_head import output_head_graph
-from seq2seq_models.batch_graph import BATCH_INPUTS, NAR_BATCH_INPUTS, BatchedDecoder
+from seq2seq_models.batch_graph import BATCH_INPUTS, NAR_BATCH_INPUTS, BatchedDecoder, decode_after_past
 from seq2seq_models.onnx_cache import (  # re-exported: the cache side imports no torch
     AR_BATCH_DECODER_OUTPUTS,
     AR_DECODER_INPUTS,
@@ -470,11 +470,11 @@ class _NarDecoderStep(_ModelGraph):
 def _decode_row(
     m: Seq2SeqTransformer, inputs: Sequence[Tensor], mask_from: Tensor | None = None
 ) -> tuple[tuple[Tensor, Tensor, Tensor], Sequence[Tensor]]:
-    """Final-layer states [T, D] of one row's block and the block's own K/V [L, 1, H, T, hd], for the
-    first inputs `ROW_INPUTS` name (one K/V per layer), and the inputs after them. The past is the
-    first `past_len` positions of the given K/V and the source the first `src_len` of its; the
-    block's tokens attend causally, and with `mask_from`, the block's positions from there on ([MASK]s)
-    see every key (the prefix and the whole block)."""
+    """Final-layer states [T, D] of one row's block and the block's own keys [L, 1, H, hd, T] and
+    values [L, 1, H, T, hd], for the first inputs `ROW_INPUTS` name (one K/V per layer), and the
+    inputs after them. The past is the first `past_len` positions of the given K/V and the source
+    the first `src_len` of its; the block's tokens attend causally, and with `mask_from`, the
+    block's positions from there on ([MASK]s) see every key (the prefix and the whole block)."""
     layers = m.config.decoder_layers
     tokens, past_len, *rest = inputs
     past_k, past_v, cross_k, cross_v = (list(rest[i * layers : (i + 1) * layers]) for i in range(4))
@@ -493,17 +493,9 @@ def _decode_row(
     key_positions = torch.cat([past_keys, positions])[None]
     self_mask = m.self_attention_mask(self_mask, positions[None], key_positions, decoder=True)
     cross_mask = (torch.arange(cross_k[0].shape[3]) < src_len)[None, None, None, :]  # [1, 1, 1, S]
-    block_k: list[Tensor] = []
-    block_v: list[Tensor] = []
-
-    def join_past(i: int, k: Tensor, v: Tensor) -> tuple[Parts, Parts]:
-        block_k.append(k.transpose(-1, -2))
-        block_v.append(v)
-        return Parts(KeysT(past_k[i]), k), Parts(past_v[i], v)
-
     x = m.embed_target(tokens, positions[None])
-    hidden = m.run_decoder(x, self_mask, [KeysT(k) for k in cross_k], cross_v, cross_mask, GRAPH, join_past)
-    return (hidden[0], torch.stack(block_k), torch.stack(block_v)), after
+    hidden, block_k, block_v = decode_after_past(m, x, self_mask, past_k, past_v, cross_k, cross_v, cross_mask, GRAPH)
+    return (hidden[0], block_k, block_v), after
 
 
 def _decode_block(

@@ -22,13 +22,18 @@ it allocates and gathers through an `Arrays` and otherwise only slices, which bo
 
 from __future__ import annotations
 
+import copy
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import numpy as np
 
 from core.batch_slots import split_by_length
+
+if TYPE_CHECKING:
+    from seq2seq_models.config import ModelConfig
 
 # The inputs of the batched decoder (`batch_graph.BatchedDecoder`, `decoder_batch.onnx`), by name:
 # `gather` makes them. Here, not in batch_graph, so ONNX Runtime callers need no torch.
@@ -296,6 +301,40 @@ class KVPool:
             self._spare[name] = self._flat[name]
         self._flat[name] = spare
         return new
+
+
+class PoolOwner:
+    """A model's side of its rows: their `KVPool` and the lock under which its forwards and rows
+    taking or leaving slots take turns (in-process sessions may step from threads of their own).
+    Shared by the verifier and the NAR drafter (`BatchVerifier`, `BatchNarDrafter`)."""
+
+    pool: KVPool
+    lock: threading.RLock
+
+    def own_pool(self, arrays: Arrays, config: ModelConfig) -> None:
+        """A pool of the model's decoder shape, empty, and its lock."""
+        shape = config.decoder_shape
+        self.pool = KVPool(arrays, config.decoder_layers, shape.heads, shape.head_dim)
+        self.lock = threading.RLock()
+
+    def reserve_rows(self, rows: int) -> None:
+        """Room in the pool for `rows` rows at once (a bulk run's), so they never re-lay it out."""
+        with self.lock:
+            self.pool.reserve(rows)
+
+    def twin(self) -> Self:
+        """The same model (engine, graphs, weights) with a pool and lock of its own: a model worker
+        of its own over one copy of the weights (`specdec decode --workers`, `[verifier] model_workers`)."""
+        other = copy.copy(self)
+        other.pool = KVPool(self.pool.arrays, self.pool.layers, self.pool.heads, self.pool.head_dim)
+        other.lock = threading.RLock()
+        return other
+
+    def slot_of(self, row: Any) -> RowSlot:
+        """`row.slot`, taken from the pool now if it has none (under the lock)."""
+        if row.slot is None:
+            row.slot = self.pool.acquire()
+        return row.slot
 
 
 class RowSlot:

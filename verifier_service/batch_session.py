@@ -30,8 +30,6 @@ and the engine's head applies them (`Processing`).
 
 from __future__ import annotations
 
-import copy
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +44,7 @@ from core.greedy import greedy_next, merge_greedy
 from core.interfaces import BeamRow, StepCall, VerifyResult
 from core.logits_processors import Processing, Processors, RowPlan, RowState, processing
 from seq2seq_models.config import ModelConfig
-from seq2seq_models.row_cache import Arrays, KVPool, RowBlock, RowSlot, Source, encode_new, gather, scatter
+from seq2seq_models.row_cache import Arrays, PoolOwner, RowBlock, RowSlot, Source, encode_new, gather, scatter
 from verifier_service.model_verifier import ModelVerifier
 
 StepOutcome = VerifyResult | list[VerifyResult] | BaseException
@@ -173,7 +171,7 @@ class _Planned:
         return out
 
 
-class BatchVerifier(ModelVerifier):
+class BatchVerifier(ModelVerifier, PoolOwner):
     """The `core.interfaces.Verifier` of both backends, with `step_batch` (see the module docstring)."""
 
     engine: Engine
@@ -184,9 +182,7 @@ class BatchVerifier(ModelVerifier):
         super().__init__(config)
         self.config = config
         self.engine = engine
-        shape = config.decoder_shape
-        self.pool = KVPool(engine, config.decoder_layers, shape.heads, shape.head_dim)
-        self.lock = threading.RLock()  # the pool's: forwards, and rows taking or leaving slots
+        self.own_pool(engine, config)
         # A batch whose blocks differ in length runs as several forwards, one per group of lengths,
         # when the padding that saves (in token-rows) outweighs a forward's fixed cost:
         # `core.batch_slots.split_by_length`. 0: never split.
@@ -210,22 +206,9 @@ class BatchVerifier(ModelVerifier):
     def encode(self, sessions: Sequence[BatchSession]) -> None:
         """Encode the sources of `sessions` not encoded yet (nor closed) in one encoder run."""
         with self.lock:
-            pending = [(s.source, self._slot(s.rows[0])) for s in sessions
+            pending = [(s.source, self.slot_of(s.rows[0])) for s in sessions
                        if not s.source.encoded and not s.closed and s.rows]
             encode_new(self.engine, pending, self.split_source_tokens, self.on_encode)
-
-    def reserve_rows(self, rows: int) -> None:
-        """Room in the pool for `rows` rows at once (a bulk run's), so they never re-lay it out."""
-        with self.lock:
-            self.pool.reserve(rows)
-
-    def twin(self) -> BatchVerifier:
-        """A verifier over the same model (engine, graphs, weights) with a pool and lock of its own:
-        a model worker of its own over one copy of the weights (`specdec decode --workers`)."""
-        other = copy.copy(self)
-        other.pool = KVPool(self.engine, self.pool.layers, self.pool.heads, self.pool.head_dim)
-        other.lock = threading.RLock()
-        return other
 
     def step_batch(self, items: Sequence[tuple[BatchSession, StepCall]]) -> list[StepOutcome]:
         """One forward over every valid item's rows; one outcome per item, in order."""
@@ -233,12 +216,6 @@ class BatchVerifier(ModelVerifier):
             # The new sessions' sources first, in one run: a fork copies its parent's source.
             self.encode([s for s, _ in items if isinstance(s, BatchSession) and s._verifier is self])
             return answer_in_slots(items, self._plan, self._run)
-
-    def _slot(self, row: Row) -> RowSlot:
-        """`row`'s slot, taken now if it has none (under the lock)."""
-        if row.slot is None:
-            row.slot = self.pool.acquire()
-        return row.slot
 
     # ---- planning: validation and forks, nothing committed ------------------------------------
 
@@ -268,10 +245,10 @@ class BatchVerifier(ModelVerifier):
                 parent = session.rows[r.parent]
                 if r.parent in taken:  # a further child: its own copy of the kept prefix (and processor state)
                     state = None if parent.state is None else parent.state.fork()
-                    row = Row(parent.tokens[: r.committed_len], self._slot(parent).fork(1 + r.committed_len), state)
+                    row = Row(parent.tokens[: r.committed_len], self.slot_of(parent).fork(1 + r.committed_len), state)
                 else:  # the first child takes the parent's slot over
                     taken.add(r.parent)
-                    row = Row(parent.tokens, self._slot(parent), parent.state)
+                    row = Row(parent.tokens, self.slot_of(parent), parent.state)
                 new_rows.append(row)
                 blocks.append(self._row_block(row, r.committed_len, r.append_ids, []))
         except BaseException:  # the step is refused: its forks leave the pool again
@@ -286,7 +263,7 @@ class BatchVerifier(ModelVerifier):
         # nothing is appended (re-fed, see the module docstring); a fresh row feeds BOS too.
         sequence = [cfg.bos_id, *row.tokens[:committed_len], *append_ids, *draft_ids]
         first_row = committed_len + len(append_ids)
-        slot = self._slot(row)
+        slot = self.slot_of(row)
         past_len = min(1 + committed_len if append_ids else committed_len, slot.held)
         return RowBlock(slot, sequence[past_len:], past_len, first_row - past_len, [*draft_ids, -1])
 
