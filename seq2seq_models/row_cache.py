@@ -475,10 +475,11 @@ def gather(blocks: Sequence[RowBlock], pool: KVPool) -> tuple[dict[str, Any], li
     and the batch row each block is in. Int inputs are int64 numpy arrays; K/V are the pool's arrays
     (or gathered from them), stacked over the layers."""
     t = max(len(b.fed) for b in blocks)
-    pool.ensure(positions=max(b.past_len + len(b.fed) for b in blocks))  # room for the blocks' K/V after
+    end = max(b.past_len + len(b.fed) for b in blocks)
+    pool.ensure(positions=end)  # room for the blocks' K/V after
     direct = len(blocks) >= pool.DIRECT_SHARE * pool.n  # the slots up to the last in use, free ones too
     if direct:
-        pool.fit(max(b.past_len + len(b.fed) for b in blocks))
+        pool.fit(end)
         rows = [b.slot.index for b in blocks]
         b = pool.n
         past_k, past_v, cross_k, cross_v = pool.k[:, :b], pool.v[:, :b], pool.ck[:, :b], pool.cv[:, :b]

@@ -72,12 +72,6 @@ class BulkRun:
         self.stop = threading.Event()
         self.done: dict[int, Any] = {}
         self.rows = [0] * self.lanes  # each lane's rows admitted and not yet finished
-        self._lock = threading.Lock()
-        self._decoding = 0  # rows whose decode is running now
-
-    def in_flight(self) -> int:
-        """Rows decoding now: the most steps the model workers can expect at once."""
-        return self._decoding
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         following = 0  # the next index to give out, in order
@@ -133,15 +127,10 @@ class BulkRun:
         return out
 
     def _outcome(self, item: Any, lane: int) -> Any:
-        with self._lock:
-            self._decoding += 1
         try:
             return self.decode(item, self.stop, lane)
         except SpecdecError as exc:
             return exc
-        finally:
-            with self._lock:
-                self._decoding -= 1
 
 
 def _read_window(source: Iterator[Pending], window: int) -> tuple[list[Pending], bool]:
