@@ -24,8 +24,9 @@ bench/bench_hf_ctranslate2.py (random weights: every output runs to `MARIAN_STEP
 
 `--profile` splits a batch-32 in-process run (one model worker) instead: the model worker's wall time
 into the decoder's forwards (ONNX Runtime), the encoder's runs, the rest of its steps (planning,
-feeding the pool, writing the block's K/V into it, building results: Python and numpy) and idle
-(waiting for the rows' steps); one captured 32-row decoder forward into ONNX Runtime's op types
+feeding the pool, writing the block's K/V into it, building results: Python and numpy) and the
+scheduler's own work and waiting (gathering steps, continuing runs of AR steps, closing sessions,
+waiting for the rows' steps); one captured 32-row decoder forward into ONNX Runtime's op types
 (its profiler), grouped; and cohorts against continuous admission at batch 32, 2 model workers.
 """
 
@@ -191,10 +192,10 @@ def profile_section(args: argparse.Namespace, texts: list[str]) -> str:
         split = _worker_split(engine, texts, params)
         rows.append(f"| {label} | {split['tokens/s']:.0f} | {split['forwards']:.0f} | {split['rows/forward']:.1f} | "
                     f"{split['decoder']:.0%} | {split['encoder']:.0%} | {split['steps other']:.0%} | "
-                    f"{split['drafter']:.0%} | {split['idle']:.0%} |")
+                    f"{split['drafter']:.0%} | {split['scheduler and idle']:.0%} |")
     split_table = "\n".join([
         "| mode (batch 32) | tokens/s | verifier forwards | rows / forward | decoder forwards | encoder runs | "
-        "rest of the steps | drafter | idle |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|", *rows])
+        "rest of the steps | drafter | scheduler and idle |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|", *rows])
     admission = _admission_table(engine, texts, args.rounds)
     ops = _op_profile(engine)
     op_table = "\n".join(["| op group | share of a 32-row AR forward |", "|---|---:|",
@@ -230,19 +231,28 @@ def _admission_table(engine: Any, texts: list[str], rounds: int) -> str:
 
 def _worker_split(engine: Any, texts: list[str], params: dict[str, Any]) -> dict[str, float]:
     """Wall time of a batch-32 run, and the worker's shares: decoder forwards, encoder runs, the rest
-    of its verifier steps, drafter calls, idle."""
+    of its verifier steps, drafter calls, and the rest of its time (the scheduler's own work: gathering
+    steps, continuing runs of AR steps, closing sessions; and waiting for steps)."""
     verifier = engine.verifier
-    spent = {"decoder": 0.0, "encoder": 0.0, "steps": 0.0, "drafter": 0.0, "forwards": 0.0, "rows": 0.0}
+    spent = {"decoder": 0.0, "encoder": 0.0, "encoder in steps": 0.0, "steps": 0.0, "drafter": 0.0,
+             "forwards": 0.0, "rows": 0.0}
+    in_step = [False]  # inside a verifier step (one worker: no other step runs meanwhile)
 
     def timed(obj: Any, name: str, key: str, count: bool = False) -> Callable[[], None]:
         original = getattr(obj, name)
 
         def wrapper(*a: Any, **k: Any) -> Any:
             started = time.perf_counter()
+            outer = in_step[0]
+            in_step[0] = outer or count
             try:
                 return original(*a, **k)
             finally:
-                spent[key] += time.perf_counter() - started
+                in_step[0] = outer
+                took = time.perf_counter() - started
+                spent[key] += took
+                if key == "encoder" and outer:  # a step that meets an unencoded source encodes it first
+                    spent["encoder in steps"] += took
                 if count:
                     spent["forwards"] += 1
                     spent["rows"] += len(a[0]) if a and isinstance(a[0], list) else 0
@@ -265,13 +275,13 @@ def _worker_split(engine: Any, texts: list[str], params: dict[str, Any]) -> dict
     finally:
         for undo in restore:
             undo()
-    encoder_in_steps = spent["encoder"]  # a step that meets an unencoded source encodes it first
-    other = max(spent["steps"] - spent["decoder"], 0.0)
-    busy = spent["steps"] + spent["drafter"] + max(spent["encoder"] - encoder_in_steps, 0.0)
+    # The rest of the steps: the verifier steps' time that is neither the decoder nor an encoder run.
+    other = max(spent["steps"] - spent["decoder"] - spent["encoder in steps"], 0.0)
+    busy = spent["steps"] + spent["drafter"] + spent["encoder"] - spent["encoder in steps"]
     return {"tokens/s": sum(len(o) for o in outputs) / wall, "forwards": spent["forwards"],
             "rows/forward": spent["rows"] / max(spent["forwards"], 1), "decoder": spent["decoder"] / wall,
-            "encoder": spent["encoder"] / wall, "steps other": max(other - spent["encoder"], 0.0) / wall,
-            "drafter": spent["drafter"] / wall, "idle": max(wall - busy - spent["encoder"], 0.0) / wall}
+            "encoder": spent["encoder"] / wall, "steps other": other / wall,
+            "drafter": spent["drafter"] / wall, "scheduler and idle": max(wall - busy, 0.0) / wall}
 
 
 def _op_profile(engine: Any) -> list[tuple[str, float]]:

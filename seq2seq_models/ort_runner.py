@@ -213,6 +213,10 @@ def _feed(value: Any) -> np.ndarray:
     return value if isinstance(value, np.ndarray) else np.asarray(value, np.int64)
 
 
+# Graph rewrites of ONNX Runtime's that every session here goes without (see `inference_session`).
+UNFUSED = ["MatMulScaleFusion"]
+
+
 def inference_session(path: Path, intra_op_threads: int | None, providers: list[str]) -> Any:
     import onnxruntime as ort
 
@@ -227,7 +231,10 @@ def inference_session(path: Path, intra_op_threads: int | None, providers: list[
     # (accept loop, the other model, torch) needs; a step is long enough that waking them is cheap.
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.log_severity_level = 3
-    return ort.InferenceSession(str(path), opts, providers=providers)
+    # ONNX Runtime folds the attention's scale into its scores' matmul (FusedMatMul), which runs a
+    # query against each row's keys at about half MatMul's speed (BENCHMARKS.md, "Bulk decoding:
+    # notes"): the scale stays a Mul of the small scores.
+    return ort.InferenceSession(str(path), opts, providers=providers, disabled_optimizers=UNFUSED)
 
 
 def default_intra_op_threads() -> int:

@@ -93,7 +93,12 @@ class KVPool:
 
     ROW_STEP = 8  # the rows' capacity grows in these steps, and keeps its peak
     POSITION_STEP = 16  # self-attention capacity: a multiple of this, fitted to the longest row
-    SOURCE_STEP = 16  # cross-attention capacity likewise, fitted to the longest source
+    # Cross-attention capacity: the longest source exactly, since sources never grow; shrunk once the
+    # longest has left and the padding is more than an eighth of the longest source still held.
+    SOURCE_SLACK = 8
+    # Free slots among the used ones ride along in a forward fed the arrays as they are (their
+    # positions read like a row's); once more than one in this many, the last rows move into them.
+    COMPACT_FREE = 4
     # A forward over at least this share of the occupied rows feeds the pool's arrays as they are.
     DIRECT_SHARE = 0.75
 
@@ -153,7 +158,7 @@ class KVPool:
         while self.slots and self.slots[-1] is None:
             self.slots.pop()
         free = [i for i, s in enumerate(self.slots) if s is None]
-        if 4 * len(free) > len(self.slots):
+        if self.COMPACT_FREE * len(free) > len(self.slots):
             for i in free:
                 while self.slots and self.slots[-1] is None:
                     self.slots.pop()
@@ -182,12 +187,12 @@ class KVPool:
         used = self.used
         self._layout(rows=_round_up(rows, self.ROW_STEP),
                      positions=max([self.POSITION_STEP, *(s.held for s in used)]),
-                     sources=max([self.SOURCE_STEP, *(s.src_len for s in used)]))
+                     sources=max([1, *(s.src_len for s in used)]))
 
     def ensure(self, positions: int = 0, sources: int = 0) -> None:
         """Room for `positions` self-attention and `sources` cross-attention positions in every slot
-        (rounded up to their steps: a re-layout copies what the rows hold, and a padded position
-        costs every forward, so the capacity grows a step at a time)."""
+        (positions rounded up to their step: a re-layout copies what the rows hold, and a padded
+        position costs every forward, so the capacity grows a step at a time; sources exactly)."""
         if positions > self.positions:
             self._layout(positions=positions)
         if sources > self.sources:
@@ -202,8 +207,8 @@ class KVPool:
         need_p = _round_up(max([positions, *(s.held for s in used)]), self.POSITION_STEP)
         if self.positions > need_p + self.POSITION_STEP:
             self._layout(positions=need_p)
-        need_s = _round_up(max([1, *(s.src_len for s in used)]), self.SOURCE_STEP)
-        if self.sources > need_s + self.SOURCE_STEP:
+        need_s = max([1, *(s.src_len for s in used)])
+        if self.sources > need_s + max(1, need_s // self.SOURCE_SLACK):
             self._layout(sources=need_s)
 
     def _layout(self, rows: int | None = None, positions: int | None = None, sources: int | None = None) -> None:
@@ -225,7 +230,7 @@ class KVPool:
             self.k, self.v = (self._moved(name, new_rows, p, held, n) for name in ("k", "v"))
             self.positions = p
         if sources is not None or resized or self.ck is None:
-            s = max(_round_up(self.sources if sources is None else sources, self.SOURCE_STEP), self.SOURCE_STEP)
+            s = max(self.sources if sources is None else sources, 1)
             held = max([0, *(slot.src_len for slot in self.used)])
             self.ck, self.cv = (self._moved(name, new_rows, s, held, n) for name in ("ck", "cv"))
             self.sources = s
@@ -237,7 +242,7 @@ class KVPool:
         if positions is not None:
             names, width = ("k", "v"), _round_up(positions, self.POSITION_STEP)
         elif sources is not None:
-            names, width = ("ck", "cv"), _round_up(sources, self.SOURCE_STEP)
+            names, width = ("ck", "cv"), sources
         else:
             return False
         size = self.layers * self.row_capacity * self.heads * width * self.head_dim
@@ -261,7 +266,6 @@ class KVPool:
         buffer = self._spare.get(key)
         if buffer is None or int(buffer.shape[0]) < size:
             buffer = self._spare[key] = self.arrays.zeros((size + size // 2,))
-            buffer[:] = 0
         out = buffer[:size].reshape(shape)
         keys = name in _KEYS
         for i, blk in enumerate(blocks):
@@ -285,8 +289,9 @@ class KVPool:
             # as rows come and go, and a buffer as large as the peak serves them all.
             current = self._flat.get(name)
             peak = max(size, 0 if current is None else int(current.shape[0]))
+            # Not touched now: numpy's zeros are pages the system maps on first touch, so the room to
+            # grow costs nothing until a layout uses it (touching all of it up front cost more).
             spare = self.arrays.zeros((peak + peak // 2,))
-            spare[:] = 0  # touched now, all of it: the next re-layouts into it fault no pages in
         new = spare[:size].reshape(shape)
         old = getattr(self, name)
         if old is not None and n:
@@ -447,6 +452,8 @@ def encode_new(encoder: Encoder, pending: Sequence[tuple[Source, RowSlot]], spli
     new = list({id(s): (s, slot) for s, slot in pending if not s.encoded and not s.released}.values())
     if not new:
         return
+    # Room for the longest first: one re-layout, not one per longer source in turn.
+    new[0][1].pool.ensure(sources=max(len(s.ids) + 1 for s, _ in new))
     for group in split_by_length([len(s.ids) + 1 for s, _ in new], split_tokens):
         batch = [new[i] for i in group]
         k, v = encoder.encode_batch([s.ids for s, _ in batch])
