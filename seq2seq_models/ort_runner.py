@@ -217,10 +217,16 @@ def _feed(value: Any) -> np.ndarray:
 UNFUSED = ["MatMulScaleFusion"]
 
 
-def inference_session(path: Path, intra_op_threads: int | None, providers: list[str]) -> Any:
+def inference_session(
+    path: Path, intra_op_threads: int | None, providers: list[str], optimized_to: Path | None = None
+) -> Any:
+    """A session of the graph at `path`; `optimized_to`: where to write the graph as the session runs
+    it (after ONNX Runtime's rewrites), for inspection."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
+    if optimized_to is not None:
+        opts.optimized_model_filepath = str(optimized_to)
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     # One step is a chain of small ops: parallelism only pays inside ops, and more threads
@@ -231,9 +237,9 @@ def inference_session(path: Path, intra_op_threads: int | None, providers: list[
     # (accept loop, the other model, torch) needs; a step is long enough that waking them is cheap.
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.log_severity_level = 3
-    # ONNX Runtime folds the attention's scale into its scores' matmul (FusedMatMul), which runs a
-    # query against each row's keys at about half MatMul's speed (BENCHMARKS.md, "Bulk decoding:
-    # notes"): the scale stays a Mul of the small scores.
+    # ONNX Runtime would fold the attention's scale into its scores' matmul (FusedMatMul), which runs
+    # a query against each row's keys slower than MatMul and a Mul of the small scores together
+    # (BENCHMARKS.md, "Attention matmuls (CPU)", "Bulk decoding: notes").
     return ort.InferenceSession(str(path), opts, providers=providers, disabled_optimizers=UNFUSED)
 
 

@@ -402,6 +402,52 @@ def test_pool_rows_keep_their_data_through_holes_moves_and_relayouts() -> None:
     assert all(_holds(row, *lengths[id(row)], values[id(row)]) for row in kept)
 
 
+def test_the_pools_sources_fit_the_longest_exactly_laid_out_once_per_encoder_run() -> None:
+    """The cross-attention capacity is the longest source held, not rounded up (a forward reads every
+    position of it); new sources encoded together lay the pool out once, for the longest of them;
+    once the longest has left, the capacity shrinks to the next when more than an eighth is padding."""
+    import numpy as np
+
+    from seq2seq_models.row_cache import Source, encode_new
+
+    pool = _pool()
+    shape, hd = (pool.layers, pool.heads), pool.head_dim
+
+    class Encoder:  # the encoder's contract (`row_cache.Encoder`): K/V of the right-padded sources, EOS appended
+        def encode_batch(self, sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+            s = max(len(ids) for ids in sources) + 1
+            k = np.stack([np.full((*shape, hd, s), float(len(ids)), np.float32) for ids in sources], axis=1)
+            v = np.stack([np.full((*shape, s, hd), -float(len(ids)), np.float32) for ids in sources], axis=1)
+            return k, v
+
+    layouts = []
+    original = pool._layout
+    pool._layout = lambda **kw: layouts.append(kw) or original(**kw)
+    lengths = [5, 29, 11, 17]
+    rows = [pool.acquire() for _ in lengths]
+    layouts.clear()
+    encode_new(Encoder(), [(Source(list(range(n))), row) for n, row in zip(lengths, rows, strict=True)])
+    assert [kw for kw in layouts if "sources" in kw] == [{"sources": 30}]  # one layout, the longest's
+    assert pool.sources == 30 and all(_holds_source(row, n + 1, float(n)) for n, row in zip(lengths, rows, strict=True))
+    pool.release(rows[1])  # the longest leaves: 18 needed, 12 of 30 padding
+    pool.fit()
+    assert pool.sources == 18 and all(_holds_source(row, n + 1, float(n)) for n, row in zip(lengths, rows, strict=True)
+                                      if row is not rows[1])
+    pool.release(rows[3])  # 12 needed of 18: shrinks again
+    pool.fit()
+    assert pool.sources == 12
+    more = pool.acquire()
+    encode_new(Encoder(), [(Source(list(range(10))), more)])  # 11 positions: within the capacity, no layout
+    pool.fit()
+    assert pool.sources == 12
+
+
+def _holds_source(slot, source: int, value: float) -> bool:
+    pool, i = slot.pool, slot.index
+    return bool((pool.ck[:, i, ..., :source] == value).all() and (pool.cv[:, i, :, :source] == -value).all()
+                and slot.src_len == source)
+
+
 def test_a_batch_s_last_long_rows_grow_the_pool_in_the_buffers_it_has() -> None:
     """Past the largest layout yet with few rows in use, the pool lays out rows for those in use, not
     for all it reserved (no fresh buffer); the next rows get the reserved rows back, the positions
