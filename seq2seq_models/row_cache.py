@@ -184,10 +184,8 @@ class KVPool:
     def _regrow(self, rows: int) -> None:
         """Room for `rows` rows, the positions fitted to the rows in use: capacities a batch's last,
         long rows needed would be padding for every new row (and a larger buffer than needed)."""
-        used = self.used
-        self._layout(rows=_round_up(rows, self.ROW_STEP),
-                     positions=max([self.POSITION_STEP, *(s.held for s in used)]),
-                     sources=max([1, *(s.src_len for s in used)]))
+        self._layout(rows=_round_up(rows, self.ROW_STEP), positions=max(self.POSITION_STEP, self._longest("held")),
+                     sources=max(1, self._longest("src_len")))
 
     def ensure(self, positions: int = 0, sources: int = 0) -> None:
         """Room for `positions` self-attention and `sources` cross-attention positions in every slot
@@ -203,16 +201,15 @@ class KVPool:
         they are attends over all of them, so padded positions cost every forward (BENCHMARKS.md,
         "Bulk decoding: notes"). `positions`: room still wanted
         (the coming blocks)."""
-        used = self.used
-        need_p = _round_up(max([positions, *(s.held for s in used)]), self.POSITION_STEP)
+        need_p = _round_up(max(positions, self._longest("held")), self.POSITION_STEP)
         if self.positions > need_p + self.POSITION_STEP:
             self._layout(positions=need_p)
-        need_s = max([1, *(s.src_len for s in used)])
+        need_s = max(1, self._longest("src_len"))
         if self.sources > need_s + max(1, need_s // self.SOURCE_SLACK):
             self._layout(sources=need_s)
 
     def _layout(self, rows: int | None = None, positions: int | None = None, sources: int | None = None) -> None:
-        """New arrays for the capacities given (rounded up; the others kept), holding what the rows
+        """New arrays for the capacities given (positions rounded up; the others kept), holding what the rows
         hold: the self-attention pair when rows or positions change, the cross-attention pair when
         rows or sources do."""
         n = len(self.slots)
@@ -226,15 +223,19 @@ class KVPool:
         if positions is not None or resized or self.k is None:
             p = max(_round_up(self.positions if positions is None else positions, self.POSITION_STEP),
                     self.POSITION_STEP)
-            held = max([0, *(s.held for s in self.used)])
+            held = self._longest("held")
             self.k, self.v = (self._moved(name, new_rows, p, held, n) for name in ("k", "v"))
             self.positions = p
         if sources is not None or resized or self.ck is None:
             s = max(self.sources if sources is None else sources, 1)
-            held = max([0, *(slot.src_len for slot in self.used)])
+            held = self._longest("src_len")
             self.ck, self.cv = (self._moved(name, new_rows, s, held, n) for name in ("ck", "cv"))
             self.sources = s
         self.row_capacity = new_rows
+
+    def _longest(self, valid: str) -> int:
+        """The most positions any row in use holds: `held` (self-attention) or `src_len` (source)."""
+        return max([0, *(getattr(slot, valid) for slot in self.slots if slot is not None)])
 
     def _outgrows(self, positions: int | None, sources: int | None) -> bool:
         """Whether laying out `positions` (or `sources`) for the rows' capacity needs a new buffer (the

@@ -195,8 +195,7 @@ def test_the_step_graph_equals_the_batched_graph(onnx_verifier):
         s.close()
 
 
-
-def test_sessions_keep_the_attention_scale_out_of_the_scores_matmul(onnx_verifier, tmp_path_factory, tmp_path):
+def test_sessions_keep_the_attention_scale_out_of_the_scores_matmul(onnx_verifier, tmp_path):
     """Sessions run the graphs without ONNX Runtime's MatMulScaleFusion: the attention's scores stay a
     MatMul (a FusedMatMul with the scale folded in is slower: BENCHMARKS.md, "Attention matmuls
     (CPU)"), although the fusion would apply to the exported graphs."""
@@ -205,15 +204,13 @@ def test_sessions_keep_the_attention_scale_out_of_the_scores_matmul(onnx_verifie
 
     from seq2seq_models.ort_runner import inference_session
 
-    graphs = sorted(tmp_path_factory.getbasetemp().glob("onnx*/**/decoder_step.onnx"))
-    assert graphs, "the verifier fixture's export"
-    for name in ("decoder_step.onnx", "decoder_batch.onnx", "encoder.onnx"):
-        path = graphs[0].parent / name
-        ours = tmp_path / f"ours-{name}"
+    export = onnx_verifier.export
+    for path in (export.step_decoder, export.batch_decoder, export.encoder):
+        ours = tmp_path / f"ours-{path.name}"
         inference_session(path, 1, ["CPUExecutionProvider"], optimized_to=ours)
-        assert not [n for n in onnx.load(str(ours)).graph.node if n.op_type == "FusedMatMul"], name
+        assert not [n for n in onnx.load(str(ours)).graph.node if n.op_type == "FusedMatMul"], path.name
     fused = tmp_path / "default.onnx"
     opts = ort.SessionOptions()
     opts.optimized_model_filepath = str(fused)
-    ort.InferenceSession(str(graphs[0]), opts, providers=["CPUExecutionProvider"])
+    ort.InferenceSession(str(export.step_decoder), opts, providers=["CPUExecutionProvider"])
     assert [n for n in onnx.load(str(fused)).graph.node if n.op_type == "FusedMatMul"]  # what it would make
