@@ -295,6 +295,7 @@ def _op_profile(engine: Any) -> list[tuple[str, float]]:
     import onnxruntime as ort
 
     from core.interfaces import StepCall
+    from seq2seq_models.ort_runner import UNFUSED
     from seq2seq_models.row_cache import per_layer
 
     verifier = engine.verifier
@@ -317,7 +318,8 @@ def _op_profile(engine: Any) -> list[tuple[str, float]]:
     options.enable_profiling = True
     options.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "decoder_batch")  # not in the working tree
     graph = runner.step_decoder if runner.step_decoder is not None else runner.batch_decoder
-    session = ort.InferenceSession(graph._model_path, options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(graph._model_path, options, providers=["CPUExecutionProvider"],
+                                   disabled_optimizers=UNFUSED)  # the graph as the runner's session runs it
     feeds = per_layer(captured)
     for _ in range(20):
         session.run(None, feeds)

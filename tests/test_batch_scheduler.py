@@ -331,6 +331,30 @@ def test_runs_of_greedy_steps_interleave_with_other_sessions_and_equal_single_st
     assert recorder.sizes() == [sum(n > i for n in lengths) for i in range(max(lengths))]
 
 
+def test_in_process_runs_continue_without_waiting_for_callers_busy_elsewhere(verifier) -> None:
+    """In process (the executor knows its callers), a forward of nothing but runs' continuations
+    starts at once: the callers not queued are busy on their threads (here one whose run has ended),
+    so waiting for them (wait_s) would only idle the worker. A first step still waits for them."""
+    eos, room = -1, verifier.max_target_len  # no EOS: each run takes exactly its steps
+
+    async def main(callers: int) -> tuple[Recorder, float]:
+        executor = StepExecutor("test", callers=lambda: callers)
+        recorder = Recorder()
+        scheduler = BatchScheduler(executor, recorder, BatchLimits(wait_s=1.5))
+        short, long = verifier.open(SOURCES[0]), verifier.open(SOURCES[1])
+        started = time.perf_counter()
+        await asyncio.gather(scheduler.submit(short, StepCall(0, [], [], 1), _greedy_then(2, eos, room)),
+                             scheduler.submit(long, StepCall(0, [], [], 1), _greedy_then(5, eos, room)))
+        executor.shutdown()
+        return recorder, time.perf_counter() - started
+
+    recorder, seconds = asyncio.run(main(callers=2))
+    assert recorder.sizes() == [2, 2, 1, 1, 1]
+    assert seconds < 1.0  # three continuations alone, none waiting its 1.5 s for the finished caller
+    recorder, seconds = asyncio.run(main(callers=3))  # a third caller that never comes: the first step waits
+    assert recorder.sizes() == [2, 2, 1, 1, 1] and seconds >= 1.4
+
+
 def test_a_cancelled_run_stops_and_its_queued_step_never_runs(verifier) -> None:
     """Cancelling the caller mid-run: the step queued next is dropped, no further step is queued."""
 
