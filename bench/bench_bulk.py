@@ -126,15 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def ua_gec_table(args: argparse.Namespace, texts: list[str], notes: list[str]) -> str:
     import specdec
-    from bench.ct2_convert import convert, default_dir, vocabulary
     from seq2seq_models.bundle import load_bundle
 
-    bundle = load_bundle(args.bundle)
-    eos = bundle.config("verifier").eos_id
-    vocab = vocabulary(bundle)
-    ct2_dir = convert(bundle, default_dir(bundle))
-    sources = [bundle.tokenizer.encode(t) for t in texts]
-    ct2_tokens = [[vocab[i] for i in s] + [vocab[eos]] for s in sources]
+    ct2_dir, vocab, ct2_tokens = ct2_inputs(load_bundle(args.bundle), texts)
     engine = specdec.Engine.load(args.bundle, precision=args.precision)
     ct2_cells = [_ct2_cell(ct2_dir, ct2_tokens, vocab, "int8", threads, size, kind, MAX_NEW_TOKENS)
                  for threads in CT2_THREADS for size in CT2_BATCH for kind in ("examples", "tokens")]
@@ -287,40 +281,17 @@ def _worker_split(engine: Any, texts: list[str], params: dict[str, Any]) -> dict
 
 
 def _op_profile(engine: Any) -> list[tuple[str, float]]:
-    """One 32-row AR step's decoder call (the graph the runner picks for it: the step graph)
-    through ONNX Runtime's profiler, by op group."""
+    """One 32-row AR step's decoder call (the graph the runner picks for it: the step graph) through
+    ONNX Runtime's profiler, by op group, in a session made as the runner's are."""
     import json
-    import random
 
-    import onnxruntime as ort
+    from seq2seq_models.ort_runner import inference_session
 
-    from core.interfaces import StepCall
-    from seq2seq_models.ort_runner import UNFUSED
-    from seq2seq_models.row_cache import per_layer
-
-    verifier = engine.verifier
-    rng = random.Random(0)
-    sessions = [verifier.open([rng.randrange(10, 7000) for _ in range(30)]) for _ in range(32)]
-    verifier.encode(sessions)
-    verifier.step_batch([(s, StepCall(0, [rng.randrange(10, 7000) for _ in range(30)], [], 1)) for s in sessions])
-    runner = verifier.engine.runner
-    captured: dict[str, Any] = {}
-    original = runner.decode_batch
-    runner.decode_batch = lambda feeds: captured.update(feeds) or original(feeds)
-    try:
-        verifier.step_batch([(s, StepCall(30, [rng.randrange(10, 7000)], [], 1)) for s in sessions])  # AR steps
-    finally:
-        runner.decode_batch = original
-    for s in sessions:
-        s.close()
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.enable_profiling = True
-    options.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "decoder_batch")  # not in the working tree
+    feeds = captured_ar_step(engine)
+    runner = engine.verifier.engine.runner
     graph = runner.step_decoder if runner.step_decoder is not None else runner.batch_decoder
-    session = ort.InferenceSession(graph._model_path, options, providers=["CPUExecutionProvider"],
-                                   disabled_optimizers=UNFUSED)  # the graph as the runner's session runs it
-    feeds = per_layer(captured)
+    prefix = Path(tempfile.mkdtemp()) / "decoder_batch"  # not in the working tree
+    session = inference_session(Path(graph._model_path), 1, ["CPUExecutionProvider"], profile_to=prefix)
     for _ in range(20):
         session.run(None, feeds)
     events = json.loads(Path(session.end_profiling()).read_text())
@@ -335,6 +306,43 @@ def _op_profile(engine: Any) -> list[tuple[str, float]]:
         group = next((g for g, ops in OP_GROUPS.items() if op in ops), "other")
         groups[group] += dur
     return [(group, dur / total) for group, dur in sorted(groups.items(), key=lambda kv: -kv[1])]
+
+
+def captured_ar_step(engine: Any, rows: int = 32) -> dict[str, Any]:
+    """The decoder inputs of one `rows`-row AR step of `engine`'s verifier (past and source 30
+    positions, random ids), per layer, as its runner feeds them to the step graph."""
+    import random
+
+    from core.interfaces import StepCall
+    from seq2seq_models.row_cache import per_layer
+
+    verifier = engine.verifier
+    rng = random.Random(0)
+    sessions = [verifier.open([rng.randrange(10, 7000) for _ in range(30)]) for _ in range(rows)]
+    verifier.encode(sessions)
+    verifier.step_batch([(s, StepCall(0, [rng.randrange(10, 7000) for _ in range(30)], [], 1)) for s in sessions])
+    runner = verifier.engine.runner
+    captured: dict[str, Any] = {}
+    original = runner.decode_batch
+    runner.decode_batch = lambda feeds: captured.update(feeds) or original(feeds)
+    try:
+        verifier.step_batch([(s, StepCall(30, [rng.randrange(10, 7000)], [], 1)) for s in sessions])  # AR steps
+    finally:
+        runner.decode_batch = original
+    for s in sessions:
+        s.close()
+    return per_layer(captured)
+
+
+def ct2_inputs(bundle: Any, texts: list[str]) -> tuple[Path, list[str], list[list[str]]]:
+    """The bundle converted for CTranslate2 (once), its vocabulary, and `texts` as its source tokens
+    (the bundle's tokenizer's ids, EOS appended)."""
+    from bench.ct2_convert import convert, default_dir, vocabulary
+
+    eos = bundle.config("verifier").eos_id
+    vocab = vocabulary(bundle)
+    tokens = [[vocab[i] for i in bundle.tokenizer.encode(t)] + [vocab[eos]] for t in texts]
+    return convert(bundle, default_dir(bundle)), vocab, tokens
 
 
 # ---- cells ----------------------------------------------------------------------------------------

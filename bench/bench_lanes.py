@@ -146,43 +146,30 @@ def _bulk_child(bundle: str, sentences: str, batch: str, workers: str) -> None:
 
 
 def _step_child(bundle: str, seconds: str) -> None:
-    import random
-
     import numpy as np
 
     import specdec
-    from core.interfaces import StepCall
+    from bench.bench_bulk import captured_ar_step
     from seq2seq_models.ort_runner import inference_session
-    from seq2seq_models.row_cache import per_layer
 
     engine = specdec.Engine.load(bundle, precision="int8")
-    verifier, rng = engine.verifier, random.Random(0)
-    runner = verifier.engine.runner
-    sessions = [verifier.open([rng.randrange(10, 7000) for _ in range(30)]) for _ in range(32)]
-    verifier.encode(sessions)
-    verifier.step_batch([(s, StepCall(0, [rng.randrange(10, 7000) for _ in range(29)], [], 1)) for s in sessions])
-    feeds: dict = {}
-    original = runner.decode_batch
-    runner.decode_batch = lambda f: feeds.update(f) or original(f)
-    verifier.step_batch([(s, StepCall(29, [rng.randrange(10, 7000)], [], 1)) for s in sessions])
-    runner.decode_batch = original
-    copies = [{k: v.copy() if isinstance(v, np.ndarray) else v for k, v in per_layer(feeds).items()} for _ in range(3)]
-    session = inference_session(Path(runner.step_decoder._model_path), 1, ["CPUExecutionProvider"])
+    copies = [{k: v.copy() if isinstance(v, np.ndarray) else v for k, v in captured_ar_step(engine).items()}
+              for _ in range(3)]
+    session = inference_session(Path(engine.verifier.engine.runner.step_decoder._model_path), 1,
+                                ["CPUExecutionProvider"])
     _serve(_timed(lambda i: session.run(None, copies[i % len(copies)]), float(seconds)))
 
 
 def _ct2_child(bundle: str, seconds: str) -> None:
     import ctranslate2
 
-    from bench.ct2_convert import convert, default_dir, vocabulary
+    from bench.bench_bulk import ct2_inputs
     from evaluation.loadtest import ua_gec_texts
     from seq2seq_models.bundle import load_bundle
 
-    loaded = load_bundle(bundle)
-    vocab, eos = vocabulary(loaded), loaded.config("verifier").eos_id
-    tokens = [[vocab[i] for i in loaded.tokenizer.encode(t)] + [vocab[eos]] for t in ua_gec_texts(32, None)]
-    translator = ctranslate2.Translator(str(convert(loaded, default_dir(loaded))), device="cpu", compute_type="int8",
-                                        inter_threads=1, intra_threads=1)
+    ct2_dir, _, tokens = ct2_inputs(load_bundle(bundle), ua_gec_texts(32, None))
+    translator = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type="int8", inter_threads=1,
+                                        intra_threads=1)
     _serve(_timed(lambda i: translator.translate_batch(tokens, max_batch_size=32, beam_size=1,
                                                        max_decoding_length=40), float(seconds)))
 

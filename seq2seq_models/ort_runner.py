@@ -218,15 +218,20 @@ UNFUSED = ["MatMulScaleFusion"]
 
 
 def inference_session(
-    path: Path, intra_op_threads: int | None, providers: list[str], optimized_to: Path | None = None
+    path: Path, intra_op_threads: int | None, providers: list[str], optimized_to: Path | None = None,
+    profile_to: Path | None = None,
 ) -> Any:
-    """A session of the graph at `path`; `optimized_to`: where to write the graph as the session runs
-    it (after ONNX Runtime's rewrites), for inspection."""
+    """A session of the graph at `path`; for inspection, `optimized_to`: where to write the graph as
+    the session runs it (after ONNX Runtime's rewrites), `profile_to`: the prefix of ONNX Runtime's
+    profile of its runs (`end_profiling()` writes it)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     if optimized_to is not None:
         opts.optimized_model_filepath = str(optimized_to)
+    if profile_to is not None:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(profile_to)
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     # One step is a chain of small ops: parallelism only pays inside ops, and more threads

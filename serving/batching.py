@@ -247,12 +247,12 @@ class BatchScheduler:
             batch, dropped, full = self._scan(queue)
             if not batch or full or not limits.wait_s:
                 break
-            if callers is not None and _callers_queued(queue) >= callers():  # everyone who could come is queued
-                break
             if callers is not None and all(step.run for step in batch):
                 # Nothing but runs' continuations (AR steps the worker queued itself): the callers not
                 # queued are busy on their threads (a row finishing, an accept loop), and waiting for
                 # them would only idle the worker; they join a later forward.
+                break
+            if callers is not None and _callers_queued(queue) >= callers():  # everyone who could come is queued
                 break
             since = freed if callers is not None else batch[0].queued
             remaining = since + limits.wait_s - time.perf_counter()
