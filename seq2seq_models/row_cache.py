@@ -503,13 +503,22 @@ def gather(blocks: Sequence[RowBlock], pool: KVPool) -> tuple[dict[str, Any], li
     block_lens = np.ones(b, np.int64)
     past_lens = np.zeros(b, np.int64)
     src_lens = np.ones(b, np.int64)
-    head_rows: list[int] = []
-    targets: list[int] = []
-    for blk, r in zip(blocks, rows, strict=True):
-        tokens[r, : len(blk.fed)] = blk.fed
-        block_lens[r], past_lens[r], src_lens[r] = len(blk.fed), blk.past_len, blk.slot.src_len
-        head_rows.extend(range(r * t + blk.head_from, r * t + blk.head_from + len(blk.targets)))
-        targets.extend(blk.targets)
+    past_lens[rows] = [blk.past_len for blk in blocks]
+    src_lens[rows] = [blk.slot.src_len for blk in blocks]
+    if t == 1 and all(blk.head_from == 0 and len(blk.targets) == 1 for blk in blocks):
+        # AR steps: one token and one head row each, set for all rows at once.
+        tokens[rows, 0] = [blk.fed[0] for blk in blocks]
+        head_rows = np.array(rows, np.int64)
+        targets = np.array([blk.targets[0] for blk in blocks], np.int64)
+    else:
+        head: list[int] = []
+        aimed: list[int] = []
+        for blk, r in zip(blocks, rows, strict=True):
+            tokens[r, : len(blk.fed)] = blk.fed
+            block_lens[r] = len(blk.fed)
+            head.extend(range(r * t + blk.head_from, r * t + blk.head_from + len(blk.targets)))
+            aimed.extend(blk.targets)
+        head_rows, targets = np.array(head, np.int64), np.array(aimed, np.int64)
     return {
         "tokens": tokens,
         "block_lens": block_lens,
@@ -519,8 +528,8 @@ def gather(blocks: Sequence[RowBlock], pool: KVPool) -> tuple[dict[str, Any], li
         "cross_k": cross_k,
         "cross_v": cross_v,
         "src_lens": src_lens,
-        "head_rows": np.array(head_rows, np.int64),
-        "targets": np.array(targets, np.int64),
+        "head_rows": head_rows,
+        "targets": targets,
     }, rows
 
 

@@ -152,10 +152,13 @@ class StepExecutor:
         return await future
 
     def _put(self, entry: _Task | _Step) -> None:
+        self._put_all([entry])
+
+    def _put_all(self, entries: list[_Task | _Step]) -> None:
         with self._cond:
             if self._closed:
                 raise RuntimeError(f"the {self.name} model worker is shut down")
-            self._queue.append(entry)
+            self._queue.extend(entries)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name=f"{self.name}-model", daemon=True)
                 self._thread.start()
@@ -318,11 +321,20 @@ class BatchScheduler:
         # One wake-up of the event loop per forward, not one per step: every callback through
         # call_soon_threadsafe writes the loop's self-pipe, and the loop wakes once per write.
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any]]] = {}
+        answers: list[tuple[_Step, Any]] = []
+        following: list[_Step] = []  # runs' next steps, queued together (one wake-up of the worker)
         for step, result in zip(live, results, strict=True):
-            if step.then is not None:
-                result = self._continue(step, result)
-                if result is _QUEUED:
-                    continue
+            result = result if step.then is None else self._continue(step, result)
+            if isinstance(result, _Step):
+                following.append(result)
+            else:
+                answers.append((step, result))
+        if following:
+            try:
+                self.executor._put_all(following)
+            except RuntimeError as exc:  # the worker shut down: those runs' callers hear it
+                answers.extend((step, exc) for step in following)
+        for step, result in answers:
             if isinstance(step.future, asyncio.Future):
                 by_loop.setdefault(step.future.get_loop(), []).append((step.future, result))
             else:  # a thread's caller (`queue_sync`): no loop to go through
@@ -331,10 +343,9 @@ class BatchScheduler:
             with contextlib.suppress(RuntimeError):  # the callers' loop is closed: nobody is left to tell
                 loop.call_soon_threadsafe(_settle_all, settled)
 
-
     def _continue(self, step: _Step, result: Any) -> Any:
-        """Worker: a run's step answered. Queue its next step (_QUEUED) or return what the caller
-        gets: the run's results, or the exception that ended it."""
+        """Worker: a run's step answered. Its next step (to queue) or what the caller gets: the run's
+        results, or the exception that ended it."""
         if isinstance(result, BaseException):
             return result
         assert step.then is not None and step.run is not None
@@ -345,10 +356,9 @@ class BatchScheduler:
                 return step.run
             following = _Step(self, step.session, call, step.future, time.perf_counter(), call.n_rows, call.n_tokens)
             following.then, following.run = step.then, step.run
-            self.executor._put(following)
-        except Exception as exc:  # a bad continuation, or the worker shut down: the caller hears it
+        except Exception as exc:  # a bad continuation: the caller hears it
             return exc
-        return _QUEUED
+        return following
 
 
 def one_by_one(items: list[tuple[Any, Any]], step: Callable[[Any, Any], Any]) -> list[Any]:
@@ -432,9 +442,6 @@ class _Step:
     tokens: int
     then: Then | None = None  # a run of steps (BatchScheduler.submit): what follows this one
     run: list | None = None  # the run's results so far
-
-
-_QUEUED = object()  # a run's step answered and its next one queued: nothing to tell the caller yet
 
 
 def _callers_queued(queue: deque) -> int:

@@ -384,3 +384,40 @@ def test_a_cancelled_run_stops_and_its_queued_step_never_runs(verifier) -> None:
     ran, steps_seen = asyncio.run(main())
     # Cancelled during step 2's continuation: step 3 is queued, then dropped before it runs.
     assert ran == 2 and steps_seen == [1, 2]
+
+
+def test_a_run_whose_worker_shuts_down_mid_run_fails_its_callers(verifier) -> None:
+    """The worker shut down while a forward of two runs' steps ran: their next steps cannot be queued,
+    and both callers (one on an event loop, one on a thread of its own) get the error instead of
+    waiting for ever."""
+    eos, room = -1, verifier.max_target_len
+
+    async def main() -> tuple[BaseException | None, BaseException | None, int]:
+        executor = StepExecutor("test")
+        recorder = Recorder()
+
+        def run_batch(items):
+            if len(recorder.batches) == 1:  # the second forward: as a shutdown from elsewhere would
+                executor.shutdown()
+            return recorder(items)
+
+        scheduler = BatchScheduler(executor, run_batch)
+        on_loop, on_thread = verifier.open(SOURCES[0]), verifier.open(SOURCES[1])
+        async with Hold(executor):
+            task = asyncio.ensure_future(scheduler.submit(on_loop, StepCall(0, [], [], 1), _greedy_then(9, eos, room)))
+            threaded = scheduler.queue_sync(on_thread, StepCall(0, [], [], 1), _greedy_then(9, eos, room))
+            await asyncio.sleep(0.05)
+        loop_error = thread_error = None
+        try:
+            await asyncio.wait_for(task, 5)
+        except RuntimeError as exc:
+            loop_error = exc
+        try:
+            threaded.result(timeout=5)
+        except RuntimeError as exc:
+            thread_error = exc
+        return loop_error, thread_error, len(recorder.batches)
+
+    loop_error, thread_error, forwards = asyncio.run(main())
+    assert forwards == 2
+    assert "shut down" in str(loop_error) and "shut down" in str(thread_error)

@@ -261,11 +261,13 @@ class BatchVerifier(ModelVerifier, PoolOwner):
         check_session_step(committed_len, len(row.tokens), len(append_ids), len(draft_ids), cfg)
         # Position 0 is BOS; reuse the kept positions' K/V except the one predicting d_1 when
         # nothing is appended (re-fed, see the module docstring); a fresh row feeds BOS too.
-        sequence = [cfg.bos_id, *row.tokens[:committed_len], *append_ids, *draft_ids]
         first_row = committed_len + len(append_ids)
         slot = self.slot_of(row)
         past_len = min(1 + committed_len if append_ids else committed_len, slot.held)
-        return RowBlock(slot, sequence[past_len:], past_len, first_row - past_len, [*draft_ids, -1])
+        # The sequence [BOS, *kept, *append_ids, *draft_ids] from position past_len on, without
+        # copying the kept prefix first.
+        kept = row.tokens[past_len - 1 : committed_len] if past_len else [cfg.bos_id, *row.tokens[:committed_len]]
+        return RowBlock(slot, [*kept, *append_ids, *draft_ids], past_len, first_row - past_len, [*draft_ids, -1])
 
     # ---- the forward and the commit -------------------------------------------------------------
 
@@ -286,7 +288,7 @@ class BatchVerifier(ModelVerifier, PoolOwner):
             plans.extend((block_plans, p.session.processors) for block_plans in p.plans(self.config.bos_id))
         top_k = min(self.vocab_size, max(p.call.top_k for p in planned))
         # Each block's head rows [n_targets, k] (top-k log-probs, top-k ids) and draft log-probs.
-        heads: list[tuple[Any, Any, Any]] = [()] * len(blocks)  # type: ignore[list-item]
+        heads: list[tuple[list, list, list]] = [()] * len(blocks)  # type: ignore[list-item]
         groups = split_by_length([len(b.fed) for b in blocks], self.split_tokens)
         for group in groups:
             chosen = [blocks[i] for i in group]
@@ -307,24 +309,27 @@ class BatchVerifier(ModelVerifier, PoolOwner):
             for block, row, n_draft in zip(p.blocks, p.new_rows, p.draft_lens, strict=True):
                 topk_lp, topk_ids, target_lp = heads[at]
                 at += 1
-                ids = topk_ids[:, :k].tolist()
+                if topk_ids and len(topk_ids[0]) > k:  # this step asked for fewer than the forward's widest
+                    topk_ids, topk_lp = [r[:k] for r in topk_ids], [r[:k] for r in topk_lp]
                 results.append(VerifyResult(
-                    top1=[r[0] for r in ids],
-                    topk_ids=ids,
-                    topk_logprobs=topk_lp[:, :k].tolist(),
-                    draft_logprobs=target_lp[:n_draft].tolist(),
+                    top1=[r[0] for r in topk_ids],
+                    topk_ids=topk_ids,
+                    topk_logprobs=topk_lp,
+                    draft_logprobs=target_lp[:n_draft],
                     **load,
                 ))
                 row.tokens = row.tokens[: block.past_len - 1] + block.fed if block.past_len else block.fed[1:]
-            _release(_apart(p.session.rows, p.new_rows))  # the rows no child named
+            if len(p.session.rows) > 1 or p.call.rows is not None:  # free the rows no child named
+                _release(_apart(p.session.rows, p.new_rows))
             p.session.rows = p.new_rows
             outcomes[p.slot] = results[0] if p.call.rows is None else results
 
     def _forward(
         self, blocks: list[RowBlock], top_k: int, processing: Processing | None
-    ) -> list[tuple[Any, Any, Any]]:
-        """One forward over `blocks`; each block's head rows, after their logits processors. Appends
-        every block's K/V to its row's slot."""
+    ) -> list[tuple[list, list, list]]:
+        """One forward over `blocks`; each block's head rows (top-k log-probs and ids per position,
+        as lists, and the draft positions' log-probs), after their logits processors. Appends every
+        block's K/V to its row's slot."""
         if not blocks:
             return []
         one = getattr(self.engine, "forward_one", None)
@@ -337,11 +342,14 @@ class BatchVerifier(ModelVerifier, PoolOwner):
             feeds, rows = gather(blocks, self.pool)
             block_k, block_v, topk_lp, topk_ids, target_lp = self.engine.forward(feeds, top_k, *extra)
         scatter(blocks, rows, block_k, block_v)
+        # As lists once per forward: per block, slicing and converting each cost more than the rest
+        # of its result.
+        lps, ids, targets = topk_lp.tolist(), topk_ids.tolist(), target_lp.tolist()
         heads = []
         head = 0
         for b in blocks:
             n = len(b.targets)
-            heads.append((topk_lp[head : head + n], topk_ids[head : head + n], target_lp[head : head + n - 1]))
+            heads.append((lps[head : head + n], ids[head : head + n], targets[head : head + n - 1]))
             head += n
         return heads
 
