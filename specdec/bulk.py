@@ -49,12 +49,18 @@ class BulkRun:
     up soon once `stop` (a threading.Event) is set.
 
     Interrupted (KeyboardInterrupt while iterating), the rows in flight are told to stop, and
-    `finished()` gives the outcomes that were done but not yet given out."""
+    `finished()` gives the outcomes that were done but not yet given out.
+
+    `threads`: the decode threads' pool, at least `batch_size` workers, kept by its owner from run
+    to run (`specdec.local_engine`); None: one of the run's own. A pool's threads start one at a
+    time, each taking the interpreter lock from the thread admitting the next row, so a run
+    starting a whole batch of new threads kept its model workers waiting (BENCHMARKS.md, "Bulk
+    decoding: notes")."""
 
     def __init__(
         self, items: Iterable[Pending], decode: Callable[[Any, threading.Event, int], Any], batch_size: int,
         ordered: bool = True, window: int | None = None, on_close: Callable[[], None] | None = None,
-        lanes: int = 1, cohorts: bool = False,
+        lanes: int = 1, cohorts: bool = False, threads: ThreadPoolExecutor | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch size must be at least 1; got {batch_size}")
@@ -72,10 +78,13 @@ class BulkRun:
         self.stop = threading.Event()
         self.done: dict[int, Any] = {}
         self.rows = [0] * self.lanes  # each lane's rows admitted and not yet finished
+        if threads is not None and threads._max_workers < batch_size:
+            raise ValueError(f"a pool of {threads._max_workers} threads cannot decode {batch_size} inputs at once")
+        self.threads = threads
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         following = 0  # the next index to give out, in order
-        pool = ThreadPoolExecutor(max_workers=self.batch_size, thread_name_prefix="specdec-bulk")
+        pool = self.threads or ThreadPoolExecutor(max_workers=self.batch_size, thread_name_prefix="specdec-bulk")
         running: dict[Future, tuple[int, int]] = {}  # -> (the item's index, its lane)
         rows = self.rows
         queued: list[Pending] = []
@@ -111,7 +120,11 @@ class BulkRun:
             yield from self.finished()
         finally:
             self.stop.set()  # interrupted, or done: rows still in flight stop at their next block
-            pool.shutdown(wait=False, cancel_futures=True)
+            if pool is self.threads:  # the owner's: only this run's rows not started yet are dropped
+                for future in running:
+                    future.cancel()
+            else:
+                pool.shutdown(wait=False, cancel_futures=True)
             if self.on_close is not None:
                 self.on_close()
 

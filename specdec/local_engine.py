@@ -10,6 +10,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,7 @@ class LocalEngine(Engine):
         # (intra-op threads) -> another (verifier, drafter) over the same bundle: a bulk run's lanes.
         self._make_models = make_models
         self._lane_models: dict[tuple[int, int], list[tuple[Any, Any]]] = {}
+        self._threads: ThreadPoolExecutor | None = None  # bulk runs' decode threads (`_decode_threads`)
 
     def prepare(self, request: Request) -> Prepared:
         return prepare(request, self.model, self.policy, self.tokenizer)
@@ -131,7 +133,8 @@ class LocalEngine(Engine):
         takes new inputs once its cohort is done (`cohorts`), or as each row finishes."""
         items = (self._pending(index, request) for index, request in enumerate(requests))
         if batch_size == 1:
-            return BulkRun(items, lambda prepared, stop, _: self.decode(prepared, _stopper(stop)), 1, ordered, window=1)
+            return BulkRun(items, lambda prepared, stop, _: self.decode(prepared, _stopper(stop)), 1, ordered, window=1,
+                           threads=self._decode_threads(1))
         lanes = self._lanes(batch_size, workers, threads)
 
         def decode_one(prepared: Prepared, stop: threading.Event, index: int) -> Output:
@@ -143,12 +146,28 @@ class LocalEngine(Engine):
             for lane in lanes:  # the forwards running now end before the run does
                 lane.executor.join(LANE_JOIN_S)
 
-        run = BulkRun(items, decode_one, batch_size, ordered, on_close=close, lanes=len(lanes), cohorts=cohorts)
+        run = BulkRun(items, decode_one, batch_size, ordered, on_close=close, lanes=len(lanes), cohorts=cohorts,
+                      threads=self._decode_threads(batch_size))
         for index, lane in enumerate(lanes):
             # Rows admitted to the lane, decoding or about to: a forward waiting for company stops once
             # all of them have queued their steps.
             lane.executor.callers = lambda index=index: run.rows[index]
         return run
+
+    def close(self) -> None:
+        """Let the bulk runs' idle decode threads go."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+            self._threads = None
+
+    def _decode_threads(self, batch_size: int) -> ThreadPoolExecutor:
+        """The bulk runs' decode threads, kept from run to run (`specdec.bulk.BulkRun`): a pool of at
+        least `batch_size` (a larger batch than any before gets a larger pool)."""
+        if self._threads is None or self._threads._max_workers < batch_size:
+            if self._threads is not None:
+                self._threads.shutdown(wait=False)  # its threads end once their rows are done
+            self._threads = ThreadPoolExecutor(max_workers=batch_size, thread_name_prefix="specdec-bulk")
+        return self._threads
 
     def _lanes(self, batch_size: int, workers: int, threads: int | None) -> list[_Lane]:
         if workers < 1:

@@ -177,6 +177,37 @@ def _logged(events: list[tuple[str, int, int]]):
     return decode
 
 
+def test_runs_over_an_owners_pool_reuse_its_threads_and_leave_it_usable(bundle_dir):
+    """A pool kept from run to run (the engine's): the second run decodes on the threads the first
+    started, an interrupted run leaves the pool to the next, and a pool too small for the batch is
+    refused. The engine keeps one pool for every batch it has room for and a larger one past that."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    seen: list[set[int]] = []
+
+    def decode(item, stop, lane):
+        seen[-1].add(threading.get_ident())
+        time.sleep(0.01)
+        return item * 2
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for _ in range(2):
+            seen.append(set())
+            outcomes = list(BulkRun([Pending(i, i, 3) for i in range(10)], decode, batch_size=4, threads=pool))
+            assert [o for _, o in outcomes] == [2 * i for i in range(10)]
+        assert seen[1] <= seen[0]  # no new threads for the second run
+        run = iter(BulkRun([Pending(i, i, 3) for i in range(10)], decode, batch_size=4, threads=pool))
+        next(run)
+        run.close()  # as Ctrl-C does: the run ends with rows in flight
+        assert list(BulkRun([Pending(i, i, 3) for i in range(5)], decode, 4, threads=pool)) == [
+            (i, 2 * i) for i in range(5)]
+        with pytest.raises(ValueError, match="4 threads cannot decode 5 inputs"):
+            BulkRun([], decode, batch_size=5, threads=pool)
+    with specdec.Engine.load(bundle_dir) as engine:
+        threads = engine._decode_threads(8)
+        assert engine._decode_threads(3) is threads and engine._decode_threads(9) is not threads
+
+
 def test_rows_are_admitted_longest_first_within_a_window():
     started: list[int] = []
     lock = threading.Lock()
