@@ -7,8 +7,10 @@ Two measurements, each in fresh child processes (the models loaded and warmed up
 
 * Bulk AR greedy over the first `--sentences` UA-GEC test sentences (int8, one intra-op thread per
   worker, output tokens/s): one process with one model worker at batch B/2; one process with two
-  (`Engine.bulk(workers=2)`, batch B); and two processes of one worker at batch B/2 each, both over
-  all the sentences at the same time (their rates added). Rounds interleave the three.
+  (`Engine.bulk(workers=2)`, batch B); and two processes of one worker at batch B/2 each, each over
+  half the sentences (every other one by length), started together: their output tokens over the
+  wall time until both are done, as a process per worker would decode the whole set. Rounds
+  interleave the three.
 * One 32-row AR step forward of the int8 step graph (past and source 30 positions, its K/V read
   from copies of the inputs in turn, as a run meets them), milliseconds per call: in one process
   alone, then in two processes side by side (each its own copy of the inputs); and the same for
@@ -19,6 +21,7 @@ Two measurements, each in fresh child processes (the models loaded and warmed up
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -64,20 +67,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def _bulk(args: argparse.Namespace) -> dict[str, list[float]]:
     half = args.batch // 2
-    one = _child("bulk", args.bundle, str(args.sentences), str(half), "1")
-    two = _child("bulk", args.bundle, str(args.sentences), str(args.batch), "2")
-    pair = [_child("bulk", args.bundle, str(args.sentences), str(half), "1") for _ in range(2)]
+    one = _child("bulk", args.bundle, str(args.sentences), str(half), "1", "0/1")
+    two = _child("bulk", args.bundle, str(args.sentences), str(args.batch), "2", "0/1")
+    pair = [_child("bulk", args.bundle, str(args.sentences), str(half), "1", f"{i}/2") for i in range(2)]
     rates: dict[str, list[float]] = {
         f"1 process, 1 worker (batch {half})": [],
         f"1 process, 2 workers (batch {args.batch})": [],
-        f"2 processes, 1 worker each (batch {half} each, added)": [],
+        f"2 processes, 1 worker each (batch {half} each, half the sentences each)": [],
     }
     labels = list(rates)
     try:
         for _ in range(args.rounds):
-            rates[labels[0]] += _ask([one])
-            rates[labels[1]] += _ask([two])
-            rates[labels[2]].append(sum(_ask(pair)))
+            for label, children in zip(labels, ([one], [two], pair), strict=True):
+                runs = _ask(children)  # each child's [started, ended, output tokens]
+                rates[label].append(sum(r[2] for r in runs) / (max(r[1] for r in runs) - min(r[0] for r in runs)))
     finally:
         for child in (one, two, *pair):
             child.kill()
@@ -106,13 +109,13 @@ def _child(*argv: str) -> subprocess.Popen:
     return proc
 
 
-def _ask(children: list[subprocess.Popen]) -> list[float]:
-    """Every child measures once, at the same time; their figures."""
+def _ask(children: list[subprocess.Popen]) -> list:
+    """Every child measures once, at the same time; their figures (JSON)."""
     for child in children:
         assert child.stdin is not None
         child.stdin.write("go\n")
         child.stdin.flush()
-    return [float(child.stdout.readline()) for child in children]  # type: ignore[union-attr]
+    return [json.loads(child.stdout.readline()) for child in children]  # type: ignore[union-attr]
 
 
 # ---- children ---------------------------------------------------------------------------------------
@@ -121,24 +124,28 @@ def _ask(children: list[subprocess.Popen]) -> list[float]:
 def _serve(measure) -> None:
     print("ready", flush=True)
     for _ in sys.stdin:
-        print(measure(), flush=True)
+        print(json.dumps(measure()), flush=True)
 
 
-def _bulk_child(bundle: str, sentences: str, batch: str, workers: str) -> None:
+def _bulk_child(bundle: str, sentences: str, batch: str, workers: str, part: str) -> None:
+    """`part` "i/n": the i-th of n shares of the sentences (every n-th by length, longest first)."""
     import time
 
     import specdec
     from evaluation.loadtest import ua_gec_texts
 
     texts = ua_gec_texts(int(sentences), None)
+    share, shares = (int(x) for x in part.split("/"))
+    texts = sorted(texts, key=len, reverse=True)[share::shares]
     engine = specdec.Engine.load(bundle, precision="int8")
 
-    def measure() -> float:
+    def measure() -> list[float]:
+        """[started, ended] (the wall clock, which the processes share) and the output tokens."""
         requests = [engine.request(t, "", {"mode": "ar"}) for t in texts]
-        started = time.perf_counter()
+        started = time.time()
         outputs = [o.output_ids for _, o in engine.generate_each(requests, batch_size=int(batch),
                                                                  workers=int(workers), threads=1)]
-        return sum(map(len, outputs)) / (time.perf_counter() - started)
+        return [started, time.time(), sum(map(len, outputs))]
 
     measure()
     measure()
