@@ -51,11 +51,11 @@ class BulkRun:
     Interrupted (KeyboardInterrupt while iterating), the rows in flight are told to stop, and
     `finished()` gives the outcomes that were done but not yet given out.
 
-    `threads`: the decode threads' pool, at least `batch_size` workers, kept by its owner from run
-    to run (`specdec.local_engine`); None: one of the run's own. A pool's threads start one at a
-    time, each taking the interpreter lock from the thread admitting the next row, so a run
-    starting a whole batch of new threads kept its model workers waiting (BENCHMARKS.md, "Bulk
-    decoding: notes")."""
+    `threads`: the decode threads' pool, of at least `batch_size` workers (fewer would hold rows
+    back, unstarted), kept by its owner from run to run (`specdec.local_engine`); None: one of the
+    run's own. A pool's threads start one at a time, each taking the interpreter lock from the
+    thread admitting the next row, so a run starting a whole batch of new threads kept its model
+    workers waiting (BENCHMARKS.md, "Bulk decoding: notes")."""
 
     def __init__(
         self, items: Iterable[Pending], decode: Callable[[Any, threading.Event, int], Any], batch_size: int,
@@ -78,8 +78,6 @@ class BulkRun:
         self.stop = threading.Event()
         self.done: dict[int, Any] = {}
         self.rows = [0] * self.lanes  # each lane's rows admitted and not yet finished
-        if threads is not None and threads._max_workers < batch_size:
-            raise ValueError(f"a pool of {threads._max_workers} threads cannot decode {batch_size} inputs at once")
         self.threads = threads
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:

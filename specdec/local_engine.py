@@ -94,6 +94,7 @@ class LocalEngine(Engine):
         self._make_models = make_models
         self._lane_models: dict[tuple[int, int], list[tuple[Any, Any]]] = {}
         self._threads: ThreadPoolExecutor | None = None  # bulk runs' decode threads (`_decode_threads`)
+        self._thread_count = 0  # its size
 
     def prepare(self, request: Request) -> Prepared:
         return prepare(request, self.model, self.policy, self.tokenizer)
@@ -163,10 +164,11 @@ class LocalEngine(Engine):
     def _decode_threads(self, batch_size: int) -> ThreadPoolExecutor:
         """The bulk runs' decode threads, kept from run to run (`specdec.bulk.BulkRun`): a pool of at
         least `batch_size` (a larger batch than any before gets a larger pool)."""
-        if self._threads is None or self._threads._max_workers < batch_size:
+        if self._threads is None or self._thread_count < batch_size:
             if self._threads is not None:
                 self._threads.shutdown(wait=False)  # its threads end once their rows are done
             self._threads = ThreadPoolExecutor(max_workers=batch_size, thread_name_prefix="specdec-bulk")
+            self._thread_count = batch_size
         return self._threads
 
     def _lanes(self, batch_size: int, workers: int, threads: int | None) -> list[_Lane]:

@@ -179,8 +179,8 @@ def _logged(events: list[tuple[str, int, int]]):
 
 def test_runs_over_an_owners_pool_reuse_its_threads_and_leave_it_usable(bundle_dir):
     """A pool kept from run to run (the engine's): the second run decodes on the threads the first
-    started, an interrupted run leaves the pool to the next, and a pool too small for the batch is
-    refused. The engine keeps one pool for every batch it has room for and a larger one past that."""
+    started, and an interrupted run leaves the pool to the next. The engine keeps one pool for every
+    batch it has room for and a larger one past that, and lets it go when closed."""
     from concurrent.futures import ThreadPoolExecutor
 
     seen: list[set[int]] = []
@@ -201,11 +201,12 @@ def test_runs_over_an_owners_pool_reuse_its_threads_and_leave_it_usable(bundle_d
         run.close()  # as Ctrl-C does: the run ends with rows in flight
         assert list(BulkRun([Pending(i, i, 3) for i in range(5)], decode, 4, threads=pool)) == [
             (i, 2 * i) for i in range(5)]
-        with pytest.raises(ValueError, match="4 threads cannot decode 5 inputs"):
-            BulkRun([], decode, batch_size=5, threads=pool)
     with specdec.Engine.load(bundle_dir) as engine:
         threads = engine._decode_threads(8)
         assert engine._decode_threads(3) is threads and engine._decode_threads(9) is not threads
+        larger = engine._decode_threads(9)
+    with pytest.raises(RuntimeError):  # closed with the engine
+        larger.submit(int)
 
 
 def test_rows_are_admitted_longest_first_within_a_window():
