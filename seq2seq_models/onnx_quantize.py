@@ -5,9 +5,12 @@ Dynamic int8 with a scale per activation ROW: every MatMul/Gemm by a float weigh
 (projections, feed-forward layers, the output head) becomes U8S8 `MatMulIntegerToFloat` (ONNX
 Runtime's contrib op: the int8 GEMM and the rescaling by the row's and the column's scale in one
 kernel) on weights quantized per output column (symmetric int8) and activations quantized at run
-time per row (per token: symmetric, scale max|x|/127, `QuantizeLinear` along the rows to uint8 with
-zero point 128). A Gemm's bias stays an Add after it: the op scales its own bias input by the row
-scales too when those are per row.
+time per row (per token: symmetric, scale max|x|/127, rounded to uint8 with zero point 128). A
+Gemm's bias stays an Add after it: the op scales its own bias input by the row scales too when those
+are per row. Two forms of the same values: graphs of many activation rows (encoder, batched decoder)
+quantize by one per-row `QuantizeLinear` over the rows reshaped to two axes; graphs of few rows (the
+one-row and one-token step decoders) skip the reshapes and zero-point tensors at the cost of one
+more pass over the activations (BENCHMARKS.md, "int8 quantization forms (CPU)").
 The attention's activation-by-activation products, softmax, layer norms, the embedding lookup and
 the fused head's log-softmax / TopK / gathers stay float32; every graph keeps its inputs and
 outputs exactly (names and dtypes: `topk_ids`, `draft_ids` int64; K/V float32), so the backends run
@@ -46,7 +49,11 @@ from seq2seq_models.onnx_cache import (
 )
 
 INT8_OP_TYPES = ("MatMul", "Gemm")
-QUANT_FORMAT = 4  # bump when the quantization recipe changes, so stale int8 caches are not reused
+# Graphs whose forwards hold few activation rows (one row's block, or one token for each of a few
+# rows): there the per-op cost of the quantization's shape bookkeeping weighs more than a pass over
+# the activations, so they take the form without it (`_lean_quantized`).
+FEW_ROW_FILES = (DECODER_FILE, PROCESSING_DECODER_FILE, STEP_DECODER_FILE)
+QUANT_FORMAT = 5  # bump when the quantization recipe changes, so stale int8 caches are not reused
 
 
 def int8_role(role: str) -> str:
@@ -67,7 +74,7 @@ def ensure_int8(export: OnnxExport, role: str, force: bool = False) -> OnnxExpor
     tmp.mkdir(parents=True, exist_ok=True)
     for name in (ENCODER_FILE, DECODER_FILE, PROCESSING_DECODER_FILE, BATCH_DECODER_FILE, STEP_DECODER_FILE):
         if (export.directory / name).is_file():
-            quantize_graph(export.directory / name, tmp / name)
+            quantize_graph(export.directory / name, tmp / name, lean=name in FEW_ROW_FILES)
     import onnxruntime
 
     (tmp / MANIFEST_FILE).write_text(json.dumps({
@@ -91,9 +98,10 @@ def ensure_int8(export: OnnxExport, role: str, force: bool = False) -> OnnxExpor
     return OnnxExport(directory, export.fingerprint, reused=False)
 
 
-def quantize_graph(source: Path, out: Path) -> int:
+def quantize_graph(source: Path, out: Path, lean: bool = False) -> int:
     """`source` with every MatMul/Gemm by a float weight initializer in row-wise int8 (see the module
-    docstring), written to `out`; returns how many nodes were quantized."""
+    docstring), written to `out`; returns how many nodes were quantized. `lean`: each in the form of
+    `_lean_quantized` (the same values, fewer ops), else `_rows_quantized`."""
     import numpy as np
     import onnx
     from onnx import helper, numpy_helper
@@ -117,36 +125,13 @@ def quantize_graph(source: Path, out: Path) -> int:
         graph.initializer.extend([
             numpy_helper.from_array(w_q, f"{p}_w"), numpy_helper.from_array(w_scale.astype(np.float32), f"{p}_ws"),
         ])
-        names = ("x2", "abs", "amax", "s", "sx", "sflat", "zp", "q", "y2", "shape", "lead", "yshape", "yb")
-        c = {name: f"{p}_{name}" for name in names}
         bias = node.input[2] if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2] else ""
-        y = c["yb"] if bias else node.output[0]
-        nodes += [
-            # Rows of the input, whatever its leading axes (a [B, T, K] block is B * T rows).
-            helper.make_node("Reshape", [node.input[0], f"{p}_rows"], [c["x2"]]),
-            helper.make_node("Abs", [c["x2"]], [c["abs"]]),
-            helper.make_node("ReduceMax", [c["abs"]], [c["amax"]], axes=[-1], keepdims=1),
-            helper.make_node("Mul", [c["amax"], "int8_inv127"], [c["s"]]),
-            helper.make_node("Max", [c["s"], "int8_eps"], [c["sx"]]),  # an all-zero row: any scale
-            helper.make_node("Reshape", [c["sx"], "int8_flat"], [c["sflat"]]),
-            # QuantizeLinear along the rows takes a zero point per row: 128 each (uint8, U8S8).
-            helper.make_node("Shape", [c["sflat"]], [c["shape"]]),
-            helper.make_node("ConstantOfShape", [c["shape"]], [c["zp"]],
-                             value=numpy_helper.from_array(np.array([128], np.uint8))),
-            helper.make_node("QuantizeLinear", [c["x2"], c["sflat"], c["zp"]], [c["q"]], axis=0),
-            helper.make_node("MatMulIntegerToFloat", [c["q"], f"{p}_w", c["sx"], f"{p}_ws", "int8_zp128", "int8_zp0"],
-                             [c["y2"]], domain="com.microsoft"),
-        ]
-        # Back to the input's leading axes with the weight's columns.
-        nodes += [
-            helper.make_node("Shape", [node.input[0]], [c["lead"]], end=-1),
-            helper.make_node("Concat", [c["lead"], f"{p}_n"], [c["yshape"]], axis=0),
-            helper.make_node("Reshape", [c["y2"], c["yshape"]], [y]),
-        ]
+        y = f"{p}_yb" if bias else node.output[0]
+        quantized, extra = (_lean_quantized if lean else _rows_quantized)(p, node.input[0], y, w.shape)
+        nodes += quantized
+        graph.initializer.extend(extra)
         if bias:
             nodes.append(helper.make_node("Add", [y, bias], [node.output[0]]))
-        graph.initializer.extend([numpy_helper.from_array(np.array([w.shape[1]], np.int64), f"{p}_n"),
-                                  numpy_helper.from_array(np.array([-1, w.shape[0]], np.int64), f"{p}_rows")])
         done += 1
     graph.initializer.extend([
         numpy_helper.from_array(np.array(1 / 127.0, np.float32), "int8_inv127"),
@@ -154,6 +139,7 @@ def quantize_graph(source: Path, out: Path) -> int:
         numpy_helper.from_array(np.array(128, np.uint8), "int8_zp128"),
         numpy_helper.from_array(np.array(0, np.int8), "int8_zp0"),
         numpy_helper.from_array(np.array([-1], np.int64), "int8_flat"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "int8_one"),
     ])
     del graph.node[:]
     graph.node.extend(nodes)
@@ -165,6 +151,64 @@ def quantize_graph(source: Path, out: Path) -> int:
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     onnx.save(model, str(out))
     return done
+
+
+def _rows_quantized(p: str, x: str, y: str, shape: tuple[int, int]) -> tuple[list, list]:
+    """`y = x @ W` for the int8 weight `{p}_w` of `shape` [K, N]: `x`'s rows (whatever its leading
+    axes: a [B, T, K] block is B * T rows) quantized by one per-row QuantizeLinear, the product
+    reshaped back to `x`'s leading axes. One pass over the activations: the form for large inputs."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    c = {name: f"{p}_{name}" for name in ("x2", "abs", "amax", "s", "sx", "sflat", "zp", "q", "y2", "shape", "lead",
+                                         "yshape")}
+    nodes = [
+        helper.make_node("Reshape", [x, f"{p}_rows"], [c["x2"]]),
+        *_row_scale(c["x2"], c),
+        helper.make_node("Reshape", [c["sx"], "int8_flat"], [c["sflat"]]),
+        # QuantizeLinear along the rows takes a zero point per row: 128 each (uint8, U8S8).
+        helper.make_node("Shape", [c["sflat"]], [c["shape"]]),
+        helper.make_node("ConstantOfShape", [c["shape"]], [c["zp"]],
+                         value=numpy_helper.from_array(np.array([128], np.uint8))),
+        helper.make_node("QuantizeLinear", [c["x2"], c["sflat"], c["zp"]], [c["q"]], axis=0),
+        helper.make_node("MatMulIntegerToFloat", [c["q"], f"{p}_w", c["sx"], f"{p}_ws", "int8_zp128", "int8_zp0"],
+                         [c["y2"]], domain="com.microsoft"),
+        # Back to the input's leading axes with the weight's columns.
+        helper.make_node("Shape", [x], [c["lead"]], end=-1),
+        helper.make_node("Concat", [c["lead"], f"{p}_n"], [c["yshape"]], axis=0),
+        helper.make_node("Reshape", [c["y2"], c["yshape"]], [y]),
+    ]
+    return nodes, [numpy_helper.from_array(np.array([shape[1]], np.int64), f"{p}_n"),
+                   numpy_helper.from_array(np.array([-1, shape[0]], np.int64), f"{p}_rows")]
+
+
+def _lean_quantized(p: str, x: str, y: str, shape: tuple[int, int]) -> tuple[list, list]:
+    """`_rows_quantized` without reshapes or a zero-point tensor: the scales keep `x`'s leading axes
+    ([B, T, 1]), which the op's rescaling broadcasts over the output's columns, and `x / scale` is
+    rounded around 128 by a QuantizeLinear of scale 1, which gives the same uint8 values. Half the
+    ops, one more pass over the activations: the form for a few rows of one token each."""
+    from onnx import helper
+
+    c = {name: f"{p}_{name}" for name in ("abs", "amax", "s", "sx", "xs", "q")}
+    return [
+        *_row_scale(x, c),
+        helper.make_node("Div", [x, c["sx"]], [c["xs"]]),
+        helper.make_node("QuantizeLinear", [c["xs"], "int8_one", "int8_zp128"], [c["q"]]),
+        helper.make_node("MatMulIntegerToFloat", [c["q"], f"{p}_w", c["sx"], f"{p}_ws", "int8_zp128", "int8_zp0"],
+                         [y], domain="com.microsoft"),
+    ], []
+
+
+def _row_scale(x: str, c: dict[str, str]) -> list:
+    """Each row's symmetric scale, max|x| / 127, into `c["sx"]` (keeping the row's axes)."""
+    from onnx import helper
+
+    return [
+        helper.make_node("Abs", [x], [c["abs"]]),
+        helper.make_node("ReduceMax", [c["abs"]], [c["amax"]], axes=[-1], keepdims=1),
+        helper.make_node("Mul", [c["amax"], "int8_inv127"], [c["s"]]),
+        helper.make_node("Max", [c["s"], "int8_eps"], [c["sx"]]),  # an all-zero row: any scale
+    ]
 
 
 def _weight_of(node, inits):

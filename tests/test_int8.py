@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 
+import numpy as np
 import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,9 +26,11 @@ from seq2seq_models.onnx_export import (
     DECODER_FILE,
     ENCODER_FILE,
     PROCESSING_DECODER_FILE,
+    STEP_DECODER_FILE,
     ensure_export,
 )
-from seq2seq_models.onnx_quantize import ensure_int8
+from seq2seq_models.onnx_quantize import ensure_int8, quantize_graph
+from seq2seq_models.ort_runner import inference_session
 from specdec.cli import main as cli_main
 from specdec.serve import serve_config
 from verifier_service.server import VerifierLimits, VerifierServer
@@ -83,6 +86,40 @@ def test_int8_graphs_keep_every_input_and_output(bundle, cache, role):
         weights = {t.name for t in b.initializer}
         assert not [n for n in b.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in weights], name
 
+
+
+@pytest.mark.parametrize("name", [STEP_DECODER_FILE, DECODER_FILE])
+def test_the_lean_int8_form_gives_the_rows_forms_outputs(bundle, cache, v8, tmp_path, name):
+    """The few-row graphs' quantization without reshapes or zero-point tensors (`_lean_quantized`)
+    runs fewer ops and computes the very values of the per-row QuantizeLinear form, on the inputs
+    real steps feed it."""
+    fp32 = ensure_export(bundle.models["verifier"], bundle.fingerprint, cache, role="verifier")
+    quantize_graph(fp32.directory / name, tmp_path / "rows.onnx", lean=False)
+    quantize_graph(fp32.directory / name, tmp_path / "lean.onnx", lean=True)
+    rows, lean = (onnx.load(str(tmp_path / f)).graph for f in ("rows.onnx", "lean.onnx"))
+    quantizing = [n.op_type for n in lean.node if "_int8_" in n.output[0]]
+    assert len(lean.node) < len(rows.node) and "MatMulIntegerToFloat" in quantizing
+    assert not {"Reshape", "Shape", "ConstantOfShape", "Concat"} & set(quantizing)
+    runner = v8.engine.runner
+    session = runner.step_decoder if name == STEP_DECODER_FILE else runner.decoder
+    feeds: list[dict] = []
+    run = session.run
+    session.run = lambda outputs, inputs, *a: feeds.append(dict(inputs)) or run(outputs, inputs, *a)
+    try:
+        rng = random.Random(3)
+        sessions = [v8.open([rng.randrange(FIRST_WORD, v8.vocab_size) for _ in range(rng.randint(1, 12))])
+                    for _ in range(3 if name == STEP_DECODER_FILE else 1)]
+        for step in range(3):
+            v8.step_batch([(s, StepCall(step, [rng.randrange(FIRST_WORD, v8.vocab_size)], [], 2)) for s in sessions])
+    finally:
+        session.run = run
+    for s in sessions:
+        s.close()
+    assert feeds
+    a, b = (inference_session(tmp_path / f, 1, ["CPUExecutionProvider"]) for f in ("rows.onnx", "lean.onnx"))
+    for inputs in feeds:
+        for x, y in zip(a.run(None, inputs), b.run(None, inputs), strict=True):
+            assert x.dtype == y.dtype and np.array_equal(x, y, equal_nan=x.dtype.kind == "f")
 
 def test_int8_steps_are_close_to_fp32_and_not_the_same(v8, v32):
     # The int8 graphs really run (logprobs differ) and stay near fp32 (the same model, quantized).
