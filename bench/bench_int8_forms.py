@@ -74,18 +74,22 @@ def _captured(args: argparse.Namespace) -> tuple[Path, list[tuple[str, tuple[str
     texts = ua_gec_texts(args.sentences, None)
     engine = specdec.Engine.load(args.bundle, precision="int8")
     runner = engine.verifier.engine.runner
-    out = []
-    for name, (file, run) in GRAPHS.items():
-        session = getattr(runner, name)
-        params, batch = RUNS[run]
+    captured: dict[str, list[dict[str, Any]]] = {name: [] for name in GRAPHS}
+    for run, (params, batch) in RUNS.items():  # one capture run each, for every graph it feeds
+        names = [name for name, (_, feeding) in GRAPHS.items() if feeding == run]
         requests = [engine.request(x, "", {**params, "max_new_tokens": 200}) for x in texts]
         list(engine.generate_each(requests, batch_size=batch))  # warm: the pool's buffers, first calls
-        feeds: list[dict[str, Any]] = []
-        session.run = _recording(session.run, feeds)
+        for name in names:
+            session = getattr(runner, name)
+            session.run = _recording(session.run, captured[name])
         try:
             list(engine.generate_each(requests, batch_size=batch))
         finally:
-            del session.run  # the class's own again
+            for name in names:
+                del getattr(runner, name).run  # the class's own again
+    out = []
+    for name, (file, run) in GRAPHS.items():
+        feeds = captured[name]
         step = max(1, len(feeds) // args.calls)
         out.append((name, (file, run), [_copied(f) for f in feeds[::step][: args.calls]]))
     return _fp32_source(Path(runner.encoder._model_path).parent), out

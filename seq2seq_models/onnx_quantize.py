@@ -186,7 +186,7 @@ def _lean_quantized(p: str, x: str, y: str, shape: tuple[int, int]) -> tuple[lis
     """`_rows_quantized` without reshapes or a zero-point tensor: the scales keep `x`'s leading axes
     ([B, T, 1]), which the op's rescaling broadcasts over the output's columns, and `x / scale` is
     rounded around 128 by a QuantizeLinear of scale 1, which gives the same uint8 values. Half the
-    ops, one more pass over the activations: the form for a few rows of one token each."""
+    ops, one more pass over the activations: the form for graphs of few rows (`FEW_ROW_FILES`)."""
     from onnx import helper
 
     c = {name: f"{p}_{name}" for name in ("abs", "amax", "s", "sx", "xs", "q")}

@@ -87,7 +87,6 @@ def test_int8_graphs_keep_every_input_and_output(bundle, cache, role):
         assert not [n for n in b.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in weights], name
 
 
-
 @pytest.mark.parametrize("name", [STEP_DECODER_FILE, DECODER_FILE])
 def test_the_lean_int8_form_gives_the_rows_forms_outputs(bundle, cache, v8, tmp_path, name):
     """The few-row graphs' quantization without reshapes or zero-point tensors (`_lean_quantized`)
@@ -112,7 +111,7 @@ def test_the_lean_int8_form_gives_the_rows_forms_outputs(bundle, cache, v8, tmp_
         for step in range(3):
             v8.step_batch([(s, StepCall(step, [rng.randrange(FIRST_WORD, v8.vocab_size)], [], 2)) for s in sessions])
     finally:
-        session.run = run
+        del session.run  # the class's own again
     for s in sessions:
         s.close()
     assert feeds
@@ -120,6 +119,7 @@ def test_the_lean_int8_form_gives_the_rows_forms_outputs(bundle, cache, v8, tmp_
     for inputs in feeds:
         for x, y in zip(a.run(None, inputs), b.run(None, inputs), strict=True):
             assert x.dtype == y.dtype and np.array_equal(x, y, equal_nan=x.dtype.kind == "f")
+
 
 def test_int8_steps_are_close_to_fp32_and_not_the_same(v8, v32):
     # The int8 graphs really run (logprobs differ) and stay near fp32 (the same model, quantized).
