@@ -17,7 +17,8 @@ One file configures all three services (see config/specdec.example.toml, which l
                 precision (fp32 | int8; int8 needs backend onnxruntime), metrics_address, max_sessions,
                 session_idle_s, max_draft_len, max_source_len, max_batch_rows, max_batch_tokens,
                 batch_wait_ms (the batching scheduler), intra_op_threads (0: chosen, see core/threads.py),
-                model_workers (copies of the model, each a worker thread with its share of the threads)
+                model_workers (copies of the model, each a worker thread with its share of the threads),
+                placement (length | sessions: which worker a new session takes)
     [drafter]   address, backend, device, precision (of the NAR drafter), metrics_address, max_sessions,
                 session_idle_s, max_draft_len, max_beams, max_batch_rows, max_batch_tokens, batch_wait_ms,
                 intra_op_threads

@@ -177,6 +177,9 @@ class BatchVerifier(ModelVerifier, PoolOwner):
     engine: Engine
     # Told the number of sources of every encoder run (the service's metrics); None: nobody listens.
     on_encode: Callable[[int], None] | None = None
+    # Told, after every decoder forward, the key positions its attention ran over (each row's past and
+    # source, padded to the longest of the forward) and those the rows hold; None: nobody listens.
+    on_attend: Callable[[int, int], None] | None = None
 
     def __init__(self, config: ModelConfig, engine: Engine) -> None:
         super().__init__(config)
@@ -334,13 +337,19 @@ class BatchVerifier(ModelVerifier, PoolOwner):
             return []
         one = getattr(self.engine, "forward_one", None)
         extra = () if processing is None else (processing,)  # engines without processors take none
+        held = sum(b.past_len + b.slot.src_len for b in blocks)
         if len(blocks) == 1 and one is not None and not (processing is not None and processing.any_logprob_space):
             # A lone row: the engine's unpadded path.
             block_k, block_v, topk_lp, topk_ids, target_lp = one(blocks[0], top_k, *extra)
             rows = [0]
+            attended = held
         else:
             feeds, rows = gather(blocks, self.pool)
             block_k, block_v, topk_lp, topk_ids, target_lp = self.engine.forward(feeds, top_k, *extra)
+            past, cross = feeds["past_k"], feeds["cross_k"]  # [L, B, H, hd, P] and [L, B, H, hd, S]
+            attended = int(past.shape[1]) * (int(past.shape[-1]) + int(cross.shape[-1]))
+        if self.on_attend is not None:
+            self.on_attend(attended, held)
         scatter(blocks, rows, block_k, block_v)
         # As lists once per forward: per block, slicing and converting each cost more than the rest
         # of its result.

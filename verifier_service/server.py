@@ -5,17 +5,18 @@ batching scheduler (serving/batching.py, ARCHITECTURE.md, "Performance design"):
 sessions run as one forward (`step_batch`), up to [verifier] max_batch_rows / max_batch_tokens.
 
 With [verifier] model_workers = N the service holds N copies of the model, each on a worker thread of
-its own with its share of the intra-op threads: a session is opened on the worker with the fewest
-sessions and stays there, and the workers' forwards run side by side. On a CPU, N one-thread
+its own with its share of the intra-op threads: a session is opened on the worker `placement` picks
+(by default by its source's length, `verifier_service.lanes`) and stays there, and the workers'
+forwards run side by side. On a CPU, N one-thread
 forwards outrun one N-thread forward under load (BENCHMARKS.md, "Bulk decoding"), as they do in
 process (`specdec decode --workers`).
 """
 
 from __future__ import annotations
 
-import asyncio
+import concurrent.futures
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,12 @@ from seq2seq_models.bundle import ModelBundle, load_bundle
 from serving.batching import BatchLimits, BatchScheduler, BatchStats, StepExecutor, one_by_one, with_batch_load
 from serving.model_service import ModelService, SessionLimits, close, make_model_info
 from serving.processors_wire import processors_from_wire
+from verifier_service.lanes import pick_lane
 from verifier_service.session import VerifierSession, make_verifier
 
 SERVICE = verifier_pb2.DESCRIPTOR.services_by_name["VerifierService"]
+# [verifier] placement: how a new session picks its model worker.
+PLACEMENTS = ("length", "sessions")
 # Source tokens one encoder run may hold (its rows are [verifier] max_batch_rows).
 ENCODE_TOKENS = 8192
 
@@ -54,11 +58,17 @@ class VerifierLimits(SessionLimits):
     max_source_len: int | None = None  # None: the model's own limit
     # Copies of the model, each on its own worker thread with intra_op_threads / model_workers threads.
     model_workers: int = 1
+    # Which worker a new session goes to: "length", by its source's length, short and long sources on
+    # different workers with the workers kept about even (`verifier_service.lanes`); "sessions", the
+    # worker with the fewest sessions.
+    placement: str = field(default="length", metadata={"choices": PLACEMENTS})
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.model_workers < 1:
             raise ValueError(f"[verifier] model_workers: must be at least 1; got {self.model_workers}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"[verifier] placement: must be one of {', '.join(PLACEMENTS)}; got {self.placement!r}")
 
 
 @dataclass
@@ -70,7 +80,11 @@ class _Lane:
     executor: StepExecutor
     scheduler: BatchScheduler | None = None
     encoder: BatchScheduler | None = None
-    sessions: int = 0  # open sessions placed here
+    sources: list[int] = field(default_factory=list)  # the source lengths of the open sessions placed here
+
+    @property
+    def sessions(self) -> int:
+        return len(self.sources)
 
 
 class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
@@ -89,6 +103,7 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
             metric_help=("time the model worker spent in verify forwards", "draft tokens scored"),
         )
         workers = limits.model_workers
+        self.placement = limits.placement
         threads = intra_op_threads or None
         if workers > 1:  # the threads shared out: each worker's forwards get their own cores
             threads = worker_threads(intra_op_threads, workers)
@@ -98,7 +113,8 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
             _Lane(first if i == 0 else first.twin(), self.executor if i == 0 else StepExecutor(f"verifier-{i}"))
             for i in range(workers)
         ]
-        self._lane_of: dict[int, _Lane] = {}  # id(session) -> its worker, while it is open
+        # id(session) -> its worker and its source's length, while it is open.
+        self._lane_of: dict[int, tuple[_Lane, int]] = {}
         self.streams.close_soon = self._close_soon
         self.verifier = self.lanes[0].verifier
         cfg = bundle.config("verifier")  # from the bundle config: no torch model is loaded for ONNX Runtime
@@ -108,6 +124,11 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         self.m_steps = r.counter("verifier_steps", "verify steps (several share a forward when batched)")
         self.m_scored = r.counter("verifier_scored_tokens", "tokens scored (append + draft)")
         self.m_queue_s = r.counter("verifier_queue_seconds", "time steps waited for the model worker")
+        # Their ratio is the padding the forwards' attention pays for (placement, BENCHMARKS.md "Bulk decoding: notes").
+        self.m_attended = r.counter("verifier_attended_positions", "key positions the forwards' attention ran over, "
+                                    "every row's past and source padded to the forward's longest")
+        self.m_held = r.counter("verifier_held_positions",
+                                "key positions of the rows' own pasts and sources in those forwards")
         on_encode = self.encoder_metrics() if hasattr(self.verifier, "on_encode") else None
         for lane in self.lanes:
             # Steps of a worker's concurrent sessions gathered into one forward (serving/batching.py).
@@ -115,6 +136,8 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
             # The sources of sessions opened meanwhile, encoded in one run (`_encode_soon`).
             if on_encode is not None:
                 lane.verifier.on_encode = on_encode
+            if hasattr(lane.verifier, "on_attend"):
+                lane.verifier.on_attend = self._attended
             lane.encoder = BatchScheduler(
                 lane.executor, partial(_encode_batch, lane.verifier),
                 BatchLimits(max_rows=limits.max_batch_rows, max_tokens=ENCODE_TOKENS),
@@ -165,15 +188,28 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
     Verify = ModelService.serve_sessions
 
     async def open_on_worker(self, source: list[int], request: verifier_pb2.VerifyOpen) -> VerifierSession:
-        lane = min(self.lanes, key=lambda lane: lane.sessions)  # the worker with the fewest sessions
-        lane.sessions += 1
+        """The session on the worker `placement` picks. A verifier whose sessions encode lazily
+        (`BatchVerifier`) only records the source at open, so it opens here, not behind the
+        worker's forward: the client's first step, read once the session exists, then joins the
+        next forward instead of the one after."""
+        lane = self._place(len(source))
+        lane.sources.append(len(source))
         try:
-            session = await lane.executor.run_owned(self.open_session, close, source, request, lane)
+            if hasattr(lane.verifier, "encode"):
+                session = self.open_session(source, request, lane)
+            else:
+                session = await lane.executor.run_owned(self.open_session, close, source, request, lane)
         except BaseException:
-            lane.sessions -= 1
+            lane.sources.remove(len(source))
             raise
-        self._lane_of[id(session)] = lane
+        self._lane_of[id(session)] = (lane, len(source))
         return session
+
+    def _place(self, length: int) -> _Lane:
+        """The worker for a new session of `length` source tokens ([verifier] placement)."""
+        if self.placement == "sessions":
+            return min(self.lanes, key=lambda lane: lane.sessions)
+        return self.lanes[pick_lane([lane.sources for lane in self.lanes], length)]
 
     def open_session(
         self, source: list[int], request: verifier_pb2.VerifyOpen, lane: _Lane | None = None
@@ -185,15 +221,22 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
 
     def _close_soon(self, session: VerifierSession) -> None:
         """Close `session` on its worker (after any step of it queued there)."""
-        lane = self._lane_of.pop(id(session), None)
-        if lane is None:
+        placed = self._lane_of.pop(id(session), None)
+        if placed is None:
             self.executor.submit(session.close)
             return
-        lane.sessions -= 1
+        lane, length = placed
+        lane.sources.remove(length)
         lane.executor.submit(session.close)
 
+    def _attended(self, attended: int, held: int) -> None:
+        """Worker: one forward's attention positions (`BatchVerifier.on_attend`)."""
+        self.m_attended.inc(attended)
+        self.m_held.inc(held)
+
     def _lane(self, session: VerifierSession) -> _Lane:
-        return self._lane_of.get(id(session)) or self.lanes[0]
+        placed = self._lane_of.get(id(session))
+        return self.lanes[0] if placed is None else placed[0]
 
     async def _open(self, request):
         session, response = await super()._open(request)
@@ -210,9 +253,11 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         # Queued now, before the client hears `opened` (and can send a first step behind it).
         encoder = self._lane(session).encoder
         assert encoder is not None
-        encoder.queue(session, _Encode(len(session.source.ids))).add_done_callback(self._encoded)
+        # A future the worker settles itself: nobody awaits the encoding, so the event loop is not
+        # woken for it (`_encoded` runs on the worker).
+        encoder.queue_sync(session, _Encode(len(session.source.ids))).add_done_callback(self._encoded)
 
-    def _encoded(self, encoding: asyncio.Future) -> None:
+    def _encoded(self, encoding: concurrent.futures.Future) -> None:
         if not encoding.cancelled() and encoding.exception() is not None:  # the first step will retry and say
             self.host.log.warning("encoder_failed", error=repr(encoding.exception()))
 

@@ -58,30 +58,35 @@ def _verify_loop(channel_address: str, source: list[int], cancel_after: int | No
     with grpc.insecure_channel(channel_address) as channel:
         stream = Stream(verifier_pb2_grpc.VerifierServiceStub(channel).Verify)
         stream.send(verifier_pb2.VerifyRequest(open=verifier_pb2.VerifyOpen(source_ids=source)))
-        out: list[int] = []  # final tokens the verifier holds
-        pending: list[int] = []  # final tokens not sent yet
-        top1s, rows = [], []
-        for step_no in range(STEPS):
-            start = (len(out) + step_no) % len(source)
-            draft = source[start : start + step_no % 4]
-            step = verifier_pb2.VerifyStep(committed_len=len(out), append_ids=pending, draft_ids=draft, top_k=2)
-            if step_no == cancel_after:  # the step is sent, then the stream cancelled: mostly while it is queued
-                stream.cancel_after(verifier_pb2.VerifyRequest(step=step))
-                return {"cancelled": True}
-            result = stream.send(verifier_pb2.VerifyRequest(step=step)).step
-            out += pending
-            top1 = [p.top1 for p in result.positions]
-            top1s.append(top1)
-            rows.append(result.batch_rows)
-            assert result.batch_tokens >= result.batch_rows and result.forward_ms > 0
-            accepted = 0
-            while accepted < len(draft) and draft[accepted] == top1[accepted]:
-                accepted += 1
-            # The accepted draft tokens are in the verifier's cache: they become final by commit.
-            out += draft[:accepted]
-            pending = [top1[accepted]]
-        stream.close()
-        return {"out": out + pending, "top1s": top1s, "rows": rows}
+        return _verify_steps(stream, source, cancel_after)
+
+
+def _verify_steps(stream: Stream, source: list[int], cancel_after: int | None = None) -> dict:
+    """`_verify_loop`'s steps on a stream already open over `source`; closes it."""
+    out: list[int] = []  # final tokens the verifier holds
+    pending: list[int] = []  # final tokens not sent yet
+    top1s, rows = [], []
+    for step_no in range(STEPS):
+        start = (len(out) + step_no) % len(source)
+        draft = source[start : start + step_no % 4]
+        step = verifier_pb2.VerifyStep(committed_len=len(out), append_ids=pending, draft_ids=draft, top_k=2)
+        if step_no == cancel_after:  # the step is sent, then the stream cancelled: mostly while it is queued
+            stream.cancel_after(verifier_pb2.VerifyRequest(step=step))
+            return {"cancelled": True}
+        result = stream.send(verifier_pb2.VerifyRequest(step=step)).step
+        out += pending
+        top1 = [p.top1 for p in result.positions]
+        top1s.append(top1)
+        rows.append(result.batch_rows)
+        assert result.batch_tokens >= result.batch_rows and result.forward_ms > 0
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == top1[accepted]:
+            accepted += 1
+        # The accepted draft tokens are in the verifier's cache: they become final by commit.
+        out += draft[:accepted]
+        pending = [top1[accepted]]
+    stream.close()
+    return {"out": out + pending, "top1s": top1s, "rows": rows}
 
 
 
@@ -121,31 +126,32 @@ def test_concurrent_verify_streams_batch_and_answer_as_sequential_ones(bundle_di
 
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
 def test_sessions_opened_while_the_worker_is_busy_are_encoded_in_one_run(bundle_dir, bundle, backend):
-    """Opening answers at once and queues the source for the encoder; the sources of sessions
-    opened while the worker was busy are encoded in one run, before their first steps, which then
-    answer as the same streams one at a time do."""
+    """Opening answers at once, the worker busy or not, and queues the source for the encoder; the
+    sources of sessions opened while the worker was busy are encoded in one run, before their first
+    steps, which then answer as the same streams one at a time do."""
     sources = _sources(bundle.verifier.config.vocab_size)[:4]
     with _serve("verifier", bundle_dir, backend=backend) as stack:
         address = stack.running.addresses["verifier"]
         server = stack.running.verifier
         alone = [_verify_loop(address, s) for s in sources]
         before = scrape(server.host.metrics_port)
-        opens, encodes = threading.Event(), threading.Event()
-        server.executor.submit(opens.wait)  # the worker is busy: the opens queue up behind
-        with grpc.insecure_channel(address) as channel:
-            stub = verifier_pb2_grpc.VerifierServiceStub(channel)
-            streams = [Stream(stub.Verify) for _ in sources]
-            for stream, source in zip(streams, sources, strict=True):
-                stream._requests.put(verifier_pb2.VerifyRequest(open=verifier_pb2.VerifyOpen(source_ids=source)))
-            assert wait_until(lambda: _queued_opens(server) == len(sources))
-            server.executor.submit(encodes.wait)  # ... and the encodes the opens queue, behind this
-            opens.set()
-            assert all(next(stream.call).HasField("opened") for stream in streams)
-            encodes.set()
-            first = [stream.send(verifier_pb2.VerifyRequest(step=verifier_pb2.VerifyStep(top_k=2))).step
-                     for stream in streams]
-            for stream in streams:
-                stream.close()
+        busy = threading.Event()
+        server.executor.submit(busy.wait)  # the worker is busy until the opens are answered
+        try:
+            with grpc.insecure_channel(address) as channel:
+                stub = verifier_pb2_grpc.VerifierServiceStub(channel)
+                streams = [Stream(stub.Verify) for _ in sources]
+                for stream, source in zip(streams, sources, strict=True):
+                    stream._requests.put(verifier_pb2.VerifyRequest(open=verifier_pb2.VerifyOpen(source_ids=source)))
+                assert all(next(stream.call).HasField("opened") for stream in streams)
+                assert _queued_encodes(server) == len(sources)  # queued before `opened` went out
+                busy.set()
+                first = [stream.send(verifier_pb2.VerifyRequest(step=verifier_pb2.VerifyStep(top_k=2))).step
+                         for stream in streams]
+                for stream in streams:
+                    stream.close()
+        finally:
+            busy.set()
         after = scrape(server.host.metrics_port)
     assert after["specdec_verifier_encoder_runs_total"] - before["specdec_verifier_encoder_runs_total"] == 1
     assert after["specdec_verifier_encoded_sources_total"] - before["specdec_verifier_encoded_sources_total"] == 4
@@ -154,13 +160,14 @@ def test_sessions_opened_while_the_worker_is_busy_are_encoded_in_one_run(bundle_
 
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
 def test_model_workers_share_the_sessions_out_and_answer_as_one_worker(bundle_dir, bundle, backend):
-    """[verifier] model_workers = 2: sessions open on the worker with fewer, each worker's steps
-    batch among its own sessions, answers equal one worker's, and every session is freed."""
+    """[verifier] model_workers = 2, placement = "sessions": sessions open on the worker with fewer,
+    each worker's steps batch among its own sessions, answers equal one worker's, and every session
+    is freed."""
     sources = _sources(bundle.verifier.config.vocab_size)
     with _serve("verifier", bundle_dir, backend=backend) as stack:
         alone = [_verify_loop(stack.running.addresses["verifier"], s) for s in sources]
     with _serve("verifier", bundle_dir, backend=backend, batch_wait_ms=WAIT_MS, model_workers=2,
-                intra_op_threads=2) as stack:
+                intra_op_threads=2, placement="sessions") as stack:
         address = stack.running.addresses["verifier"]
         server = stack.running.verifier
         assert len(server.lanes) == 2 and server.lanes[0].verifier is not server.lanes[1].verifier
@@ -183,15 +190,51 @@ def test_model_workers_share_the_sessions_out_and_answer_as_one_worker(bundle_di
     assert samples["specdec_verifier_steps_total"] == CLIENTS * STEPS
 
 
+def test_model_workers_place_sessions_by_source_length(bundle_dir, bundle):
+    """The default placement: short and long sources open on different workers, the workers kept
+    about even, so the forwards attend over less padding than when each session takes the worker
+    with fewer (the verifier's attention counters). Answers equal one worker's either way."""
+    vocab = bundle.verifier.config.vocab_size
+    short = [[(5 * c + i) % (vocab - 10) + 10 for i in range(3)] for c in range(3)]
+    long = [[(3 * c + 2 * i) % (vocab - 10) + 10 for i in range(40)] for c in range(3)]
+    sources = [short[0], short[1], long[0], long[1], short[2], long[2]]  # the order they open in
+    with _serve("verifier", bundle_dir) as stack:
+        alone = [_verify_loop(stack.running.addresses["verifier"], s) for s in sources]
+    padding = {}
+    for placement, placed in (("length", [[3, 3, 3], [40, 40, 40]]), ("sessions", [[3, 3, 40], [3, 40, 40]])):
+        with _serve("verifier", bundle_dir, batch_wait_ms=WAIT_MS, model_workers=2, intra_op_threads=2,
+                    placement=placement) as stack:
+            server = stack.running.verifier
+            with grpc.insecure_channel(stack.running.addresses["verifier"]) as channel:
+                stub = verifier_pb2_grpc.VerifierServiceStub(channel)
+                streams = [Stream(stub.Verify) for _ in sources]
+                for stream, source in zip(streams, sources, strict=True):
+                    assert stream.send(verifier_pb2.VerifyRequest(open=verifier_pb2.VerifyOpen(source_ids=source)))
+                assert sorted(sorted(lane.sources) for lane in server.lanes) == placed
+                before = scrape(server.host.metrics_port)
+                with ThreadPoolExecutor(len(sources)) as pool:  # the open streams' steps side by side
+                    together = list(pool.map(_verify_steps, streams, sources))
+                after = scrape(server.host.metrics_port)
+            assert wait_until(lambda server=server: server.active_sessions == 0 and not server._lane_of)
+        for got, want in zip(together, alone, strict=True):
+            assert got["out"] == want["out"] and got["top1s"] == want["top1s"]
+        attended, held = (after[name] - before[name] for name in
+                          ("specdec_verifier_attended_positions_total", "specdec_verifier_held_positions_total"))
+        assert 0 < held <= attended
+        padding[placement] = attended / held
+    assert padding["length"] < padding["sessions"]
+
+
 def test_model_workers_below_one_are_refused(bundle_dir):
     with pytest.raises(ValueError, match=r"\[verifier\] model_workers: must be at least 1; got 0"):
         serve_config(load_sections(None, environ={}, overrides={"verifier": {"model_workers": 0}}))
 
 
-def _queued_opens(server) -> int:
-    """The opens queued on a model service's worker (a close of an earlier stream may be among them)."""
+def _queued_encodes(server) -> int:
+    """The new sources queued for the encoder on the verifier's (first) worker."""
+    encoder = server.lanes[0].encoder
     with server.executor._cond:
-        return sum(getattr(entry, "fn", None) == server.open_session for entry in server.executor._queue)
+        return sum(getattr(entry, "scheduler", None) is encoder for entry in server.executor._queue)
 
 
 def test_max_batch_rows_1_turns_batching_off(bundle_dir, bundle):
