@@ -352,13 +352,15 @@ def _verifier_rows(report: LoadReport) -> float | None:
 
 def _busy_text(report: LoadReport) -> str:
     """Each model worker's busy share and mean forward, for the progress line."""
-    return "".join(f" {name.split('_')[-3]} busy {100 * busy:.0f}% ({report.mean_forward_ms[name]:.1f} ms)"
+    return "".join(f" {name.split('_')[-3]}{' encoder' if name.endswith('encode_seconds') else ''} busy "
+                   f"{100 * busy:.0f}% ({report.mean_forward_ms[name]:.1f} ms)"
                    for name, busy in report.worker_busy.items())
 
 
 def _verifier_busy(report: LoadReport) -> float | None:
     """The share of the cell's wall time the verifier's model worker spent in forwards."""
-    return next((v for name, v in report.worker_busy.items() if "verifier" in name), None)
+    forwards = (v for name, v in report.worker_busy.items() if "verifier" in name and name.endswith("forward_seconds"))
+    return next(forwards, None)
 
 
 def _ms(value: float | None) -> str:

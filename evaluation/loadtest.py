@@ -25,8 +25,9 @@ requests that succeeded; failures by gRPC status code. The mean rows per batched
 the servers: a `DecodingStats` field named `*batch_rows` when the gateway's wire has one, and the
 `*batch_rows` histograms of any Prometheus endpoint given in `metrics_urls` (sum and count read
 before and after the run). The same endpoints' `*forward_seconds` histograms give each model
-worker's busy share of the run's wall time and its mean forward: which side of a stack is the
-bottleneck (a worker near 100% busy is; one well below it waits on the others).
+worker's busy share of the run's wall time and its mean forward, and the verifier's
+`*encode_seconds` its encoder runs' share: which side of a stack is the bottleneck (a worker near
+100% busy is; one well below it waits on the others).
 
 Libraries: grpc.aio with one channel (or a few, `channels`) and one asyncio task per request in
 flight, no threads. Percentiles come from numpy (`numpy.percentile`, linear interpolation), which
@@ -142,8 +143,8 @@ class LoadReport:
     latency_ms: dict[str, float] | None
     ttft_ms: dict[str, float] | None
     mean_batch_rows: dict[str, float] = field(default_factory=dict)
-    # Per `*forward_seconds` histogram: the share of the wall time its worker spent in forwards,
-    # and the mean forward in ms.
+    # Per `*forward_seconds` (and `*encode_seconds`) histogram: the share of the wall time its worker
+    # spent in those runs, and the mean run in ms.
     worker_busy: dict[str, float] = field(default_factory=dict)
     mean_forward_ms: dict[str, float] = field(default_factory=dict)
     # With LoadSpec.record: request index i (input i % len(inputs)) -> its output ids, successful requests only.
@@ -245,7 +246,8 @@ def format_report(report: LoadReport) -> str:
         lines.append(f"  mean batch rows    {rows:.2f}  ({name})")
     for name, busy in report.worker_busy.items():
         forward_ms = report.mean_forward_ms[name]
-        lines.append(f"  worker busy        {100 * busy:.0f}%  (mean forward {forward_ms:.2f} ms; {name})")
+        what = "encoder run" if name.endswith("encode_seconds") else "forward"
+        lines.append(f"  worker busy        {100 * busy:.0f}%  (mean {what} {forward_ms:.2f} ms; {name})")
     if report.errors:
         lines.append("  errors             " + ", ".join(f"{code} {n}" for code, n in sorted(report.errors.items())))
     else:
@@ -521,7 +523,9 @@ def _print_progress(tally: _Tally, stream: TextIO, final: bool) -> None:
     stream.flush()
 
 
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*(?:batch_rows|forward_seconds))_(sum|count)(?:\{[^}]*\})?\s+(\S+)")
+_SAMPLE = re.compile(
+    r"^([A-Za-z_:][A-Za-z0-9_:]*(?:batch_rows|forward_seconds|encode_seconds))_(sum|count)(?:\{[^}]*\})?\s+(\S+)"
+)
 
 
 def _scrape_all(urls: Sequence[str]) -> dict[str, tuple[float, float]]:
@@ -557,12 +561,12 @@ def _batch_rows_delta(before: dict[str, tuple[float, float]], after: dict[str, t
 
 def _busy_delta(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], wall_s: float
                 ) -> tuple[dict[str, float], dict[str, float]]:
-    """Per `*forward_seconds` histogram with forwards during the run: (its share of `wall_s`,
-    its mean forward in ms)."""
+    """Per `*forward_seconds` (and the verifier's `*encode_seconds`) histogram with runs during the
+    run: (its share of `wall_s`, its mean run in ms)."""
     busy, mean_ms = {}, {}
     for name, (s, c) in after.items():
         s0, c0 = before.get(name, (0.0, 0.0))
-        if c > c0 and name.endswith("forward_seconds") and wall_s > 0:
+        if c > c0 and name.endswith(("forward_seconds", "encode_seconds")) and wall_s > 0:
             busy[name] = (s - s0) / wall_s
             mean_ms[name] = 1e3 * (s - s0) / (c - c0)
     return busy, mean_ms

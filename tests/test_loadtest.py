@@ -198,9 +198,10 @@ def test_batch_rows_come_from_a_prometheus_histogram():
     assert loadtest._batch_rows_delta(after, after) == {}  # no forward during the run: nothing to report
 
 
-def test_worker_busy_comes_from_the_forward_seconds_histogram():
+def test_worker_busy_comes_from_the_forward_and_encode_seconds_histograms():
     registry = Registry()
     forward = registry.histogram("drafter_forward_seconds", "duration of a forward", (0.01, 0.1, 1))
+    encode = registry.histogram("verifier_encode_seconds", "duration of an encoder run", (0.01, 0.1, 1))
     forward.observe(5.0)  # before the run: not counted
     server = MetricsServer(registry, "127.0.0.1", 0).start()
     try:
@@ -208,12 +209,16 @@ def test_worker_busy_comes_from_the_forward_seconds_histogram():
         before = loadtest._scrape_all([url])
         for value in (0.25, 0.75):
             forward.observe(value)
+        encode.observe(0.5)
         after = loadtest._scrape_all([url])
     finally:
         server.stop()
     busy, mean_ms = loadtest._busy_delta(before, after, wall_s=4.0)
-    assert busy == {"specdec_drafter_forward_seconds": pytest.approx(0.25)}  # 1 s of forwards in 4 s
-    assert mean_ms == {"specdec_drafter_forward_seconds": pytest.approx(500.0)}
+    # 1 s of forwards and 0.5 s of encoder runs in 4 s.
+    assert busy == {"specdec_drafter_forward_seconds": pytest.approx(0.25),
+                    "specdec_verifier_encode_seconds": pytest.approx(0.125)}
+    assert mean_ms == {"specdec_drafter_forward_seconds": pytest.approx(500.0),
+                       "specdec_verifier_encode_seconds": pytest.approx(500.0)}
     assert loadtest._batch_rows_delta(before, after) == {}  # not a rows histogram
     assert loadtest._busy_delta(after, after, 4.0) == ({}, {})
 

@@ -31,7 +31,7 @@ from core.wire import sends_candidates, session_top_k
 from protos.specdec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from seq2seq_models.bundle import ModelBundle, load_bundle
 from serving.batching import BatchLimits, BatchScheduler, BatchStats, StepExecutor, one_by_one, with_batch_load
-from serving.model_service import ModelService, SessionLimits, close, make_model_info
+from serving.model_service import SECONDS_BUCKETS, ModelService, SessionLimits, close, make_model_info
 from serving.processors_wire import processors_from_wire
 from verifier_service.lanes import pick_lane
 from verifier_service.session import VerifierSession, make_verifier
@@ -124,6 +124,10 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         self.m_steps = r.counter("verifier_steps", "verify steps (several share a forward when batched)")
         self.m_scored = r.counter("verifier_scored_tokens", "tokens scored (append + draft)")
         self.m_queue_s = r.counter("verifier_queue_seconds", "time steps waited for the model worker")
+        # The worker's other busy time besides `forward_seconds`: the encoder runs queued at open
+        # (`_encode_soon`); a first step that comes sooner encodes inside its forward.
+        self.m_encode_s = r.histogram("verifier_encode_seconds", "duration of an encoder run of new sessions' "
+                                      "sources queued at open", SECONDS_BUCKETS)
         # Their ratio is the padding the forwards' attention pays for (placement, BENCHMARKS.md "Bulk decoding: notes").
         self.m_attended = r.counter("verifier_attended_positions", "key positions the forwards' attention ran over, "
                                     "every row's past and source padded to the forward's longest")
@@ -141,6 +145,7 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
             lane.encoder = BatchScheduler(
                 lane.executor, partial(_encode_batch, lane.verifier),
                 BatchLimits(max_rows=limits.max_batch_rows, max_tokens=ENCODE_TOKENS),
+                on_batch=lambda stats: self.m_encode_s.observe(stats.forward_s),
             )
         self.model_info = make_model_info(
             cfg,

@@ -155,6 +155,9 @@ def test_sessions_opened_while_the_worker_is_busy_are_encoded_in_one_run(bundle_
         after = scrape(server.host.metrics_port)
     assert after["specdec_verifier_encoder_runs_total"] - before["specdec_verifier_encoder_runs_total"] == 1
     assert after["specdec_verifier_encoded_sources_total"] - before["specdec_verifier_encoded_sources_total"] == 4
+    # The run is the worker's busy time as much as the forwards are: timed on its own histogram.
+    assert after["specdec_verifier_encode_seconds_count"] - before["specdec_verifier_encode_seconds_count"] == 1
+    assert after["specdec_verifier_encode_seconds_sum"] > before["specdec_verifier_encode_seconds_sum"]
     assert [[p.top1 for p in step.positions] for step in first] == [want["top1s"][0][:1] for want in alone]
 
 
