@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from evaluation.bench_report import machine_stamp, write_section
+from evaluation.bench_report import bench_parser, machine_stamp, write_section
 
 REPO = Path(__file__).resolve().parents[1]
 SECTION = "## int8 quantization forms (CPU)"
@@ -42,12 +42,10 @@ RUNS = {"IAD k=32, batch 32": ({"mode": "iad", "k": 32}, 32), "AR, batch 32": ({
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--bundle", default=str(REPO / "bundles" / "ua-gec"), help="the bundle (default: the shipped one)")
+    p = bench_parser(__doc__, REPO, data_dir=False)
     p.add_argument("--sentences", type=int, default=100, help="UA-GEC test sentences (default: 100)")
     p.add_argument("--calls", type=int, default=60, help="captured calls timed per graph (default: 60)")
     p.add_argument("--rounds", type=int, default=7, help="rounds, the forms alternating (default: 7)")
-    p.add_argument("--write", action="store_true", help="replace the section of BENCHMARKS.md")
     args = p.parse_args(argv)
     fp32_dir, captured = _captured(args)
     rows = [_graph_row(fp32_dir / file, name, run, feeds, args.rounds) for name, (file, run), feeds in captured]
@@ -62,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ])
     print(f"{SECTION}\n\n{body}")
     if args.write:
-        write_section(REPO / "BENCHMARKS.md", SECTION, body)
+        write_section(args.output, SECTION, body)
     return 0
 
 

@@ -15,9 +15,7 @@ tokens/s blur.
 
 from __future__ import annotations
 
-import argparse
 import re
-import socket
 import statistics
 import sys
 import tempfile
@@ -27,7 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from bench.bench_bulk import CLIENTS, MAX_NEW_TOKENS, _services_toml
-from evaluation.bench_report import machine_stamp, start_services, write_section
+from bench.bench_load import _free_port
+from evaluation.bench_report import bench_parser, machine_stamp, start_services, write_section
 from evaluation.loadtest import LoadSpec, run_load, ua_gec_texts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,11 +37,9 @@ COUNTERS = ("specdec_verifier_attended_positions_total", "specdec_verifier_held_
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--bundle", default=str(REPO / "bundles" / "ua-gec"), help="the bundle (default: the shipped one)")
+    p = bench_parser(__doc__, REPO, data_dir=False)
     p.add_argument("--sentences", type=int, default=200, help="UA-GEC test sentences, one request each (default: 200)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: 3)")
-    p.add_argument("--write", action="store_true", help="replace the section of BENCHMARKS.md")
     args = p.parse_args(argv)
     texts = ua_gec_texts(args.sentences, None)
     runs: dict[tuple[str, str], list[tuple[float, float]]] = {}
@@ -67,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ])
     print(f"{SECTION}\n\n{body}")
     if args.write:
-        write_section(REPO / "BENCHMARKS.md", SECTION, body)
+        write_section(args.output, SECTION, body)
     return 0
 
 
@@ -105,12 +102,6 @@ def _counters(port: int) -> dict[str, float]:
             raise RuntimeError(f"the verifier exports no {name}")
         values[name] = float(match.group(1))
     return values
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 if __name__ == "__main__":

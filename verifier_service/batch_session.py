@@ -337,19 +337,21 @@ class BatchVerifier(ModelVerifier, PoolOwner):
             return []
         one = getattr(self.engine, "forward_one", None)
         extra = () if processing is None else (processing,)  # engines without processors take none
-        held = sum(b.past_len + b.slot.src_len for b in blocks)
         if len(blocks) == 1 and one is not None and not (processing is not None and processing.any_logprob_space):
             # A lone row: the engine's unpadded path.
             block_k, block_v, topk_lp, topk_ids, target_lp = one(blocks[0], top_k, *extra)
             rows = [0]
-            attended = held
+            feeds = None
         else:
             feeds, rows = gather(blocks, self.pool)
             block_k, block_v, topk_lp, topk_ids, target_lp = self.engine.forward(feeds, top_k, *extra)
-            past, cross = feeds["past_k"], feeds["cross_k"]  # [L, B, H, hd, P] and [L, B, H, hd, S]
-            attended = int(past.shape[1]) * (int(past.shape[-1]) + int(cross.shape[-1]))
         if self.on_attend is not None:
-            self.on_attend(attended, held)
+            held = sum(b.past_len + b.slot.src_len for b in blocks)
+            if feeds is None:  # the unpadded path
+                self.on_attend(held, held)
+            else:
+                past, cross = feeds["past_k"], feeds["cross_k"]  # [L, B, H, hd, P] and [L, B, H, hd, S]
+                self.on_attend(int(past.shape[1]) * (int(past.shape[-1]) + int(cross.shape[-1])), held)
         scatter(blocks, rows, block_k, block_v)
         # As lists once per forward: per block, slicing and converting each cost more than the rest
         # of its result.

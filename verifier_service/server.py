@@ -67,8 +67,6 @@ class VerifierLimits(SessionLimits):
         super().__post_init__()
         if self.model_workers < 1:
             raise ValueError(f"[verifier] model_workers: must be at least 1; got {self.model_workers}")
-        if self.placement not in PLACEMENTS:
-            raise ValueError(f"[verifier] placement: must be one of {', '.join(PLACEMENTS)}; got {self.placement!r}")
 
 
 @dataclass
