@@ -1,4 +1,5 @@
-"""Model workers as threads of one process against processes of their own, in-process bulk AR.
+"""Model workers as threads of one process against processes of their own, in-process bulk AR, and
+what each engine gains from its second core.
 
     python bench/bench_lanes.py            # print the table
     python bench/bench_lanes.py --write    # also replace the "Model workers: threads and processes (CPU)" section
@@ -9,8 +10,13 @@ Two measurements, each in fresh child processes (the models loaded and warmed up
   worker, output tokens/s): one process with one model worker at batch B/2; one process with two
   (`Engine.bulk(workers=2)`, batch B); and two processes of one worker at batch B/2 each, each over
   half the sentences (every other one by length), started together: their output tokens over the
-  wall time until both are done, as a process per worker would decode the whole set. Rounds
-  interleave the three.
+  wall time until both are done, as a process per worker would decode the whole set. In the same
+  rounds, CTranslate2's `translate_batch` over all the sentences (int8, `max_batch_size` 64 of
+  batch_type tokens, its best cell in "Bulk decoding") with one translator of one thread (1x1) and
+  two (2x1): each engine's two cores against its one (specdec: two workers against one).
+* One model worker beside a memory-bound process (a copy of 256 MB arrays in a loop, on the other
+  core), against alone: specdec's one worker at batch B/2 and CTranslate2 at 1x1, in the same
+  rounds, to tell whether either engine's forwards lean harder on the memory the cores share.
 * One 32-row AR step forward of the int8 step graph (past and source 30 positions, its K/V read
   from copies of the inputs in turn, as a run meets them), milliseconds per call: in one process
   alone, then in two processes side by side (each its own copy of the inputs); and the same for
@@ -34,6 +40,8 @@ from evaluation.bench_report import machine_stamp, write_section
 REPO = Path(__file__).resolve().parents[1]
 SECTION = "## Model workers: threads and processes (CPU)"
 FORWARD_S = 5.0  # seconds each side-by-side measurement runs for
+CT2_BATCH = 64  # CTranslate2's max_batch_size, batch_type "tokens" (bench_bulk's CT2_TOKENS_PER_EXAMPLE each)
+HOG_FLOATS = 64 << 20  # the memory-bound process's arrays: 256 MB each, far past any cache
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,11 +52,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default: 5)")
     p.add_argument("--write", action="store_true", help="replace the section of BENCHMARKS.md")
     args = p.parse_args(argv)
-    bulk = _bulk(args)
+    bulk, cores, memory = _bulk(args)
     forwards = _forwards(args.bundle)
     lines = ["| workers | output tokens/s (median) | best |", "|---|---:|---:|"]
     for label, rates in bulk.items():
         lines.append(f"| {label} | {statistics.median(rates):.0f} | {max(rates):.0f} |")
+    lines += ["", "| engine | one core, tokens/s (median) | two cores | two / one |", "|---|---:|---:|---:|"]
+    for label, (one, two) in cores.items():
+        lines.append(f"| {label} | {statistics.median(one):.0f} | {statistics.median(two):.0f} | "
+                     f"{statistics.median(two) / statistics.median(one):.2f}x |")
+    lines += ["", "| one core | alone, tokens/s (median) | beside a memory-bound process | beside / alone |",
+              "|---|---:|---:|---:|"]
+    for label, (alone, beside) in memory.items():
+        lines.append(f"| {label} | {statistics.median(alone):.0f} | {statistics.median(beside):.0f} | "
+                     f"{statistics.median(beside) / statistics.median(alone):.2f}x |")
     lines += ["", "| forward | alone, ms | two processes side by side, ms | side by side / alone |",
               "|---|---:|---:|---:|"]
     for label, (alone, both) in forwards.items():
@@ -56,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     body = "\n".join([
         machine_stamp("int8 (specdec: ONNX Runtime), one intra-op thread per worker"), "",
         f"Bulk AR greedy, first {args.sentences} UA-GEC test sentences, {args.rounds} interleaved rounds; "
+        f"CTranslate2 int8 at max_batch_size {CT2_BATCH} tokens; one core beside a memory-bound process; "
         "one step forward alone and beside another process's (module docstring of `bench/bench_lanes.py`).", "",
         *lines,
     ])
@@ -65,26 +83,49 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _bulk(args: argparse.Namespace) -> dict[str, list[float]]:
+def _bulk(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[str, tuple[list[float], list[float]]],
+                                             dict[str, tuple[list[float], list[float]]]]:
+    """The bulk rounds: specdec's workers as threads and processes; each engine on one and two cores;
+    one core alone and beside the memory-bound process."""
     half = args.batch // 2
     one = _child("bulk", args.bundle, str(args.sentences), str(half), "1", "0/1")
     two = _child("bulk", args.bundle, str(args.sentences), str(args.batch), "2", "0/1")
     pair = [_child("bulk", args.bundle, str(args.sentences), str(half), "1", f"{i}/2") for i in range(2)]
+    ct2_one, ct2_two = (_child("ct2bulk", args.bundle, str(args.sentences), str(n)) for n in (1, 2))
     rates: dict[str, list[float]] = {
         f"1 process, 1 worker (batch {half})": [],
         f"1 process, 2 workers (batch {args.batch})": [],
         f"2 processes, 1 worker each (batch {half} each, half the sentences each)": [],
     }
     labels = list(rates)
+    ct2 = {1: [], 2: []}
+    beside: dict[str, list[float]] = {"specdec": [], "CTranslate2": []}
     try:
         for _ in range(args.rounds):
             for label, children in zip(labels, ([one], [two], pair), strict=True):
-                runs = _ask(children)  # each child's [started, ended, output tokens]
-                rates[label].append(sum(r[2] for r in runs) / (max(r[1] for r in runs) - min(r[0] for r in runs)))
+                rates[label].append(_rate(_ask(children)))
+            for n, child in ((1, ct2_one), (2, ct2_two)):
+                ct2[n].append(_rate(_ask([child])))
+            hog = subprocess.Popen([sys.executable, __file__, "--child", "hog"])
+            try:
+                beside["specdec"].append(_rate(_ask([one])))
+                beside["CTranslate2"].append(_rate(_ask([ct2_one])))
+            finally:
+                hog.kill()
+                hog.wait()
     finally:
-        for child in (one, two, *pair):
+        for child in (one, two, *pair, ct2_one, ct2_two):
             child.kill()
-    return rates
+    cores = {f"specdec (1 worker, batch {half}; 2 workers, batch {args.batch})": (rates[labels[0]], rates[labels[1]]),
+             "CTranslate2 (1x1 threads; 2x1)": (ct2[1], ct2[2])}
+    memory = {f"specdec, 1 worker (batch {half})": (rates[labels[0]], beside["specdec"]),
+              "CTranslate2, 1x1 threads": (ct2[1], beside["CTranslate2"])}
+    return rates, cores, memory
+
+
+def _rate(runs: list) -> float:
+    """Output tokens per second of children's runs (each [started, ended, output tokens]) taken together."""
+    return sum(r[2] for r in runs) / (max(r[1] for r in runs) - min(r[0] for r in runs))
 
 
 def _forwards(bundle: str) -> dict[str, tuple[float, float]]:
@@ -181,6 +222,40 @@ def _ct2_child(bundle: str, seconds: str) -> None:
                                                        max_decoding_length=40), float(seconds)))
 
 
+def _ct2_bulk_child(bundle: str, sentences: str, inter: str) -> None:
+    import time
+
+    import ctranslate2
+
+    from bench.bench_bulk import CT2_TOKENS_PER_EXAMPLE, MAX_NEW_TOKENS, ct2_inputs
+    from evaluation.loadtest import ua_gec_texts
+    from seq2seq_models.bundle import load_bundle
+
+    ct2_dir, _, tokens = ct2_inputs(load_bundle(bundle), ua_gec_texts(int(sentences), None))
+    translator = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type="int8", inter_threads=int(inter),
+                                        intra_threads=1)
+
+    def measure() -> list[float]:
+        started = time.time()
+        results = translator.translate_batch(tokens, max_batch_size=CT2_BATCH * CT2_TOKENS_PER_EXAMPLE,
+                                             batch_type="tokens", beam_size=1, max_decoding_length=MAX_NEW_TOKENS,
+                                             return_end_token=False)
+        return [started, time.time(), sum(len(r.hypotheses[0]) for r in results)]
+
+    measure()
+    _serve(measure)
+
+
+def _hog_child() -> None:
+    """Copies one large array into another until killed: memory traffic, on a core of its own."""
+    import numpy as np
+
+    source = np.ones(HOG_FLOATS, np.float32)
+    target = np.empty_like(source)
+    while True:
+        np.copyto(target, source)
+
+
 def _timed(call, seconds: float):
     """A measure: calls for `seconds`, milliseconds per call (after three unmeasured ones)."""
     import time
@@ -201,6 +276,7 @@ def _timed(call, seconds: float):
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         kind, *rest = sys.argv[2:]
-        {"bulk": _bulk_child, "step": _step_child, "ct2": _ct2_child}[kind](*rest)
+        {"bulk": _bulk_child, "step": _step_child, "ct2": _ct2_child, "ct2bulk": _ct2_bulk_child,
+         "hog": _hog_child}[kind](*rest)
     else:
         raise SystemExit(main())

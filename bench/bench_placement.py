@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from bench.bench_bulk import CLIENTS, MAX_NEW_TOKENS, _services_toml
 from bench.bench_load import _free_port
-from evaluation.bench_report import bench_parser, machine_stamp, start_services, write_section
+from evaluation.bench_report import bench_parser, machine_stamp, publish, start_services
 from evaluation.loadtest import LoadSpec, run_load, ua_gec_texts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,16 +56,9 @@ def main(argv: list[str] | None = None) -> int:
             rates, paddings = zip(*runs[(placement, mode)], strict=True)
             lines.append(f"| {mode} | {placement} | {statistics.median(rates):.0f} | {max(rates):.0f} | "
                          f"{statistics.median(paddings):.2f} |")
-    body = "\n".join([
-        machine_stamp("int8 (ONNX Runtime), 2 verifier model workers of one intra-op thread"), "",
-        f"`serve all --processes`, {CLIENTS} clients, {args.sentences} UA-GEC test sentences a run, "
-        f"{args.rounds} interleaved rounds (module docstring of `bench/bench_placement.py`).", "",
-        *lines,
-    ])
-    print(f"{SECTION}\n\n{body}")
-    if args.write:
-        write_section(args.output, SECTION, body)
-    return 0
+    return publish(args, SECTION, machine_stamp("int8 (ONNX Runtime), 2 verifier model workers of one intra-op thread"),
+                   f"`serve all --processes`, {CLIENTS} clients, {args.sentences} UA-GEC test sentences a run, "
+                   f"{args.rounds} interleaved rounds (module docstring of `bench/bench_placement.py`).", lines)
 
 
 def _stack_runs(bundle: str, placement: str, texts: list[str]) -> list[tuple[str, float, float]]:

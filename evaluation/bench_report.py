@@ -96,6 +96,17 @@ def median_seconds(fn, repeats: int, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
+def publish(args: argparse.Namespace, heading: str, stamp: str, intro: str, lines: list[str]) -> int:
+    """A benchmark's section (its machine stamp, a paragraph saying what was run, its table lines)
+    printed under `heading` and, with `--write`, put in place of that section of `args.output`;
+    returns 0, the script's exit status."""
+    body = "\n".join([stamp, "", intro, "", *lines])
+    print(f"{heading}\n\n{body}")
+    if args.write:
+        write_section(args.output, heading, body)
+    return 0
+
+
 def write_section(path: Path, heading: str, body: str) -> None:
     """Replace the section under `heading` (up to the next `## ` heading) or append it."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"

@@ -74,6 +74,9 @@ class Arrays(Protocol):
 class NumpyArrays:
     """`Arrays` of float32 numpy (ONNX Runtime's host arrays)."""
 
+    # numpy's zeros are pages the system maps on first touch: room a buffer never uses costs nothing.
+    lazy = True
+
     @staticmethod
     def zeros(shape: tuple[int, ...]) -> np.ndarray:
         return np.zeros(shape, np.float32)
@@ -101,10 +104,15 @@ class KVPool:
     COMPACT_FREE = 4
     # A forward over at least this share of the occupied rows feeds the pool's arrays as they are.
     DIRECT_SHARE = 0.75
+    # The most floats of room a buffer is made with beyond its layout (`_room`).
+    ROOM_FLOATS = 64 << 20
 
-    def __init__(self, arrays: Arrays, layers: int, heads: int, head_dim: int) -> None:
+    def __init__(self, arrays: Arrays, layers: int, heads: int, head_dim: int, max_positions: int = 0,
+                 max_sources: int = 0) -> None:
         self.arrays = arrays
         self.layers, self.heads, self.head_dim = layers, heads, head_dim
+        # The most positions a row's self-attention and its source hold (the model's limits; 0: unknown).
+        self.max_positions, self.max_sources = max_positions, max_sources
         self.slots: list[RowSlot | None] = []  # slots[i].index == i; None: free (never the last)
         self.row_capacity = 0
         self.positions = 0  # self-attention positions every slot has room for
@@ -266,7 +274,7 @@ class KVPool:
         key = f"gathered_{name}"
         buffer = self._spare.get(key)
         if buffer is None or int(buffer.shape[0]) < size:
-            buffer = self._spare[key] = self.arrays.zeros((size + size // 2,))
+            buffer = self._spare[key] = self.arrays.zeros((max(size + size // 2, self._room(name, self.row_capacity)),))
         out = buffer[:size].reshape(shape)
         keys = name in _KEYS
         for i, blk in enumerate(blocks):
@@ -276,6 +284,18 @@ class KVPool:
             else:
                 out[:, i, :, :n] = array[:, blk.slot.index, :, :n]
         return out
+
+    def _room(self, name: str, rows: int) -> int:
+        """The floats a new buffer of array `name` is made with for `rows` rows, at least: where zeros
+        cost nothing until touched (`Arrays.lazy`), room for the longest layout the model allows
+        (at most ROOM_FLOATS), so the re-layouts of rows growing a step at a time, and the gathers of
+        longer rows, reuse the pages they touched rather than touch new ones (memory touched for the
+        first time costs far more than a copy: BENCHMARKS.md, "Bulk decoding: notes"); elsewhere
+        (torch's zeros write them), none."""
+        if not getattr(self.arrays, "lazy", False):
+            return 0
+        width = _round_up(self.max_positions, self.POSITION_STEP) if name in ("k", "v") else self.max_sources
+        return min(self.layers * rows * self.heads * self.head_dim * width, self.ROOM_FLOATS)
 
     def _moved(self, name: str, rows: int, positions: int, held: int, n: int) -> Any:
         """Array `name` laid out anew as `rows` x `positions`, in the spare buffer (grown if it is too
@@ -292,7 +312,7 @@ class KVPool:
             peak = max(size, 0 if current is None else int(current.shape[0]))
             # Not touched now: numpy's zeros are pages the system maps on first touch, so the room to
             # grow costs nothing until a layout uses it (touching all of it up front cost more).
-            spare = self.arrays.zeros((peak + peak // 2,))
+            spare = self.arrays.zeros((max(peak + peak // 2, self._room(name, rows)),))
         new = spare[:size].reshape(shape)
         old = getattr(self, name)
         if old is not None and n:
@@ -320,7 +340,7 @@ class PoolOwner:
     def own_pool(self, arrays: Arrays, config: ModelConfig) -> None:
         """A pool of the model's decoder shape, empty, and its lock."""
         shape = config.decoder_shape
-        self.pool = KVPool(arrays, config.decoder_layers, shape.heads, shape.head_dim)
+        self.pool = KVPool(arrays, config.decoder_layers, shape.heads, shape.head_dim, config.max_len, config.max_len)
         self.lock = threading.RLock()
 
     def reserve_rows(self, rows: int) -> None:
@@ -332,7 +352,8 @@ class PoolOwner:
         """The same model (engine, graphs, weights) with a pool and lock of its own: a model worker
         of its own over one copy of the weights (`specdec decode --workers`, `[verifier] model_workers`)."""
         other = copy.copy(self)
-        other.pool = KVPool(self.pool.arrays, self.pool.layers, self.pool.heads, self.pool.head_dim)
+        pool = self.pool
+        other.pool = KVPool(pool.arrays, pool.layers, pool.heads, pool.head_dim, pool.max_positions, pool.max_sources)
         other.lock = threading.RLock()
         return other
 

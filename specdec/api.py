@@ -104,9 +104,13 @@ class Engine:
         requests are prepared with (`decoding.request.Policy`); `defaults`: decoding parameters a request
         takes when it sets none, over the bundle's own defaults (an imported checkpoint's generation
         settings), which are over DecodingConfig's. Many inputs decode `batch_size` at a time, their steps
-        in shared forwards, on `workers` model workers (`specdec.bulk`)."""
+        in shared forwards, on `workers` model workers (`specdec.bulk`); with more than one and no
+        `threads`, the models take each worker's share of the CPUs, as the workers run them."""
+        from core.threads import AUTO, worker_threads
         from specdec.local_engine import open_local_engine
 
+        if threads is None and workers > 1:  # the models as the bulk runs' workers take them (no second copy)
+            threads = worker_threads(AUTO, workers)
         engine = open_local_engine(resolve_bundle(bundle), backend or DEFAULT_BACKEND,
                                    precision or DEFAULT_PRECISION, device, threads, dtype, policy or Policy(),
                                    defaults or {})

@@ -71,7 +71,7 @@ def open_local_engine(
     # (an imported checkpoint's generate() settings).
     policy = replace(policy, defaults=layered_defaults(bundle_decoding_defaults(bundle_dir),
                                                        changed_fields(policy.defaults), defaults))
-    return LocalEngine(verifier, drafter, bundle.tokenizer, policy, bundle.path, make_models)
+    return LocalEngine(verifier, drafter, bundle.tokenizer, policy, bundle.path, make_models, model_threads=threads)
 
 
 class LocalEngine(Engine):
@@ -80,7 +80,7 @@ class LocalEngine(Engine):
 
     def __init__(
         self, verifier: Any, drafter: Any, tokenizer: Any, policy: Policy, bundle: Path | None = None,
-        make_models: Callable[[int | None], tuple[Any, Any]] | None = None,
+        make_models: Callable[[int | None], tuple[Any, Any]] | None = None, model_threads: int | None = None,
     ) -> None:
         self.verifier = verifier
         self.drafter = drafter
@@ -92,6 +92,9 @@ class LocalEngine(Engine):
         self.workers = 1
         # (intra-op threads) -> another (verifier, drafter) over the same bundle: a bulk run's lanes.
         self._make_models = make_models
+        # The intra-op threads `verifier` and `drafter` were opened with (None: the backend's choice):
+        # lanes of as many threads each are twins of them, not another copy of the models.
+        self.model_threads = model_threads
         self._lane_models: dict[tuple[int, int], list[tuple[Any, Any]]] = {}
         self._threads: ThreadPoolExecutor | None = None  # bulk runs' decode threads (`_decode_threads`)
         self._thread_count = 0  # its size
@@ -176,17 +179,22 @@ class LocalEngine(Engine):
             raise ValueError(f"workers must be at least 1; got {workers}")
         limits = BatchLimits(max_rows=BULK_ROWS_PER_INPUT * batch_size, max_tokens=BULK_TOKENS_PER_INPUT * batch_size,
                              wait_s=BULK_WAIT_S)
-        if workers == 1 and threads is None:
+        per_lane = threads or worker_threads(AUTO, workers)
+        if workers == 1 and threads in (None, self.model_threads):
             models = [(self.verifier, self.drafter)]
-        elif self._make_models is None:
-            raise ValueError("this engine cannot make more model workers (it was not opened by Engine.load)")
         else:
-            per_lane = threads or worker_threads(AUTO, workers)
             key = (workers, per_lane)
-            if key not in self._lane_models:  # made once per layout: opening ONNX sessions takes seconds
-                # One copy of the models, with each worker's own rows (`twin`): the workers'
-                # forwards run side by side over the same weights.
-                verifier, drafter = self._make_models(per_lane)
+            if key not in self._lane_models:
+                # One copy of the models, with each worker's own rows (`twin`): the workers' forwards
+                # run side by side over the same weights. The engine's own copy when its threads are
+                # the lanes' (opening ONNX sessions takes seconds, and a copy's memory), else one made
+                # once per layout.
+                if per_lane == self.model_threads:
+                    verifier, drafter = self.verifier, self.drafter
+                elif self._make_models is None:
+                    raise ValueError("this engine cannot make more model workers (it was not opened by Engine.load)")
+                else:
+                    verifier, drafter = self._make_models(per_lane)
                 self._lane_models[key] = [(_twin(verifier), _twin(drafter)) for _ in range(workers)]
             models = self._lane_models[key]
         lanes = []

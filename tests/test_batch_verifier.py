@@ -347,6 +347,40 @@ def test_a_batch_splits_by_block_length_only_where_the_padding_outweighs_a_forwa
     assert split_by_length([], 32) == [[]]
 
 
+def test_a_pool_given_the_model_s_limits_grows_within_the_buffers_it_made_first() -> None:
+    """With the model's longest row and source known, a pool of numpy arrays (whose zeros cost nothing
+    until touched) makes its buffers with room for them: rows growing a step at a time to the limit,
+    and a longer source, are re-laid out within the two buffers of each array made at the start, what
+    the rows hold intact. Arrays whose zeros are written as they are made get no room."""
+    import numpy as np
+
+    from seq2seq_models.row_cache import KVPool, NumpyArrays
+
+    pool = KVPool(NumpyArrays(), 2, 3, 4, max_positions=100, max_sources=40)
+    pool.reserve(8)
+    rows = [pool.acquire() for _ in range(8)]
+    for i, row in enumerate(rows):
+        _fill(row, 10, 6, float(i + 1))
+    pool.ensure(positions=pool.positions + 1)  # the second buffer of each array
+    buffers = {id(b) for b in [*pool._flat.values(), *pool._spare.values()]}
+    assert len(buffers) == 8  # two of each array
+    for positions in range(pool.positions + 1, 101, pool.POSITION_STEP):
+        pool.ensure(positions=positions)
+    pool.ensure(sources=40)
+    assert pool.positions >= 100 and pool.sources == 40
+    assert {id(b) for b in [*pool._flat.values(), *pool._spare.values()]} == buffers
+    assert all(_holds(row, 10, 6, float(i + 1)) for i, row in enumerate(rows))
+
+    class Written(NumpyArrays):
+        lazy = False
+
+    eager = KVPool(Written(), 2, 3, 4, max_positions=100, max_sources=40)
+    eager.reserve(8)
+    _fill(eager.acquire(), 10, 6, 1.0)
+    assert eager.nbytes < pool.nbytes and all(b.size < 8 * 2 * 3 * 4 * 100 for b in eager._flat.values())
+    assert isinstance(pool.k, np.ndarray)
+
+
 def _pool(layers: int = 2, heads: int = 3, head_dim: int = 4):
     from seq2seq_models.row_cache import KVPool, NumpyArrays
 

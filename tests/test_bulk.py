@@ -142,6 +142,27 @@ def test_the_pools_hold_no_rows_once_a_run_is_done(bundle_dir):
         assert first.engine is second.engine and first.pool is not second.pool
 
 
+def test_an_engine_loaded_for_two_workers_runs_them_on_its_own_models(bundle_dir):
+    """`Engine.load(workers=2)` opens the models with each worker's share of the CPUs, and a bulk run
+    of two workers runs twins of them (rows of their own, the same graphs): no second copy of the
+    models is opened, and the outputs are those of one row at a time."""
+    from core.threads import AUTO, worker_threads
+
+    with specdec.Engine.load(bundle_dir, workers=2) as engine:
+        assert engine.model_threads == worker_threads(AUTO, 2)
+        requests = [engine.request(i, "", _params("iad")) for i in _inputs(9, seed=5)]
+        together = [o.output_ids for _, o in engine.bulk(requests, 4, workers=2)]
+        (lanes,) = engine._lane_models.values()
+        assert len(lanes) == 2
+        for verifier, _ in lanes:
+            assert verifier.engine is engine.verifier.engine and verifier.pool is not engine.verifier.pool
+        assert together == [o.output_ids for _, o in engine.bulk(requests, 1)]
+    with specdec.Engine.load(bundle_dir) as engine:  # opened for one worker: two workers get a copy of their own
+        list(engine.bulk(requests, 4, workers=2))
+        (lanes,) = engine._lane_models.values()
+        assert all(verifier.engine is not engine.verifier.engine for verifier, _ in lanes)
+
+
 def test_cohorts_take_rows_only_once_their_lane_is_empty():
     """With cohorts a lane's next rows start together after its last row is done; continuously, a
     finished row's place is taken while the others run."""

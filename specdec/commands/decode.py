@@ -40,8 +40,8 @@ def register(sub) -> None:
                     help="lines decoding at once, their steps in shared forwards; 1: one at a time, each line "
                          "read once the one before it is done (latency measurements, interactive use)")
     io.add_argument("--workers", type=_positive, default=1,
-                    help="model workers of a batched run, each with its own copy of the models and its share of "
-                         "the lines (CTranslate2's inter_threads)")
+                    help="model workers of a batched run, each with its own rows over one copy of the models and "
+                         "its share of the lines (CTranslate2's inter_threads)")
     io.add_argument("--threads", type=_positive, default=None,
                     help="intra-op threads of each model worker (default: the usable CPUs shared out)")
     io.add_argument("--unordered", action="store_true",
@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     from specdec.api import Engine
 
     engine = Engine.load(args.bundle, backend=args.backend, precision=args.precision, device=args.device,
-                         dtype=args.dtype, policy=Policy(flags=True))
+                         dtype=args.dtype, policy=Policy(flags=True), threads=args.threads,
+                         workers=args.workers if args.batch_size > 1 else 1)
     overrides = {k: v for k, v in flags.decoding_overrides(args).items() if v is not None}
     engine.prepare_config(overrides)  # a bad flag is one error for the run, before any line is read
     with _open_input(args.input) as lines, _open_output(args.output) as out:
