@@ -340,3 +340,27 @@ def test_ctrl_c_writes_what_finished_and_exits_non_zero(bundle_dir, tmp_path):
     assert 0 < len(records) < lines
     assert all(r.get("output_ids") for r in records)
     assert len({r["line"] for r in records}) == len(records)
+
+
+def test_decode_workers_auto_takes_a_worker_per_cpu_with_onnx_runtime_on_a_cpu():
+    """`specdec decode --workers auto` (the default): one model worker per usable CPU (per --threads
+    CPUs) with ONNX Runtime on a CPU, each with at least ROWS_PER_WORKER of the batch's lines; one for
+    a batch of 1 or another backend. A value neither auto nor a whole number is refused saying so."""
+    import argparse
+
+    from core.threads import usable_cpus
+    from specdec.commands.decode import ROWS_PER_WORKER, _workers, auto_workers
+
+    def args(**changed) -> argparse.Namespace:
+        return argparse.Namespace(**{"batch_size": 32, "backend": None, "device": "cpu", "threads": None, **changed})
+
+    cpus = usable_cpus()
+    assert auto_workers(args()) == max(1, min(cpus, 32 // ROWS_PER_WORKER))
+    assert auto_workers(args(batch_size=10_000)) == cpus
+    assert auto_workers(args(batch_size=ROWS_PER_WORKER)) == 1
+    assert auto_workers(args(batch_size=1)) == 1
+    assert auto_workers(args(backend="torch")) == 1
+    assert auto_workers(args(batch_size=10_000, threads=cpus)) == 1
+    assert _workers("auto") == "auto" and _workers("3") == 3
+    with pytest.raises(argparse.ArgumentTypeError, match=r"got 'two' \(or auto\)"):
+        _workers("two")

@@ -22,6 +22,10 @@ from specdec.progress import Progress, progress
 
 # Lines decoding at once by default: enough rows to fill a CPU forward (BENCHMARKS.md, "Bulk decoding").
 DEFAULT_BATCH_SIZE = 32
+# `--workers auto` on a CPU: a worker per usable CPU (two one-thread workers beat one of two threads in
+# every mode of BENCHMARKS.md, "Bulk decoding"), each keeping at least this many of the batch's lines,
+# since a forward of few rows pays its fixed cost for little.
+ROWS_PER_WORKER = 16
 
 
 def register(sub) -> None:
@@ -39,9 +43,11 @@ def register(sub) -> None:
     io.add_argument("--batch-size", type=_positive, default=DEFAULT_BATCH_SIZE,
                     help="lines decoding at once, their steps in shared forwards; 1: one at a time, each line "
                          "read once the one before it is done (latency measurements, interactive use)")
-    io.add_argument("--workers", type=_positive, default=1,
+    io.add_argument("--workers", type=_workers, default="auto",
                     help="model workers of a batched run, each with its own rows over one copy of the models and "
-                         "its share of the lines (CTranslate2's inter_threads)")
+                         "its share of the lines (CTranslate2's inter_threads); default auto: on a CPU with "
+                         f"ONNX Runtime, one per usable CPU (per --threads CPUs), each with at least "
+                         f"{ROWS_PER_WORKER} of the batch's lines; else one")
     io.add_argument("--threads", type=_positive, default=None,
                     help="intra-op threads of each model worker (default: the usable CPUs shared out)")
     io.add_argument("--unordered", action="store_true",
@@ -58,9 +64,10 @@ def run(args: argparse.Namespace) -> int:
     from decoding.request import Policy
     from specdec.api import Engine
 
+    workers = auto_workers(args) if args.workers == "auto" else args.workers
     engine = Engine.load(args.bundle, backend=args.backend, precision=args.precision, device=args.device,
                          dtype=args.dtype, policy=Policy(flags=True), threads=args.threads,
-                         workers=args.workers if args.batch_size > 1 else 1)
+                         workers=workers if args.batch_size > 1 else 1)
     overrides = {k: v for k, v in flags.decoding_overrides(args).items() if v is not None}
     engine.prepare_config(overrides)  # a bad flag is one error for the run, before any line is read
     with _open_input(args.input) as lines, _open_output(args.output) as out:
@@ -69,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
                     for number, line in enumerate(lines, start=1))
         shown = args.progress if args.progress is not None else sys.stderr.isatty()
         writer = _Writer(out, args.unordered, progress(total) if shown else None)
-        run = engine.bulk(requests, args.batch_size, ordered=not args.unordered, workers=args.workers,
+        run = engine.bulk(requests, args.batch_size, ordered=not args.unordered, workers=workers,
                           threads=args.threads)
         try:
             for index, outcome in run:
@@ -145,6 +152,29 @@ def _open_output(path: str | None) -> contextlib.AbstractContextManager[TextIO]:
 def _count_lines(path: str) -> int:
     with open(path, "rb") as f:
         return sum(1 for _ in f)
+
+
+def auto_workers(args: argparse.Namespace) -> int:
+    """`--workers auto` (see its help): the model workers of a batched run on this machine."""
+    from core.backends import DEFAULT_BACKEND
+    from core.threads import usable_cpus
+    from seq2seq_models.ort_runner import resolve_device
+
+    if args.batch_size == 1 or (args.backend or DEFAULT_BACKEND) != "onnxruntime":
+        return 1
+    if resolve_device(args.device, onnx=True) != "cpu":
+        return 1
+    cpus = usable_cpus() // (args.threads or 1)
+    return max(1, min(cpus, args.batch_size // ROWS_PER_WORKER))
+
+
+def _workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return _positive(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (or auto)") from None
 
 
 def _positive(text: str) -> int:
