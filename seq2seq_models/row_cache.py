@@ -65,7 +65,10 @@ def per_layer(feeds: dict[str, Any]) -> dict[str, Any]:
 
 
 class Arrays(Protocol):
-    """How a backend makes arrays: zeros of its dtype and device."""
+    """How a backend makes arrays: zeros of its dtype and device. `lazy`: whether those zeros cost no
+    memory until touched (room a buffer never uses is then free: `KVPool._room`)."""
+
+    lazy: bool
 
     def zeros(self, shape: tuple[int, ...]) -> Any: ...
 
@@ -126,6 +129,10 @@ class KVPool:
         # BENCHMARKS.md, "Bulk decoding: notes"), so buffers are reused and only grow.
         self._flat: dict[str, Any] = {}
         self._spare: dict[str, Any] = {}
+
+    def empty_like(self) -> KVPool:
+        """An empty pool of the same arrays, shape and limits (a twin's)."""
+        return KVPool(self.arrays, self.layers, self.heads, self.head_dim, self.max_positions, self.max_sources)
 
     @property
     def n(self) -> int:
@@ -292,7 +299,7 @@ class KVPool:
         longer rows, reuse the pages they touched rather than touch new ones (memory touched for the
         first time costs far more than a copy: BENCHMARKS.md, "Bulk decoding: notes"); elsewhere
         (torch's zeros write them), none."""
-        if not getattr(self.arrays, "lazy", False):
+        if not self.arrays.lazy:
             return 0
         width = _round_up(self.max_positions, self.POSITION_STEP) if name in ("k", "v") else self.max_sources
         return min(self.layers * rows * self.heads * self.head_dim * width, self.ROOM_FLOATS)
@@ -352,8 +359,7 @@ class PoolOwner:
         """The same model (engine, graphs, weights) with a pool and lock of its own: a model worker
         of its own over one copy of the weights (`specdec decode --workers`, `[verifier] model_workers`)."""
         other = copy.copy(self)
-        pool = self.pool
-        other.pool = KVPool(pool.arrays, pool.layers, pool.heads, pool.head_dim, pool.max_positions, pool.max_sources)
+        other.pool = self.pool.empty_like()
         other.lock = threading.RLock()
         return other
 

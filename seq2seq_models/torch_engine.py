@@ -34,6 +34,9 @@ class TorchBatchEngine:
         """"cpu" or "cuda:N": where the model runs."""
         return str(self._device)
 
+    # torch's zeros are written as they are made (and a GPU's are real memory): no room beyond a layout.
+    lazy = False
+
     def zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.zeros(shape, dtype=self._dtype, device=self._device)
 

@@ -46,7 +46,7 @@ def register(sub) -> None:
     io.add_argument("--workers", type=_workers, default="auto",
                     help="model workers of a batched run, each with its own rows over one copy of the models and "
                          "its share of the lines (CTranslate2's inter_threads); default auto: on a CPU with "
-                         f"ONNX Runtime, one per usable CPU (per --threads CPUs), each with at least "
+                         "ONNX Runtime, one per usable CPU (per --threads CPUs), each with at least "
                          f"{ROWS_PER_WORKER} of the batch's lines; else one")
     io.add_argument("--threads", type=_positive, default=None,
                     help="intra-op threads of each model worker (default: the usable CPUs shared out)")
