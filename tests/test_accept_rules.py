@@ -58,12 +58,17 @@ def test_copy_drafter_uses_the_longest_unique_suffix_match():
     assert copier.propose([], room=20).ids == [5, 6, 7, 5, 6, 8, 9, eos]
     # "5 6" occurs twice; "7 5 6" once: copy what follows it.
     assert copier.propose([7, 5, 6], room=20).ids == [8, 9, eos]
-    # "6" is ambiguous and so is "5 6": no unique match, no draft.
-    assert copier.propose([1, 5, 6], room=20).ids == []
+    # "6" and "5 6" are ambiguous: the occurrence nearest where the output would be had it copied
+    # since its last unique match (BOS, three tokens back: position 4) is taken, the first "5 6".
+    assert copier.propose([1, 5, 6], room=20).ids == [7, 5, 6, 8, 9, eos]
+    assert copier.propose([5, 6, 7, 5, 6], room=20).ids == [8, 9, eos]
     # Unique single token.
     assert copier.propose([4, 8], room=20).ids == [9, eos]
     # The cap and the room bound the draft.
     assert CopyDrafter(source, bos, eos, cap=2).propose([], room=20).ids == [5, 6]
     assert copier.propose([], room=3).ids == [5, 6, 7]
-    # Never seen in the source.
-    assert copier.propose([4], room=20).ids == []
+    # A token the source lacks: copying goes on past the source token it replaced.
+    assert copier.propose([4], room=20).ids == [6, 7, 5, 6, 8, 9, eos]
+    assert copier.propose([5, 6, 7, 4], room=20).ids == [6, 8, 9, eos]
+    # No unique match within MAX_BACK tokens: no draft.
+    assert copier.propose([4] * 10, room=20).ids == []
