@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from core.interfaces import Draft
 
 MAX_NGRAM = 3
@@ -41,24 +43,25 @@ class CopyDrafter:
     def _after_unique(self, output: list[int], end: int) -> int | None:
         """Where the source goes on after the longest suffix of BOS + output[:end] that it holds
         exactly once (None: no suffix does)."""
-        context = [self.bos_id, *output[max(0, end - MAX_NGRAM) : end]]
-        for n in range(min(MAX_NGRAM, len(context)), 0, -1):
-            starts = self.occurrences.get(tuple(context[-n:]))
-            if starts is not None and len(starts) == 1:
-                return starts[0] + n
-        return None
+        return next((starts[0] + n for n, starts in self._suffixes(output, end) if len(starts) == 1), None)
 
     def _realigned(self, output: list[int]) -> int | None:
         """Where to copy from when no suffix of the output matches uniquely (see the class docstring)."""
         expected = self._expected(output)
         if expected is None:
             return None
-        context = [self.bos_id, *output[-MAX_NGRAM:]]
+        for n, starts in self._suffixes(output, len(output)):  # the longest held (several: none is unique)
+            return min((start + n for start in starts), key=lambda end: (abs(end - expected), end))
+        return expected
+
+    def _suffixes(self, output: list[int], end: int) -> Iterator[tuple[int, list[int]]]:
+        """(n, where it starts) for each suffix of BOS + output[:end] of n <= MAX_NGRAM tokens that the
+        sequence holds, longest first."""
+        context = [self.bos_id, *output[max(0, end - MAX_NGRAM) : end]]
         for n in range(min(MAX_NGRAM, len(context)), 0, -1):
             starts = self.occurrences.get(tuple(context[-n:]))
-            if starts:  # several (a unique one was taken before): the one ending nearest
-                return min((start + n for start in starts), key=lambda end: (abs(end - expected), end))
-        return min(expected, len(self.seq))
+            if starts is not None:
+                yield n, starts
 
     def _expected(self, output: list[int]) -> int | None:
         """Where the output would be in the sequence had it copied since its last unique match at most
