@@ -17,6 +17,17 @@ intra-op thread, median of interleaved calls:
 * each cell in bursts of calls back to back, the cells' bursts interleaved;
 * P: the positions a row holds, and the capacity a pool rounds them up to (its padding is read like
   the rest).
+
+A second table asks whether ONNX Runtime's CPU kernels can attend over each row's own length: the
+whole one-query attention (scores, scale, mask, softmax, values) as the exported graphs run it over
+the pool's capacity for every row, against the contrib op GroupQueryAttention (keys not transposed,
+as it takes them; its past K/V bound in place as its present through I/O binding, so the past is
+never copied), given
+* each row's own length (`seqlens_k`): it attends over that many positions only;
+* every row the whole capacity, the positions a row does not hold masked by an `attention_bias` of
+  -inf (the new token's K/V written into the capacity's last position, which a pool would keep free).
+Rows all of one length, and rows of every length from 1 to the capacity (a service's rows, of every
+age); cold buffers as above, each call through a binding made once per buffer.
 """
 
 from __future__ import annotations
@@ -45,21 +56,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=32, help="rows of the batch (default: 32)")
     p.add_argument("--positions", type=int, nargs="+", default=[33, 48, 64], help="P values (default: 33 48 64)")
+    p.add_argument("--capacities", type=int, nargs="+", default=[32, 48, 64],
+                   help="pool capacities of the second table (default: 32 48 64)")
     p.add_argument("--calls", type=int, default=200, help="timed calls per cell (default: 200)")
     p.add_argument("--write", action="store_true", help="replace the section of BENCHMARKS.md")
     args = p.parse_args(argv)
     sessions = _sessions()
     cells = {positions: _cells(sessions, args.rows, positions) for positions in args.positions}
-    times: dict[tuple[int, str], list[float]] = {(p, name): [] for p, named in cells.items() for name in named}
-    calls = 0
-    while calls < args.calls:  # bursts of every cell of every P in turn: a noisy neighbour hits all alike
-        for p, named in cells.items():
-            for name, fn in named.items():
-                for i in range(calls, calls + BURST):
-                    started = time.perf_counter()
-                    fn(i)
-                    times[p, name].append(time.perf_counter() - started)
-        calls += BURST
+    times = _interleaved(cells, args.calls)
+    ragged = {case: _ragged_cells(args.rows, *case) for case in _length_cases(args.capacities)}
+    ragged_times = _interleaved(ragged, args.calls)
     rows = []
     for p in args.positions:
         us = {name: statistics.median(times[p, name]) * 1e6 for name in cells[p]}
@@ -73,11 +79,175 @@ def main(argv: list[str] | None = None) -> int:
         "scores MatMul + Mul cold | values MatMul hot | cold |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
+        "",
+        "Whole one-query attention, cold, microseconds per call (median); GQA: GroupQueryAttention:",
+        "",
+        "| capacity | rows' lengths | mean length | graph, over the capacity | GQA, each row's length | "
+        "GQA, the capacity masked | GQA masked / graph |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+        *(_ragged_row(case, ragged_times) for case in ragged),
     ])
     print(f"{SECTION}\n\n{body}")
     if args.write:
         write_section(REPO / "BENCHMARKS.md", SECTION, body)
     return 0
+
+
+def _interleaved(cells: dict, calls_per_cell: int) -> dict[tuple, list[float]]:
+    """Seconds of each call of every cell (`cells`: key -> name -> fn(call number)), in bursts of
+    every cell in turn: a noisy neighbour hits all alike."""
+    times: dict[tuple, list[float]] = {(key, name): [] for key, named in cells.items() for name in named}
+    calls = 0
+    while calls < calls_per_cell:
+        for key, named in cells.items():
+            for name, fn in named.items():
+                for i in range(calls, calls + BURST):
+                    started = time.perf_counter()
+                    fn(i)
+                    times[key, name].append(time.perf_counter() - started)
+        calls += BURST
+    return times
+
+
+def _length_cases(capacities: list[int]) -> list[tuple[int, int | None]]:
+    """The second table's (capacity, every row's length, the new position included; None: each row
+    its own, spread over 1..capacity - 1, the last position being the masked variant's scratch)."""
+    return [case for c in capacities for case in ((c, c - 1), (c, c // 2), (c, None))]
+
+
+def _ragged_row(case: tuple[int, int | None], times: dict[tuple, list[float]]) -> str:
+    graph, own, masked = (statistics.median(times[case, name]) * 1e6 for name in ("graph", "gqa own", "gqa masked"))
+    capacity, length = case
+    label = f"all {length}" if length is not None else f"1 to {capacity - 1}, uniform"
+    mean = float(_row_lengths(ROWS_OF_TABLE, capacity, length).mean())
+    return f"| {capacity} | {label} | {mean:.1f} | {graph:.0f} | {own:.0f} | {masked:.0f} | {masked / graph:.2f}x |"
+
+
+ROWS_OF_TABLE = 32  # the rows whose lengths the uniform case draws (main's --rows)
+
+
+def _row_lengths(rows: int, capacity: int, length: int | None) -> np.ndarray:
+    """Each row's positions, the new one included."""
+    if length is not None:
+        return np.full(rows, length, np.int64)
+    return np.random.default_rng(1).integers(1, capacity, rows)
+
+
+def _ragged_cells(rows: int, capacity: int, length: int | None) -> dict[str, Callable[[int], object]]:
+    """The second table's three calls for one case, each cycling through cold buffers through I/O
+    bindings made once per buffer (every buffer run once already)."""
+    graph, gqa_own, gqa_masked = _attention_sessions(capacity)
+    rng = np.random.default_rng(0)
+    held = _row_lengths(rows, capacity, length)
+    count = max(2, COLD_BYTES // (rows * HEADS * HEAD_DIM * capacity * 4 * 2))
+    q = rng.standard_normal((rows, HEADS, 1, HEAD_DIM), dtype=np.float32)
+    visible = np.arange(capacity)[None, None, None, :] < held[:, None, None, None]
+    # The masked variant attends over the held positions but the new one, and the last (the new one's K/V).
+    scratch = np.arange(capacity)[None, None, None, :] == capacity - 1
+    bias = np.where((np.arange(capacity)[None, None, None, :] < held[:, None, None, None] - 1) | scratch,
+                    0.0, -np.inf).astype(np.float32)
+    new = q.reshape(rows, 1, HEADS * HEAD_DIM)
+    feeds = {
+        "gqa own": {"seqlens_k": (held - 1).astype(np.int32), "total": np.array(int(held.max()), np.int32)},
+        "gqa masked": {"seqlens_k": np.full(rows, capacity - 1, np.int32), "total": np.array(capacity, np.int32),
+                       "bias": bias},
+    }
+    bound: dict[str, list] = {"graph": [], "gqa own": [], "gqa masked": []}
+    for _ in range(count):
+        keys = rng.standard_normal((rows, HEADS, HEAD_DIM, capacity), dtype=np.float32)
+        values = rng.standard_normal((rows, HEADS, capacity, HEAD_DIM), dtype=np.float32)
+        bound["graph"].append(_bound(graph, {"q": q, "k": keys, "v": values, "visible": visible}))
+        for name, session in (("gqa own", gqa_own), ("gqa masked", gqa_masked)):
+            past = {"past_k": np.ascontiguousarray(np.swapaxes(keys, 2, 3)), "past_v": values.copy()}
+            bound[name].append(_bound(session, {"q": new, "k": new, "v": new, **feeds[name]}, in_place=past))
+    _check_masked(graph, gqa_masked, q, bias, capacity)
+    offsets = {"graph": 0, "gqa own": count // 3, "gqa masked": 2 * count // 3}
+    cells: dict[str, Callable[[int], object]] = {
+        name: (lambda i, name=name: bound[name][(i + offsets[name]) % count]()) for name in bound
+    }
+    for i in range(count):
+        for fn in cells.values():
+            fn(i)
+    return cells
+
+
+def _check_masked(graph: object, gqa_masked: object, q: np.ndarray, bias: np.ndarray, capacity: int) -> None:
+    """Raise unless the masked GroupQueryAttention computes the graph's attention: the same keys and
+    values, the new token's K/V (here its query) in the last position, the same positions visible."""
+    rng = np.random.default_rng(2)
+    rows = q.shape[0]
+    keys = rng.standard_normal((rows, HEADS, HEAD_DIM, capacity), dtype=np.float32)
+    values = rng.standard_normal((rows, HEADS, capacity, HEAD_DIM), dtype=np.float32)
+    new = q.reshape(rows, 1, HEADS * HEAD_DIM)
+    past = {"past_k": np.ascontiguousarray(np.swapaxes(keys, 2, 3)), "past_v": values.copy()}
+    got = gqa_masked.run(None, {"q": new, "k": new, "v": new, **past, "bias": bias,  # type: ignore[attr-defined]
+                                "seqlens_k": np.full(rows, capacity - 1, np.int32),
+                                "total": np.array(capacity, np.int32)})[0]
+    keys[..., capacity - 1], values[:, :, capacity - 1] = q[:, :, 0], q[:, :, 0]
+    want = graph.run(None, {"q": q, "k": keys, "v": values, "visible": bias == 0})[0]  # type: ignore[attr-defined]
+    gap = float(np.abs(want[:, :, 0] - got.reshape(rows, HEADS, HEAD_DIM)).max())
+    if gap > 1e-4:
+        raise AssertionError(f"GroupQueryAttention (masked) differs from the graph's attention by {gap}")
+
+
+def _bound(session: object, inputs: dict[str, np.ndarray], in_place: dict[str, np.ndarray] | None = None
+           ) -> Callable[[], object]:
+    """A call of `session` through an I/O binding of `inputs`; `in_place`: past buffers bound as
+    their present outputs too (present_k for past_k, present_v for past_v)."""
+    import onnxruntime as ort
+
+    binding = session.io_binding()
+    for name, array in inputs.items():
+        binding.bind_cpu_input(name, array)
+    binding.bind_output("o")
+    kept = []
+    for name, array in (in_place or {}).items():
+        value = ort.OrtValue.ortvalue_from_numpy(array)
+        kept.append(value)
+        binding.bind_ortvalue_input(name, value)
+        binding.bind_ortvalue_output(name.replace("past", "present"), value)
+    return lambda: (session.run_with_iobinding(binding), kept)
+
+
+def _attention_sessions(capacity: int) -> tuple[object, object, object]:
+    """The graphs' one-query attention (scores, scale, mask, softmax, values over the capacity),
+    GroupQueryAttention's without a bias and with one, as ONNX Runtime sessions of one thread."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    def value(name: str, shape: list | None, kind: int = TensorProto.FLOAT) -> object:
+        return helper.make_tensor_value_info(name, kind, shape)
+
+    scale = helper.make_tensor("scale", TensorProto.FLOAT, [], [HEAD_DIM ** -0.5])
+    masked = helper.make_tensor("masked", TensorProto.FLOAT, [], [float("-inf")])
+    attention = helper.make_graph(
+        [helper.make_node("MatMul", ["q", "k"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["u"]),
+         helper.make_node("Where", ["visible", "u", "masked"], ["w"]),
+         helper.make_node("Softmax", ["w"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["o"])],
+        "attention",
+        [value("q", ["B", HEADS, 1, HEAD_DIM]), value("k", ["B", HEADS, HEAD_DIM, capacity]),
+         value("v", ["B", HEADS, capacity, HEAD_DIM]), value("visible", ["B", 1, 1, capacity], TensorProto.BOOL)],
+        [value("o", None)], initializer=[scale, masked])
+    width = HEADS * HEAD_DIM
+    gqa_inputs = [value("q", ["B", 1, width]), value("k", ["B", 1, width]), value("v", ["B", 1, width]),
+                  value("past_k", ["B", HEADS, capacity, HEAD_DIM]), value("past_v", ["B", HEADS, capacity, HEAD_DIM]),
+                  value("seqlens_k", ["B"], TensorProto.INT32), value("total", [], TensorProto.INT32)]
+    outputs = [value("o", None), value("present_k", None), value("present_v", None)]
+
+    def gqa(bias: bool) -> object:
+        names = ["q", "k", "v", "past_k", "past_v", "seqlens_k", "total", *(["", "", "", "bias"] if bias else [])]
+        node = helper.make_node("GroupQueryAttention", names, ["o", "present_k", "present_v"],
+                                domain="com.microsoft", num_heads=HEADS, kv_num_heads=HEADS)
+        extra = [value("bias", ["B", 1, 1, capacity])] if bias else []
+        return helper.make_graph([node], "gqa", gqa_inputs + extra, outputs)
+
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    graphs = (attention, gqa(False), gqa(True))
+    return tuple(ort.InferenceSession(helper.make_model(g, opset_imports=opsets).SerializeToString(), opts,
+                                      providers=["CPUExecutionProvider"]) for g in graphs)
 
 
 def _cells(sessions: dict[str, Callable], rows: int, positions: int) -> dict[str, Callable[[int], object]]:
