@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         "| capacity | rows' lengths | mean length | graph, over the capacity | GQA, each row's length | "
         "GQA, the capacity masked | GQA masked / graph |",
         "|---:|---|---:|---:|---:|---:|---:|",
-        *(_ragged_row(case, ragged_times) for case in ragged),
+        *(_ragged_row(args.rows, case, ragged_times) for case in ragged),
     ])
     print(f"{SECTION}\n\n{body}")
     if args.write:
@@ -115,15 +115,12 @@ def _length_cases(capacities: list[int]) -> list[tuple[int, int | None]]:
     return [case for c in capacities for case in ((c, c - 1), (c, c // 2), (c, None))]
 
 
-def _ragged_row(case: tuple[int, int | None], times: dict[tuple, list[float]]) -> str:
+def _ragged_row(rows: int, case: tuple[int, int | None], times: dict[tuple, list[float]]) -> str:
     graph, own, masked = (statistics.median(times[case, name]) * 1e6 for name in ("graph", "gqa own", "gqa masked"))
     capacity, length = case
     label = f"all {length}" if length is not None else f"1 to {capacity - 1}, uniform"
-    mean = float(_row_lengths(ROWS_OF_TABLE, capacity, length).mean())
+    mean = float(_row_lengths(rows, capacity, length).mean())
     return f"| {capacity} | {label} | {mean:.1f} | {graph:.0f} | {own:.0f} | {masked:.0f} | {masked / graph:.2f}x |"
-
-
-ROWS_OF_TABLE = 32  # the rows whose lengths the uniform case draws (main's --rows)
 
 
 def _row_lengths(rows: int, capacity: int, length: int | None) -> np.ndarray:
@@ -160,7 +157,7 @@ def _ragged_cells(rows: int, capacity: int, length: int | None) -> dict[str, Cal
         for name, session in (("gqa own", gqa_own), ("gqa masked", gqa_masked)):
             past = {"past_k": np.ascontiguousarray(np.swapaxes(keys, 2, 3)), "past_v": values.copy()}
             bound[name].append(_bound(session, {"q": new, "k": new, "v": new, **feeds[name]}, in_place=past))
-    _check_masked(graph, gqa_masked, q, bias, capacity)
+    _check_masked(graph, gqa_masked, q, feeds["gqa masked"], capacity)
     offsets = {"graph": 0, "gqa own": count // 3, "gqa masked": 2 * count // 3}
     cells: dict[str, Callable[[int], object]] = {
         name: (lambda i, name=name: bound[name][(i + offsets[name]) % count]()) for name in bound
@@ -171,20 +168,20 @@ def _ragged_cells(rows: int, capacity: int, length: int | None) -> dict[str, Cal
     return cells
 
 
-def _check_masked(graph: object, gqa_masked: object, q: np.ndarray, bias: np.ndarray, capacity: int) -> None:
-    """Raise unless the masked GroupQueryAttention computes the graph's attention: the same keys and
-    values, the new token's K/V (here its query) in the last position, the same positions visible."""
+def _check_masked(graph: object, gqa_masked: object, q: np.ndarray, feeds: dict[str, np.ndarray], capacity: int
+                  ) -> None:
+    """Raise unless the masked GroupQueryAttention (its lengths and bias `feeds`) computes the graph's
+    attention: the same keys and values, the new token's K/V (here its query) in the last position,
+    the same positions visible."""
     rng = np.random.default_rng(2)
     rows = q.shape[0]
     keys = rng.standard_normal((rows, HEADS, HEAD_DIM, capacity), dtype=np.float32)
     values = rng.standard_normal((rows, HEADS, capacity, HEAD_DIM), dtype=np.float32)
     new = q.reshape(rows, 1, HEADS * HEAD_DIM)
     past = {"past_k": np.ascontiguousarray(np.swapaxes(keys, 2, 3)), "past_v": values.copy()}
-    got = gqa_masked.run(None, {"q": new, "k": new, "v": new, **past, "bias": bias,  # type: ignore[attr-defined]
-                                "seqlens_k": np.full(rows, capacity - 1, np.int32),
-                                "total": np.array(capacity, np.int32)})[0]
+    got = gqa_masked.run(None, {"q": new, "k": new, "v": new, **past, **feeds})[0]  # type: ignore[attr-defined]
     keys[..., capacity - 1], values[:, :, capacity - 1] = q[:, :, 0], q[:, :, 0]
-    want = graph.run(None, {"q": q, "k": keys, "v": values, "visible": bias == 0})[0]  # type: ignore[attr-defined]
+    want = graph.run(None, {"q": q, "k": keys, "v": values, "visible": feeds["bias"] == 0})[0]  # type: ignore[attr-defined]
     gap = float(np.abs(want[:, :, 0] - got.reshape(rows, HEADS, HEAD_DIM)).max())
     if gap > 1e-4:
         raise AssertionError(f"GroupQueryAttention (masked) differs from the graph's attention by {gap}")
