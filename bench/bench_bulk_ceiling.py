@@ -16,15 +16,17 @@ rows), and "one position a token" scales the decoder's time to one verified posi
 token (a drafter that is never wrong, with the same cost per position): IAD's forwards can go no
 faster without cheaper forwards. CTranslate2 runs the same sentences with `translate_batch` at one
 thread (1x1) and two (2x1; int8, max_batch_size 64 examples' worth of tokens, its best cell in "Bulk
-decoding"), and specdec at two model workers of one thread, each engine's rows interleaved in
-`--rounds` rounds; medians.
+decoding"), and specdec at two model workers of one thread at its best batch; besides, AR and IAD at
+32 rows over two workers admitted as others finish (continuous admission: the rows the services hold
+at 32 clients, coming as theirs do). Every row is interleaved with the others in `--rounds` rounds;
+medians.
 
 With `--services`: `specdec serve all --processes` (two verifier model workers of one thread) at 32
 closed-loop clients of `evaluation.loadtest` in this process, AR and IAD k=32: the CPU seconds of each
 process over the measured run (/proc: the load generator, the gateway, the verifier, the drafter),
 and "all CPU to the verifier": the rate times the host's CPU seconds over the verifier's, the most the
 stack reaches if the load generator and the gateway cost nothing, against the in-process rate of
-two workers.
+two workers at their best batch and at the services' shape.
 """
 
 from __future__ import annotations
@@ -99,6 +101,8 @@ class Forwards:
 @dataclass
 class Row:
     label: str
+    setting: str = ""
+    services_shape: bool = False  # 32 rows over two workers, admitted as they come: the services' own
     rates: list[float] = field(default_factory=list)  # output tokens/s, one per round
     forwards: list[tuple[int, Forwards]] = field(default_factory=list)  # (output tokens, forwards) per round
 
@@ -165,10 +169,11 @@ def in_process(args: Any, texts: list[str]) -> tuple[list[Row], list[Row]]:
     requests = {label: [engine.request(x, "", {**params, "max_new_tokens": MAX_NEW_TOKENS}) for x in texts]
                 for label, params in MODES}
 
-    def specdec_run(label: str, batch: int, workers: int, threads: int | None) -> Callable[[], tuple[int, float]]:
+    def specdec_run(label: str, batch: int, workers: int, threads: int | None,
+                    cohorts: bool = True) -> Callable[[], tuple[int, float]]:
         def run() -> tuple[int, float]:
             started = time.perf_counter()
-            outputs = engine.generate_each(requests[label], batch_size=batch, workers=workers, threads=threads)
+            outputs = engine.bulk(requests[label], batch, workers=workers, threads=threads, cohorts=cohorts)
             tokens = sum(len(o.output_ids) for _, o in outputs)
             return tokens, time.perf_counter() - started
         return run
@@ -189,7 +194,10 @@ def in_process(args: Any, texts: list[str]) -> tuple[list[Row], list[Row]]:
     one = [Cell(Row("CTranslate2, 1x1 threads"), ct2_run(1))]
     one += [Cell(Row(label), specdec_run(label, 32, 1, 1), timed=True) for label, _ in MODES]
     two = [Cell(Row("CTranslate2, 2x1 threads"), ct2_run(2))]
-    two += [Cell(Row(label), specdec_run(label, TWO_WORKER_BATCH[label], 2, 1)) for label, _ in MODES]
+    two += [Cell(Row(label, f"batch {TWO_WORKER_BATCH[label]}, 2 model workers"),
+                 specdec_run(label, TWO_WORKER_BATCH[label], 2, 1)) for label, _ in MODES]
+    two += [Cell(Row(label, f"batch {CLIENTS}, 2 model workers, rows admitted as others finish", True),
+                 specdec_run(label, CLIENTS, 2, 1, cohorts=False)) for label, _ in MODES[:2]]
     for cell in one + two:  # warm: models opened, pools grown, first calls made
         cell.run()
     for r in range(args.rounds):
@@ -246,7 +254,7 @@ def two_core_table(rows: list[Row]) -> list[str]:
     lines = ["| two cores | setting | output tokens/s | vs CTranslate2 2x1 |", "|---|---|---:|---:|",
              f"| {rows[0].label} | int8, max_batch_size 64 examples' tokens | {ct2:.0f} | 1.00x |"]
     for row in rows[1:]:
-        lines.append(f"| specdec {row.label} | batch {TWO_WORKER_BATCH[row.label]}, 2 model workers | "
+        lines.append(f"| specdec {row.label} | {row.setting} | "
                      f"{row.rate():.0f} | {row.rate() / ct2:.2f}x |")
     return lines
 
@@ -265,13 +273,14 @@ def services_table(args: Any, texts: list[str], two: list[Row]) -> list[str]:
     config.write_text(_services_toml("int8"))
     proc, address = start_services(Path(args.bundle), "onnxruntime", extra_args=(
         "--config", str(config), "--processes", "--verifier-model-workers", "2"))
-    lines = ["| services, 32 clients | output tokens/s | vs in-process, 2 workers | load generator | gateway | "
-             "verifier | drafter | all CPU to the verifier, tokens/s | vs in-process |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| services, 32 clients | output tokens/s | vs in-process best | vs in-process at the services' shape | "
+             "load generator | gateway | verifier | drafter | all CPU to the verifier, tokens/s | vs in-process best |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     try:
         processes = _service_processes(proc.pid)
         for label, params in MODES[:2]:
-            in_process = next(row for row in two if row.label == label).rate()
+            in_process = next(row for row in two if row.label == label and not row.services_shape).rate()
+            same_shape = next(row for row in two if row.label == label and row.services_shape).rate()
             spec = LoadSpec(address=address, inputs=texts, overrides={**params, "max_new_tokens": MAX_NEW_TOKENS},
                             concurrency=CLIENTS, requests=len(texts), timeout=600.0)
             runs = []
@@ -287,7 +296,8 @@ def services_table(args: Any, texts: list[str], two: list[Row]) -> list[str]:
             rate = statistics.median(r for r, _ in runs)
             shares = {name: statistics.median(s[name] / sum(s.values()) for _, s in runs) for name in runs[0][1]}
             ceiling = statistics.median(r * sum(s.values()) / s["verifier"] for r, s in runs)
-            lines.append(f"| {label} | {rate:.0f} | {rate / in_process:.2f}x | {shares['load generator']:.0%} | "
+            lines.append(f"| {label} | {rate:.0f} | {rate / in_process:.2f}x | {rate / same_shape:.2f}x | "
+                         f"{shares['load generator']:.0%} | "
                          f"{shares['gateway']:.0%} | {shares['verifier']:.0%} | {shares['drafter']:.0%} | "
                          f"{ceiling:.0f} | {ceiling / in_process:.2f}x |")
     finally:
