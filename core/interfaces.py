@@ -32,6 +32,8 @@ class VerifyResult:
     batch_rows: int = 1
     batch_tokens: int = 0
     forward_s: float = 0.0
+    # A copy-drafted greedy run's forwards (`CopyRunSession.step_copy`): (drafted, accepted) each.
+    blocks: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,17 @@ class GreedySession(VerifierSession, Protocol):
     first_greedy_runs: tuple[int, ...]
 
     def step_greedy(self, committed_len: int, append_ids: list[int], steps: int, top_k: int) -> VerifyResult: ...
+
+
+@runtime_checkable
+class CopyRunSession(GreedySession, Protocol):
+    """A greedy session that runs IAD where the model is (`VerifyStep.copy_draft`, `core.copy_draft`).
+
+    `step_copy(committed_len, append_ids, steps, top_k, k)` is `step_greedy` whose forwards each
+    verify a draft of at most `k` tokens copied from the source: the same tokens, one position per
+    greedy token, in fewer forwards (`VerifyResult.blocks`: what each one drafted and kept)."""
+
+    def step_copy(self, committed_len: int, append_ids: list[int], steps: int, top_k: int, k: int) -> VerifyResult: ...
 
 
 @runtime_checkable

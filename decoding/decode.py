@@ -12,7 +12,16 @@ import numpy as np
 
 from core.checks import check_ids, check_source_ids
 from core.errors import SpecdecError, StatusCode, out_of_range
-from core.interfaces import Drafter, DrafterSession, Verifier, draft_limit, greedy_run_limit, open_session
+from core.interfaces import (
+    CopyRunSession,
+    Drafter,
+    DrafterSession,
+    Verifier,
+    VerifierSession,
+    draft_limit,
+    greedy_run_limit,
+    open_session,
+)
 from core.logits_processors import Processors
 from decoding.config import DecodingConfig
 from decoding.modes import MODES, PolicyInputs
@@ -115,9 +124,9 @@ def _decode(
                 sync = DrafterSync(drafter_session, spec.realign, spec.lookahead, max_block)
         propose, accept = spec.build(PolicyInputs(config, source_ids, verifier, sync, rng, load))
         top_k = spec.top_k(config, verifier.vocab_size)
-        if spec.greedy and greedy_run_limit(session) > 1:
+        if greedy_run_limit(session) > 1 and (spec.greedy or _copy_runs(spec, config, session)):
             out = greedy_loop(session, top_k, config.max_new_tokens, verifier.eos_id, stats, on_tokens, prefix,
-                              logprobs)
+                              logprobs, copy_k=0 if spec.greedy else config.k)
             return DecodeResult(out, stats, token_logprobs=logprobs)
         options = LoopOptions(
             top_k, config.max_new_tokens, verifier.eos_id, on_tokens=on_tokens, prefix=prefix, overlap=overlap,
@@ -137,6 +146,16 @@ def _decode(
 # them down (BENCHMARKS.md, "Overlapped drafting and pre-verify: notes"), so it runs only while no
 # more than this many requests decode on the verifier, and the loop asks again every iteration.
 AHEAD_MAX_IN_FLIGHT = 1
+
+
+def _copy_runs(spec: ModeSpec, config: DecodingConfig, session: VerifierSession) -> bool:
+    """Whether IAD runs on the verifier's side, a run per round trip (`CopyRunSession`): a mode of
+    source copies, of a fixed block (adaptive speculation picks each block from the load it sees
+    per iteration), on a session that can, for a whole output. A streaming request's session (its
+    first runs short, for its first tokens) keeps the loop: its pieces are the loop's blocks, each
+    told apart as drafted or the verifier's own."""
+    return (spec.copy_runs and not config.adaptive and isinstance(session, CopyRunSession)
+            and not session.first_greedy_runs)
 
 
 def _alone(load: LoadModel) -> bool:

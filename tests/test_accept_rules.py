@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
+from core.copy_draft import CopyDrafter
 from core.interfaces import VerifyResult
 from decoding.policies.accept import accept_exact, accept_gad_plus_plus, accept_mjsd
-from decoding.policies.iad import CopyDrafter
 
 
 def _result(top1, topk_ids, topk_logprobs, draft_logprobs):

@@ -23,6 +23,7 @@ from typing import Any
 
 from core.backends import DEFAULT_PRECISION, backend_label
 from core.checks import check_draft_len, check_ids, check_length, check_wire_top_k
+from core.copy_draft import CopyDrafter, CopyRun, check_copy_draft
 from core.errors import invalid, out_of_range, out_of_step
 from core.greedy import check_greedy_steps, greedy_next
 from core.interfaces import BeamRow, StepCall, VerifyResult
@@ -267,6 +268,8 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
     async def _step(self, session: VerifierSession, step: verifier_pb2.VerifyStep) -> verifier_pb2.VerifyResponse:
         call = self._checked_call(session, step)
         candidates = sends_candidates(step.top_k)
+        if step.copy_draft:
+            return await self._copy_run(session, call, step.greedy_steps, step.copy_draft, candidates)
         if step.greedy_steps > 1:
             return await self._greedy(session, call, step.greedy_steps, candidates)
         result = await self._scheduler(session).submit(session, call)
@@ -316,11 +319,43 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
             )
         )
 
+    async def _copy_run(
+        self, session: VerifierSession, call: StepCall, steps: int, k: int, candidates: bool
+    ) -> verifier_pb2.VerifyResponse:
+        """`copy_draft`: a greedy run whose forwards verify copy drafts (IAD, `core.copy_draft.CopyRun`),
+        run on the model worker like `greedy_steps`' steps, answered once: a position per greedy token."""
+        eos, bos = self.model_info.eos_id, self.model_info.bos_id
+        # What the session holds as final before the run (a committed_len past its tokens fails the
+        # first step, FAILED_PRECONDITION, as any step's does).
+        output = [*session.tokens[: call.committed_len], *call.append_ids]
+        run = CopyRun(CopyDrafter(session.source.ids, bos, eos, k), output, steps, eos, self.max_output_len)
+
+        def then(done: StepCall, result: VerifyResult, steps_run: int) -> StepCall | None:
+            return run.next(done, result)
+
+        results = await self._scheduler(session).submit(session, run.first(call), then)
+        self.m_steps.inc(len(results))
+        drafted = sum(d for d, _ in run.blocks)
+        self.m_scored.inc(len(call.append_ids) + len(results) + drafted - 1)
+        self.m_draft_tokens.inc(drafted)
+        last = results[-1]
+        return verifier_pb2.VerifyResponse(
+            step=verifier_pb2.VerifyStepResult(
+                committed_len=call.committed_len + len(call.append_ids) + len(run.tokens) - 1,
+                positions=[_position(r, i, candidates, False) for r, n in run.positions for i in range(n)],
+                batch_rows=last.batch_rows,
+                batch_tokens=last.batch_tokens,
+                forward_ms=last.forward_s * 1000.0,
+                blocks=[verifier_pb2.CopyBlock(drafted=d, accepted=a) for d, a in run.blocks],
+            )
+        )
+
     def _checked_call(self, session: VerifierSession, step: verifier_pb2.VerifyStep) -> StepCall:
         """The step as the scheduler takes it, after the checks of what the client controls."""
         vocab = self.model_info.vocab_size
         if step.rows:
             check_greedy_steps(step.greedy_steps, StepCall(rows=[]))
+            check_copy_draft(step.copy_draft, step.greedy_steps, self.limits.max_draft_len)
             return StepCall(top_k=session_top_k(step.top_k), rows=self._checked_rows(session, step))
         # Lengths before per-id work: a 16 MiB message holds millions of ids.
         check_draft_len(len(step.draft_ids), self.limits.max_draft_len)
@@ -331,6 +366,7 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         check_ids(draft, vocab, "draft_ids")
         call = StepCall(step.committed_len, append, draft, session_top_k(step.top_k))
         check_greedy_steps(step.greedy_steps, call)
+        check_copy_draft(step.copy_draft, step.greedy_steps, self.limits.max_draft_len)
         return call
 
     def _checked_rows(self, session: VerifierSession, step: verifier_pb2.VerifyStep) -> list[BeamRow]:

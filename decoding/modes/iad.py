@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from core.copy_draft import CopyDrafter
 from core.interfaces import Draft
 from decoding.config import Mode
 from decoding.modes.mode_spec import DrafterMethod, ModeSpec, PolicyInputs
 from decoding.policies.accept import exact
 from decoding.policies.adaptive import maybe_adaptive
-from decoding.policies.iad import CopyDrafter
 from decoding.policies.loop import Accept, Propose
 
 
@@ -22,6 +22,6 @@ def build(inputs: PolicyInputs) -> tuple[Propose, Accept]:
 
 
 SPEC = ModeSpec(
-    Mode.IAD, wire="MODE_IAD", lossless=True, drafter=DrafterMethod.NONE, build=build,
+    Mode.IAD, wire="MODE_IAD", lossless=True, drafter=DrafterMethod.NONE, build=build, copy_runs=True,
     params=frozenset({"k", "adaptive"}),
 )

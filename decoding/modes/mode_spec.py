@@ -98,6 +98,9 @@ class ModeSpec:
     # Every step is a plain AR step (an empty draft, exact accept): a verifier session that runs
     # several per call (core.interfaces.GreedySession) may take them a run at a time.
     greedy: bool = False
+    # Its drafts are copies of the source (IAD): a verifier session that runs copy-drafted greedy
+    # runs itself (core.interfaces.CopyRunSession) may take a request of fixed k a run at a time.
+    copy_runs: bool = False
     # The DecodingConfig fields the mode reads besides those of every mode (COMMON_PARAMS) and
     # overlap / preverify (which follow from the fields above): a request that sets another is refused.
     params: frozenset[str] = frozenset()

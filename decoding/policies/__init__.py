@@ -1,2 +1,3 @@
 """The pieces the modes are built from, written once against `core.interfaces`: the draft-verify
-loop and its stats, the accept rules, IAD's copy drafter, beam search, the drafter delta sync."""
+loop and its stats, the accept rules, beam search, the drafter delta sync (IAD's copy drafter is
+`core.copy_draft`: the verifier service runs it too)."""

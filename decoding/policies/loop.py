@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from core.interfaces import Draft, GreedySession, VerifierSession, VerifyResult, greedy_run_limit
+from core.interfaces import CopyRunSession, Draft, GreedySession, VerifierSession, VerifyResult, greedy_run_limit
 
 # propose(output so far, most tokens worth drafting) -> Draft
 Propose = Callable[[list[int], int], Draft]
@@ -288,16 +288,24 @@ def draft_verify_loop(
 
 
 def run_plain_steps(
-    session: GreedySession, out: list[int], sync: PrefixSync, steps: int, top_k: int, stats: DecodeStats
+    session: GreedySession, out: list[int], sync: PrefixSync, steps: int, top_k: int, stats: DecodeStats,
+    copy_k: int = 0,
 ) -> VerifyResult:
-    """One verifier call for up to `steps` plain AR steps after `out` (`GreedySession.step_greedy`):
-    its result, one position per step run, with `sync` and the stats' step counts brought up to date."""
+    """One verifier call for up to `steps` plain AR steps after `out` (`GreedySession.step_greedy`), or
+    with `copy_k` for a run of copy-drafted forwards giving the same tokens (`CopyRunSession.step_copy`):
+    its result, one position per greedy token, with `sync` and the stats' step counts brought up to
+    date (a forward each: what it drafted and kept)."""
     committed, append = sync.delta(out)
-    result = session.step_greedy(committed, append, steps, top_k)
+    if copy_k and steps > 1:  # a run of one step has nothing to draft for
+        assert isinstance(session, CopyRunSession)
+        result = session.step_copy(committed, append, steps, top_k, copy_k)
+    else:
+        result = session.step_greedy(committed, append, steps, top_k)
     sync.seen = out + result.top1[:-1]  # the verifier appended all the run's tokens but the last
-    for _ in result.top1:
+    # A verifier that predates copy drafts answers a plain run: a forward per token, none drafted.
+    for drafted, accepted in result.blocks or [(0, 0)] * len(result.top1):
         stats.iterations += 1
-        stats.record_accepts(0, 0)
+        stats.record_accepts(drafted, accepted)
     return result
 
 

@@ -129,7 +129,8 @@ def greedy_runs(
 
 class RemoteVerifierSession:
     """One Verify stream: single-row steps (`step`), runs of AR steps in one round trip
-    (`step_greedy`, `core.interfaces.GreedySession`) and multi-row beam steps (`step_rows`,
+    (`step_greedy`, `core.interfaces.GreedySession`), IAD's copy-drafted runs (`step_copy`,
+    `core.interfaces.CopyRunSession`) and multi-row beam steps (`step_rows`,
     `core.interfaces.MultiRowSession`). Every result carries the forward's load figures
     (`batch_rows`, `batch_tokens`, `forward_s`) as the verifier reports them (0: not reported,
     an older verifier)."""
@@ -157,21 +158,16 @@ class RemoteVerifierSession:
         step = verifier_pb2.VerifyStep(
             committed_len=committed_len, append_ids=append_ids, top_k=top_k, greedy_steps=steps
         )
-        res = self._exchange(step)
-        positions = res.positions
-        if not 1 <= len(positions) <= max(steps, 1):
-            # A peer's fault: e.g. a verifier that does not know greedy_steps answers one position
-            # (accepted: a run of one), but never none or more than asked.
-            raise RemoteCallError(
-                "verifier", grpc.StatusCode.INTERNAL, f"answered {len(positions)} positions to {steps} greedy steps"
-            )
-        return VerifyResult(
-            top1=[p.top1 for p in positions],
-            topk_ids=[list(p.topk_ids) for p in positions],
-            topk_logprobs=[list(p.topk_logprobs) for p in positions],
-            draft_logprobs=[],
-            **_load(res),
+        return _greedy_result(self._exchange(step), steps)
+
+    def step_copy(self, committed_len: int, append_ids: list[int], steps: int, top_k: int, k: int) -> VerifyResult:
+        """`core.interfaces.CopyRunSession.step_copy`: the verifier's greedy run with copy drafts of at
+        most `k` tokens (`VerifyStep.copy_draft`): one round trip for what IAD's loop takes an
+        iteration each."""
+        step = verifier_pb2.VerifyStep(
+            committed_len=committed_len, append_ids=append_ids, top_k=top_k, greedy_steps=steps, copy_draft=k
         )
+        return _greedy_result(self._exchange(step), steps)
 
     def step_rows(self, rows: list[BeamRow], top_k: int) -> list[VerifyResult]:
         wire_rows = [
@@ -197,6 +193,25 @@ class RemoteVerifierSession:
 
     def _exchange(self, step: verifier_pb2.VerifyStep) -> verifier_pb2.VerifyStepResult:
         return self._stream.exchange(verifier_pb2.VerifyRequest(step=step)).step
+
+
+def _greedy_result(res: verifier_pb2.VerifyStepResult, steps: int) -> VerifyResult:
+    """A greedy run's answer (one position per greedy token; a copy run's blocks too), checked."""
+    positions = res.positions
+    if not 1 <= len(positions) <= max(steps, 1):
+        # A peer's fault: e.g. a verifier that does not know greedy_steps answers one position
+        # (accepted: a run of one), but never none or more than asked.
+        raise RemoteCallError(
+            "verifier", grpc.StatusCode.INTERNAL, f"answered {len(positions)} positions to {steps} greedy steps"
+        )
+    return VerifyResult(
+        top1=[p.top1 for p in positions],
+        topk_ids=[list(p.topk_ids) for p in positions],
+        topk_logprobs=[list(p.topk_logprobs) for p in positions],
+        draft_logprobs=[],
+        blocks=[(b.drafted, b.accepted) for b in res.blocks],
+        **_load(res),
+    )
 
 
 def _load(res: verifier_pb2.VerifyStepResult) -> dict:
