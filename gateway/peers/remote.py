@@ -112,7 +112,7 @@ class RemoteVerifier(ServedVerifier):
         first = verifier_pb2.VerifyRequest(open=opening)
         stream = _open_stream("verifier", self._channel, self._method, self.options, None, first)
         runs = greedy_runs(self.options, self.greedy_chunk, self.stream_greedy_chunk, self.max_target_len)
-        return RemoteVerifierSession(stream, *runs)
+        return RemoteVerifierSession(stream, *runs, max_draft_len=self.info.max_draft_len)
 
 
 def greedy_runs(
@@ -135,10 +135,14 @@ class RemoteVerifierSession:
     (`batch_rows`, `batch_tokens`, `forward_s`) as the verifier reports them (0: not reported,
     an older verifier)."""
 
-    def __init__(self, stream: _Stream | AioStream, greedy_chunk: int = 1, first_runs: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self, stream: _Stream | AioStream, greedy_chunk: int = 1, first_runs: tuple[int, ...] = (),
+        max_draft_len: int = 0,
+    ) -> None:
         self._stream = stream
         self.max_greedy_steps = greedy_chunk
         self.first_greedy_runs = first_runs
+        self.max_draft_len = max_draft_len  # the verifier's (ModelInfo; 0: unknown)
 
     def step(self, committed_len: int, append_ids: list[int], draft_ids: list[int], top_k: int) -> VerifyResult:
         step = verifier_pb2.VerifyStep(
@@ -164,6 +168,8 @@ class RemoteVerifierSession:
         """`core.interfaces.CopyRunSession.step_copy`: the verifier's greedy run with copy drafts of at
         most `k` tokens (`VerifyStep.copy_draft`): one round trip for what IAD's loop takes an
         iteration each."""
+        if self.max_draft_len:
+            k = min(k, self.max_draft_len)  # a block the verifier takes: a request's k may be larger
         step = verifier_pb2.VerifyStep(
             committed_len=committed_len, append_ids=append_ids, top_k=top_k, greedy_steps=steps, copy_draft=k
         )

@@ -117,3 +117,15 @@ def test_gateway_iad_runs_on_the_verifier_and_equals_ar(gateway, monkeypatch, so
     stream = gateway.GenerateStream(gateway_pb2.GenerateRequest(input_ids=source, config=config))
     assert [t for m in stream for t in m.output_ids] == list(ar.output_ids)
     assert len(calls) == 1
+
+
+def test_a_k_past_the_verifiers_draft_limit_runs_at_the_limit(remote):
+    """A request's k may exceed the verifier's max_draft_len (the gateway's limits are its own): the
+    run's blocks are the verifier's longest, where the verifier would refuse the larger copy_draft."""
+    limit = remote.info.max_draft_len
+    session = remote.open(SOURCES[3])
+    try:
+        result = session.step_copy(0, [], 12, 0, limit + 10)
+        assert result.blocks and all(drafted <= limit for drafted, _ in result.blocks)
+    finally:
+        session.close()
