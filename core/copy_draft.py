@@ -105,12 +105,16 @@ class CopyRun:
     def __init__(self, drafter: CopyDrafter, output: list[int], steps: int, eos_id: int, max_output_len: int) -> None:
         self.drafter = drafter
         self.output = list(output)  # the session's final tokens: before the run, then its tokens
+        self.start = len(output)
         self.steps = steps
         self.eos_id = eos_id
         self.max_output_len = max_output_len
-        self.tokens: list[int] = []
         self.positions: list[tuple[VerifyResult, int]] = []  # (a forward's result, positions of it kept)
         self.blocks: list[tuple[int, int]] = []  # each forward's tokens drafted, and those kept
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.output[self.start :]
 
     def first(self, call: StepCall) -> StepCall:
         committed = call.committed_len + len(call.append_ids)
@@ -119,20 +123,23 @@ class CopyRun:
     def next(self, call: StepCall, result: VerifyResult) -> StepCall | None:
         draft = call.draft_ids
         accepted = next((i for i, (d, v) in enumerate(zip(draft, result.top1, strict=False)) if d != v), len(draft))
-        new = result.top1[: accepted + 1][: self.steps - len(self.tokens)]
+        new = result.top1[: accepted + 1][: self.steps - self._done()]
         if self.eos_id in new:
             new = new[: new.index(self.eos_id) + 1]
-        self.tokens += new
         self.output += new
         self.positions.append((result, len(new)))
         self.blocks.append((len(draft), min(accepted, len(new))))
         committed = call.committed_len + len(call.append_ids) + len(new) - 1  # the last not appended yet
-        if len(self.tokens) >= self.steps or new[-1] == self.eos_id or committed + 1 > self.max_output_len:
+        if self._done() >= self.steps or new[-1] == self.eos_id or committed + 1 > self.max_output_len:
             return None
         return StepCall(committed, [new[-1]], self._draft(committed + 1), call.top_k)
+
+    def _done(self) -> int:
+        """The run's tokens so far."""
+        return len(self.output) - self.start
 
     def _draft(self, held: int) -> list[int]:
         """A copy draft after the output, within the session's room after `held` final tokens and
         no longer than the run's tokens left need (a forward gives one token past its draft)."""
-        room = min(self.max_output_len - held, self.steps - len(self.tokens) - 1)
+        room = min(self.max_output_len - held, self.steps - self._done() - 1)
         return self.drafter.propose(self.output, room).ids if room > 0 else []

@@ -308,16 +308,7 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         results = await self._scheduler(session).submit(session, call, then)
         self.m_steps.inc(len(results))
         self.m_scored.inc(len(call.append_ids) + len(results) - 1)
-        last = results[-1]  # the load figures: the run's last forward
-        return verifier_pb2.VerifyResponse(
-            step=verifier_pb2.VerifyStepResult(
-                committed_len=call.committed_len + len(call.append_ids) + len(results) - 1,
-                positions=[_position(r, 0, candidates, False) for r in results],  # one position per step
-                batch_rows=last.batch_rows,
-                batch_tokens=last.batch_tokens,
-                forward_ms=last.forward_s * 1000.0,
-            )
-        )
+        return _run_answer(call, [_position(r, 0, candidates, False) for r in results], results[-1])
 
     async def _copy_run(
         self, session: VerifierSession, call: StepCall, steps: int, k: int, candidates: bool
@@ -338,17 +329,9 @@ class VerifierServer(ModelService, verifier_pb2_grpc.VerifierServiceServicer):
         drafted = sum(d for d, _ in run.blocks)
         self.m_scored.inc(len(call.append_ids) + len(results) + drafted - 1)
         self.m_draft_tokens.inc(drafted)
-        last = results[-1]
-        return verifier_pb2.VerifyResponse(
-            step=verifier_pb2.VerifyStepResult(
-                committed_len=call.committed_len + len(call.append_ids) + len(run.tokens) - 1,
-                positions=[_position(r, i, candidates, False) for r, n in run.positions for i in range(n)],
-                batch_rows=last.batch_rows,
-                batch_tokens=last.batch_tokens,
-                forward_ms=last.forward_s * 1000.0,
-                blocks=[verifier_pb2.CopyBlock(drafted=d, accepted=a) for d, a in run.blocks],
-            )
-        )
+        positions = [_position(r, i, candidates, False) for r, n in run.positions for i in range(n)]
+        return _run_answer(call, positions, results[-1],
+                           [verifier_pb2.CopyBlock(drafted=d, accepted=a) for d, a in run.blocks])
 
     def _checked_call(self, session: VerifierSession, step: verifier_pb2.VerifyStep) -> StepCall:
         """The step as the scheduler takes it, after the checks of what the client controls."""
@@ -422,6 +405,24 @@ def _step_one(session: VerifierSession, call: StepCall):
     if call.rows is None:
         return session.step(call.committed_len, call.append_ids, call.draft_ids, call.top_k)
     return session.step_rows(call.rows, call.top_k)
+
+
+def _run_answer(
+    call: StepCall, positions: list[verifier_pb2.Position], last: VerifyResult,
+    blocks: list[verifier_pb2.CopyBlock] | None = None,
+) -> verifier_pb2.VerifyResponse:
+    """A run's answer (`greedy_steps`, `copy_draft`): a position per greedy token, all but the last
+    appended in the session; the load figures of the run's last forward."""
+    return verifier_pb2.VerifyResponse(
+        step=verifier_pb2.VerifyStepResult(
+            committed_len=call.committed_len + len(call.append_ids) + len(positions) - 1,
+            positions=positions,
+            batch_rows=last.batch_rows,
+            batch_tokens=last.batch_tokens,
+            forward_ms=last.forward_s * 1000.0,
+            blocks=blocks or [],
+        )
+    )
 
 
 def _position(result: VerifyResult, i: int, candidates: bool, drafted: bool) -> verifier_pb2.Position:

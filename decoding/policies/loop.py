@@ -11,7 +11,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 from core.interfaces import CopyRunSession, Draft, GreedySession, VerifierSession, VerifyResult, greedy_run_limit
 
@@ -297,8 +297,8 @@ def run_plain_steps(
     date (a forward each: what it drafted and kept)."""
     committed, append = sync.delta(out)
     if copy_k and steps > 1:  # a run of one step has nothing to draft for
-        assert isinstance(session, CopyRunSession)
-        result = session.step_copy(committed, append, steps, top_k, copy_k)
+        # The caller picked copy runs for a CopyRunSession (`decoding.decode`): no protocol check per run.
+        result = cast(CopyRunSession, session).step_copy(committed, append, steps, top_k, copy_k)
     else:
         result = session.step_greedy(committed, append, steps, top_k)
     sync.seen = out + result.top1[:-1]  # the verifier appended all the run's tokens but the last

@@ -153,3 +153,11 @@ def scrape(port: int) -> dict[str, float]:
             name, _, value = line.rpartition(" ")
             samples[name] = float(value)
     return samples
+
+
+def verify_stream(channel, source: list[int], *steps: verifier_pb2.VerifyStep):
+    """A raw Verify stream on `channel`: `open` of `source`, then `steps`; its responses (30 s deadline)."""
+    stub = verifier_pb2_grpc.VerifierServiceStub(channel)
+    requests = [verifier_pb2.VerifyRequest(open=verifier_pb2.VerifyOpen(source_ids=source))]
+    requests += [verifier_pb2.VerifyRequest(step=s) for s in steps]
+    return stub.Verify(iter(requests), timeout=30)

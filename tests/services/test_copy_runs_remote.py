@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.peers.remote import RemoteVerifier, RemoteVerifierSession, fetch_verifier_info
-from protos.specdec.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
+from protos.specdec.v1 import gateway_pb2, verifier_pb2
+from tests.services.conftest import verify_stream
 
 # The second and third copy parts of themselves, so that the tiny model meets its source again.
 SOURCES = [[7, 8, 9, 10, 11], [12, 13, 12, 13, 14, 15, 16], [20], [30, 31, 32, 30, 31, 32, 30, 31]]
@@ -46,18 +47,11 @@ def test_copy_runs_over_grpc_equal_greedy_runs(remote, source, runs, k, top_k):
         greedy_session.close()
 
 
-def _stream(channel, *steps: verifier_pb2.VerifyStep):
-    stub = verifier_pb2_grpc.VerifierServiceStub(channel)
-    requests = [verifier_pb2.VerifyRequest(open=verifier_pb2.VerifyOpen(source_ids=SOURCES[3]))]
-    requests += [verifier_pb2.VerifyRequest(step=s) for s in steps]
-    return stub.Verify(iter(requests), timeout=30)
-
-
 def test_a_copy_run_reports_what_it_committed_and_drafted(verifier_channel):
     """committed_len counts the run's tokens appended (all but the last), as a greedy run's does, and
     the next step keeps them all; the blocks say what each forward drafted."""
-    responses = list(_stream(
-        verifier_channel,
+    responses = list(verify_stream(
+        verifier_channel, SOURCES[3],
         verifier_pb2.VerifyStep(committed_len=0, greedy_steps=6, copy_draft=4),
         verifier_pb2.VerifyStep(committed_len=5, append_ids=[1], greedy_steps=3, copy_draft=4),
     ))
@@ -77,7 +71,7 @@ def test_a_copy_run_reports_what_it_committed_and_drafted(verifier_channel):
 ])
 def test_bad_copy_drafts_end_the_stream_with_a_status(verifier_channel, step, code, message):
     with pytest.raises(grpc.RpcError) as err:
-        list(_stream(verifier_channel, step))
+        list(verify_stream(verifier_channel, SOURCES[3], step))
     assert err.value.code() == code
     assert message in err.value.details()
 

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.peers.remote import RemoteVerifier, fetch_verifier_info
-from protos.specdec.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
-from tests.services.conftest import wait_until
+from protos.specdec.v1 import gateway_pb2, verifier_pb2
+from tests.services.conftest import verify_stream, wait_until
 
 SOURCES = [[7, 8, 9, 10, 11], [12, 13, 12, 13, 14, 15, 16], [20]]
 
@@ -47,18 +47,11 @@ def test_greedy_runs_over_grpc_equal_single_steps(remote, source, runs, top_k):
         step_session.close()
 
 
-def _stream(channel, *steps: verifier_pb2.VerifyStep):
-    stub = verifier_pb2_grpc.VerifierServiceStub(channel)
-    requests = [verifier_pb2.VerifyRequest(open=verifier_pb2.VerifyOpen(source_ids=SOURCES[0]))]
-    requests += [verifier_pb2.VerifyRequest(step=s) for s in steps]
-    return stub.Verify(iter(requests), timeout=30)
-
-
 def test_a_run_reports_what_it_committed(verifier_channel):
     """committed_len counts the greedy tokens appended (all but the last), and the session holds
     them: the next step keeps them all."""
-    responses = list(_stream(
-        verifier_channel,
+    responses = list(verify_stream(
+        verifier_channel, SOURCES[0],
         verifier_pb2.VerifyStep(committed_len=0, greedy_steps=5),
         verifier_pb2.VerifyStep(committed_len=4, append_ids=[1], greedy_steps=3),
     ))
@@ -75,14 +68,15 @@ def test_a_run_reports_what_it_committed(verifier_channel):
 ])
 def test_bad_greedy_steps_are_invalid_argument(verifier_channel, step, message):
     with pytest.raises(grpc.RpcError) as err:
-        list(_stream(verifier_channel, step))
+        list(verify_stream(verifier_channel, SOURCES[0], step))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in err.value.details()
 
 
 def test_a_cancelled_run_frees_its_session(stack, verifier_channel):
     """A client that leaves during a long run: the run stops and the session is freed."""
-    call = _stream(verifier_channel, verifier_pb2.VerifyStep(committed_len=0, greedy_steps=100_000))
+    call = verify_stream(verifier_channel, SOURCES[0],
+                         verifier_pb2.VerifyStep(committed_len=0, greedy_steps=100_000))
     next(call)  # opened: the run is queued next
     call.cancel()
     assert wait_until(lambda: stack.running.verifier.active_sessions == 0)
